@@ -1,0 +1,75 @@
+"""The RAM tier: the most recent rows, decoded, in one preallocated ring per key.
+
+Global row ``r`` lives in slot ``r % capacity``.  The tier holds rows ``[lo, hi)``; it is
+also the writer's staging area, so a row is never overwritten before it is committed
+(``make_room`` waits for the writer instead).  All bookkeeping is done by the owning engine
+under its lock; this class only owns memory and copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..schema import Schema
+
+
+class RamTier:
+    def __init__(self, schema: Schema, capacity_rows: int):
+        self.schema = schema
+        self.capacity = int(capacity_rows)
+        self.rings: dict[str, np.ndarray] = {
+            s.path: np.empty((self.capacity, *s.row_shape), s.dtype) for s in schema
+        }
+        self.lo = 0  # first row held
+        self.hi = 0  # one past the last row written (published or not)
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.schema.row_bytes
+
+    def _pieces(self, start: int, stop: int):
+        """Slot slices covering rows [start, stop): one, or two when the ring wraps."""
+        cap = self.capacity
+        a, b = start % cap, (stop - 1) % cap + 1
+        if stop - start <= 0:
+            return []
+        if a < b:
+            return [(start, slice(a, b))]
+        return [(start, slice(a, cap)), (start + cap - a, slice(0, b))]
+
+    def write_trajectory(self, start: int, columns: Mapping[str, np.ndarray], T: int, B: int) -> None:
+        """Copy ``[T, B, ...]`` arrays into rows ``[start, start + T*B)`` in env-major order."""
+        n = T * B
+        for path, arr in columns.items():
+            ring = self.rings[path]
+            src = np.swapaxes(arr, 0, 1)  # [B, T, ...]: env-major
+            pieces = self._pieces(start, start + n)
+            if len(pieces) == 1:
+                sl = pieces[0][1]
+                np.copyto(ring[sl].reshape(B, T, *ring.shape[1:]), src)
+            else:
+                flat = np.ascontiguousarray(src).reshape(n, *ring.shape[1:])
+                for row0, sl in pieces:
+                    k = sl.stop - sl.start
+                    ring[sl] = flat[row0 - start : row0 - start + k]
+
+    def read_range(self, key: str, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
+        """Views of rows [start, stop) of ``key`` as (first_row, array) pieces."""
+        ring = self.rings[key]
+        return [(row0, ring[sl]) for row0, sl in self._pieces(start, stop)]
+
+    def gather(self, key: str, rows: np.ndarray) -> np.ndarray:
+        return self.rings[key][rows % self.capacity]
+
+    def resized(self, capacity_rows: int) -> RamTier:
+        """A larger tier holding the same rows [lo, hi)."""
+        new = RamTier(self.schema, capacity_rows)
+        new.lo = max(self.lo, self.hi - new.capacity)
+        new.hi = self.hi
+        for key, ring in self.rings.items():
+            for row0, piece in self.read_range(key, new.lo, self.hi):
+                for r1, sl in new._pieces(row0, row0 + len(piece)):
+                    new.rings[key][sl] = piece[r1 - row0 : r1 - row0 + (sl.stop - sl.start)]
+        return new

@@ -1,0 +1,60 @@
+"""The exceptions zreplay raises.
+
+Each subclasses the builtin that callers already catch, so ``except ValueError`` keeps
+working for bad input and ``except RuntimeError`` for state problems, and each message
+says what to do next.
+"""
+
+from __future__ import annotations
+
+
+class ZReplayError(Exception):
+    """Base class of every zreplay error."""
+
+
+class SchemaError(ZReplayError, ValueError):
+    """A trajectory does not match the buffer's schema (keys, dtypes, shapes, T/B)."""
+
+
+class KeyNameError(SchemaError):
+    """A key name is not safe as a Zarr path component."""
+
+
+class EmptyTrajectoryError(SchemaError):
+    """A trajectory with no rows (T == 0 or B == 0) was added."""
+
+
+class CapacityError(ZReplayError, ValueError):
+    """A single trajectory is larger than the buffer's capacity."""
+
+
+class PickleRefusedError(ZReplayError, ValueError):
+    """Loading an arbitrary pickle was refused; pass ``allow_pickle=True`` if the source is trusted."""
+
+
+class FormatError(ZReplayError, ValueError):
+    """A path is not a zreplay buffer (or an RLinf directory), or its format version is unsupported."""
+
+
+class CorruptBufferError(ZReplayError, RuntimeError):
+    """A buffer's files are damaged: unreadable commit record, missing or inconsistent index."""
+
+
+class WriterLockedError(ZReplayError, RuntimeError):
+    """Another live process holds the writer lock of this segment."""
+
+
+class BufferClosedError(ZReplayError, RuntimeError):
+    """The buffer was closed; reopen it to use it again."""
+
+
+class EmptyBufferError(ZReplayError, RuntimeError):
+    """Sampling was requested from a buffer (or window) holding no transitions."""
+
+
+class WriteFailedError(ZReplayError, RuntimeError):
+    """The background writer could not commit; the previous commit is intact."""
+
+
+class ReadOnlyError(ZReplayError, RuntimeError):
+    """A write was attempted through a read-only view."""

@@ -1,0 +1,330 @@
+"""``TrajectoryReplayBuffer``: a drop-in for RLinf 0.3's class, on a Zarr store.
+
+Same constructor names and meanings, same methods, same sample keys, nesting and dtypes.
+What differs (all on purpose, see README "Coming from RLinf"):
+
+* rows are read individually from compressed chunked arrays, never whole trajectory files;
+* ``add_trajectories`` validates and copies on the caller's thread and commits atomically
+  on a background writer; ``flush()`` waits for the commit;
+* ``sample`` returns exactly ``num_chunks`` rows and is safe against concurrent adds;
+* ``close()``/``clear_cache()`` never break the buffer; ``clear()`` removes data on disk;
+* constructing on an existing ``auto_save_path`` resumes it, continuing its random stream;
+* ``np.random`` is never seeded globally.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..engine.core import Engine, RamPolicy
+from ..errors import EmptyBufferError, FormatError
+from ..schema import unflatten
+from ..store.root import BufferRoot, is_buffer
+from .trajectory import prepare
+
+log = logging.getLogger("zreplay")
+
+DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
+
+
+class TrajectoryReplayBuffer:
+    """Trajectory replay buffer with RLinf 0.3's API on a persistent Zarr v3 store.
+
+    Args (RLinf's, same meaning):
+        seed: seeds the sampler's private generator (numpy PCG64; never global state).
+        enable_cache: keep recent rows decoded in RAM (the RAM tier). ``False``: every
+            sample of committed data reads from disk.
+        cache_size: number of newest trajectories the RAM tier holds.
+        sample_window_size: sample from the last N trajectories; 0 = all.
+        auto_save: ``True`` = persistent buffer at ``auto_save_path``; ``False`` = a private
+            temporary store deleted on ``close()`` (as in RLinf, the RAM tier then holds
+            ``sample_window_size`` trajectories; older ones stay sampleable from the store).
+        auto_save_path: buffer directory (a Zarr v3 group). An existing buffer is resumed.
+        trajectory_format: default format of :meth:`export` (``"pt"``; anything else: pkl).
+
+    Args (zreplay's):
+        capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
+        ram_budget_bytes: cap on the RAM tier's size in bytes.
+        layout: per-key chunk/shard/codec overrides, e.g.
+            ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.
+        overwrite: start fresh even if ``auto_save_path`` holds a buffer.
+        writer_id: name of this writer's segment (one writer per segment).
+        durable: fsync before publishing each commit (power-loss safety).
+        break_lock: take over a writer lock left by a dead writer on another host.
+    """
+
+    def __init__(
+        self,
+        seed: int | None = 1234,
+        enable_cache: bool = True,
+        cache_size: int = 5,
+        sample_window_size: int = 100,
+        auto_save: bool = False,
+        auto_save_path: str = "",
+        trajectory_format: str = "pt",
+        *,
+        capacity: int | None = None,
+        ram_budget_bytes: int | None = None,
+        layout: Mapping[str, Mapping] | None = None,
+        overwrite: bool = False,
+        writer_id: str = "default",
+        durable: bool = True,
+        break_lock: bool = False,
+    ):
+        if auto_save and not auto_save_path:
+            raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
+        if sample_window_size < 0:
+            raise ValueError(f"sample_window_size must be >= 0, got {sample_window_size}")
+        self.seed = 1234 if seed is None else int(seed)
+        self.enable_cache = enable_cache
+        self.sample_window_size = int(sample_window_size)
+        self.auto_save = auto_save
+        self.auto_save_path = auto_save_path
+        self.trajectory_format = trajectory_format
+        if not auto_save and enable_cache:
+            # RLinf: a RAM-only buffer caches its whole sampling window.
+            cache_size = sample_window_size or None
+            if cache_size is None and ram_budget_bytes is None:
+                ram_budget_bytes = DEFAULT_IN_MEMORY_RAM_BYTES
+        self.cache_size = cache_size
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._num_sampled = 0
+        self._engine = Engine(
+            auto_save_path if auto_save else None,
+            writer_id=writer_id,
+            capacity=capacity,
+            ram=RamPolicy(enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes),
+            layout=layout,
+            durable=durable,
+            overwrite=overwrite,
+            break_lock=break_lock,
+            sampler_state=self._sampler_state,
+        )
+        self._restore_sampler(self._engine.commit.sampler)
+
+    # -- sampler state --------------------------------------------------------------
+
+    def _sampler_state(self) -> dict:
+        return {
+            "seed": self.seed,
+            "rng": self._rng.bit_generator.state,
+            "num_sampled": self._num_sampled,
+        }
+
+    def _restore_sampler(self, state: Mapping | None) -> None:
+        if not state or "rng" not in state:
+            return
+        self._rng.bit_generator.state = dict(state["rng"])
+        self._num_sampled = int(state.get("num_sampled", 0))
+        self.seed = int(state.get("seed", self.seed))
+
+    # -- RLinf API ------------------------------------------------------------------
+
+    def add_trajectories(self, trajectories: Iterable[Any]) -> list[int]:
+        """Append trajectories; returns their ids.
+
+        Each item: a :class:`zreplay.Trajectory`, an RLinf ``Trajectory`` or a dict of
+        ``[T, B, ...]`` arrays/tensors (nested dicts allowed).  All items are validated
+        before any is written; on error nothing is added.  Compression and the commit
+        happen on a background thread: call :meth:`flush` to wait for them.  The caller
+        may reuse its tensors as soon as this returns.
+        """
+        items = [prepare(t) for t in trajectories]
+        return self._engine.add(items)
+
+    def sample(self, num_chunks: int = 0) -> dict[str, Any]:
+        """``num_chunks`` transitions drawn uniformly with replacement from the window.
+
+        Returns RLinf's nested dict of CPU tensors ``[num_chunks, ...]`` (e.g.
+        ``actions [n, C*A]``, ``rewards [n, C]``, ``curr_obs/main_images [n, H, W, 3] uint8``).
+        """
+        if num_chunks <= 0:
+            raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
+        return self.sample_chunks(num_chunks)
+
+    def sample_chunks(self, num_chunks: int) -> dict[str, Any]:
+        window = self.sample_window_size
+
+        def draw(index):
+            lo, hi = index.window(window)
+            if hi <= lo:
+                raise EmptyBufferError("Cannot sample from an empty buffer.")
+            rows = self._rng.integers(lo, hi, size=num_chunks)
+            self._num_sampled += num_chunks
+            return rows
+
+        _rows, flat = self._engine.draw_and_gather(draw)
+        return unflatten({k: torch.from_numpy(v) for k, v in flat.items()})
+
+    def __len__(self) -> int:
+        return self._engine.index.num_visible
+
+    @property
+    def size(self) -> int:
+        return len(self)
+
+    @property
+    def total_samples(self) -> int:
+        """Transitions (rows) in the buffer: the sum of T*B over its trajectories."""
+        return self._engine.index.visible_rows
+
+    def is_ready(self, min_size: int) -> bool:
+        """RLinf: ``len(buffer) >= min_size``, counted in trajectories."""
+        return len(self) >= min_size
+
+    async def is_ready_async(self, min_size: int) -> bool:
+        return self.is_ready(min_size)
+
+    def get_stats(self) -> dict[str, Any]:
+        """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
+        eng = self._engine
+        with eng._lock:
+            idx, tier, commit = eng.index, eng.tier, eng.commit
+            in_ram_rows = 0 if tier is None else max(0, idx.n_rows - max(tier.lo, idx.low_row))
+            cached = 0
+            if tier is not None and idx.n:
+                first_cached = int(np.searchsorted(idx.offsets, max(tier.lo, idx.low_row), "left"))
+                cached = idx.n - max(first_cached, idx.low)
+            return {
+                "num_trajectories": idx.num_visible,
+                "total_samples": idx.visible_rows,
+                "cache_size": cached,
+                "rows_in_ram": in_ram_rows,
+                "ram_bytes": 0 if tier is None else tier.nbytes,
+                "committed_trajectories": commit.n_traj - commit.low_traj,
+                "pending_trajectories": idx.n - commit.n_traj,
+                "path": None if eng.temporary else str(eng.path),
+            }
+
+    def flush(self) -> None:
+        """Block until every added trajectory is committed to the store."""
+        self._engine.flush()
+
+    def close(self, wait: bool = True) -> None:
+        """Flush, save the sampler state and release the writer lock. Idempotent."""
+        self._engine.close()
+
+    def clear(self) -> None:
+        """Remove all trajectories, including their data on disk (ids are not reused)."""
+        self._engine.clear()
+
+    def clear_cache(self) -> None:
+        """Drop the RAM tier's committed rows; the data stay sampleable from disk."""
+        self._engine.drop_ram()
+
+    def __enter__(self) -> TrajectoryReplayBuffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        eng = getattr(self, "_engine", None)
+        if eng is not None and not eng.closed:
+            try:
+                eng.close()
+            except Exception:
+                pass
+
+    @property
+    def path(self) -> Path:
+        return self._engine.path
+
+    @property
+    def schema(self):
+        return self._engine.schema
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def save_checkpoint(self, save_path: str) -> None:
+        """Write a complete, consistent checkpoint of the buffer to ``save_path``.
+
+        Pending writes are committed first; the sampler's RNG state is included.  Data
+        files are hard-linked (no copying) where the filesystem allows.  The result is a
+        zreplay buffer directory: ``zreplay.open(save_path)`` reads it.
+        """
+        self._engine.checkpoint(save_path)
+
+    def load_checkpoint(
+        self,
+        load_path: str,
+        is_distributed: bool = False,
+        local_rank: int = 0,
+        world_size: int = 1,
+        *,
+        allow_pickle: bool = False,
+    ) -> None:
+        """Replace this buffer's contents with a checkpoint's (RLinf semantics).
+
+        ``load_path``: a directory from :meth:`save_checkpoint`, any zreplay buffer, or an
+        RLinf checkpoint directory (``metadata.json`` + ``trajectory_index.json``).  With
+        ``is_distributed``, rank ``local_rank`` of ``world_size`` takes its contiguous block
+        of trajectories (the first ``N % world_size`` ranks get one more), so ranks are
+        disjoint and cover all.  Trajectory ids are kept.  A full load resumes the saved
+        random stream; a rank's load seeds a rank-specific stream.
+        """
+        from .files import load_into
+
+        if is_distributed and not 0 <= local_rank < world_size:
+            raise ValueError(f"local_rank {local_rank} is outside [0, {world_size})")
+        if not is_distributed:
+            local_rank, world_size = 0, 1
+        load_into(
+            self, Path(load_path), local_rank, world_size, is_distributed, allow_pickle=allow_pickle
+        )
+
+    def _set_rank_stream(self, seed: int, rank: int | None) -> None:
+        """Restart the random stream: a fresh buffer's for ``rank=None``, else one per rank."""
+        self.seed = seed
+        bits = np.random.SeedSequence(seed, spawn_key=(rank,)) if rank is not None else seed
+        self._rng = np.random.Generator(np.random.PCG64(bits))
+        self._num_sampled = 0
+
+    # -- RLinf files ----------------------------------------------------------------
+
+    def export(self, path: str, format: str | None = None) -> int:
+        """Write RLinf 0.3's on-disk layout (``trajectory_{id}_{weights}.pt|.pkl``,
+        ``metadata.json``, ``trajectory_index.json``); returns trajectories written."""
+        from .files import export_rlinf
+
+        fmt = format or ("pt" if self.trajectory_format == "pt" else "pkl")
+        return export_rlinf(self, Path(path), fmt)
+
+    def trajectory(self, i: int) -> dict[str, Any]:
+        """Visible trajectory ``i`` (0 = oldest kept) as nested ``[T, B, ...]`` numpy arrays,
+        plus ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
+        eng = self._engine
+        idx = eng.index
+        n = idx.num_visible
+        if not -n <= i < n:
+            raise IndexError(f"trajectory {i} out of range for {n} trajectories")
+        j = idx.low + (i % n)
+        out = unflatten(eng.read_trajectory(j))
+        out["trajectory_id"] = int(idx.column("trajectory_id")[j])
+        out["max_episode_length"] = int(idx.column("max_episode_length")[j])
+        out["model_weights_id"] = idx.weights_id(j)
+        return out
+
+
+def _is_rlinf_dir(path: Path) -> bool:
+    return (path / "metadata.json").is_file() and (path / "trajectory_index.json").is_file()
+
+
+def checkpoint_kind(path: Path) -> str:
+    if is_buffer(path):
+        return "zreplay"
+    if _is_rlinf_dir(path):
+        return "rlinf"
+    raise FormatError(
+        f"{path} is neither a zreplay buffer nor an RLinf checkpoint directory "
+        "(metadata.json + trajectory_index.json)"
+    )
+
+
+__all__ = ["TrajectoryReplayBuffer", "checkpoint_kind", "BufferRoot"]

@@ -1,0 +1,209 @@
+"""Keys, dtypes and per-row shapes of a buffer, and the checks that guard them.
+
+A trajectory is a (possibly nested) dict of arrays shaped ``[T, B, *row_shape]``.  Nested
+dicts become ``/``-joined key paths (``curr_obs/main_images``), which are also the Zarr
+array paths under ``data/``.  The schema is fixed by the first trajectory a buffer sees;
+every later trajectory must have exactly the same keys, dtypes and row shapes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import KeyNameError, SchemaError
+
+# A path component must be a plain file name on every filesystem and object store we
+# support: no separators, no dot-only names, no control characters, nothing hidden.
+_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_RESERVED = {"zarr.json", "c"}
+
+SUPPORTED_DTYPES = {
+    np.dtype(t)
+    for t in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+}
+
+# Elements per row above which we refuse a key: a typo'd shape should fail loudly, not
+# allocate terabytes.  2**28 elements is a 16k x 16k RGB frame.
+MAX_ROW_ELEMENTS = 1 << 28
+
+
+def check_key_component(name: Any, where: str = "") -> str:
+    """Return ``name`` if it is safe as one Zarr path component, else raise KeyNameError."""
+    label = f"{where}/{name}" if where else repr(name)
+    if not isinstance(name, str):
+        raise KeyNameError(f"key {label}: key names must be str, got {type(name).__name__}")
+    if not _COMPONENT.match(name) or name in _RESERVED or name.endswith("."):
+        raise KeyNameError(
+            f"key {label!r} is not a safe name: use 1-128 characters from [A-Za-z0-9_.-], "
+            "not starting with '.' or '-', with no '/' (nest dicts instead), and not "
+            f"one of {sorted(_RESERVED)}"
+        )
+    return name
+
+
+def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts into ``{"a/b": value}``; every component is name-checked."""
+    out: dict[str, Any] = {}
+    for name, value in nested.items():
+        check_key_component(name, prefix)
+        path = f"{prefix}/{name}" if prefix else name
+        if isinstance(value, Mapping):
+            if not value:
+                continue
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`flatten`: ``{"a/b": v}`` -> ``{"a": {"b": v}}``."""
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        *parents, leaf = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def as_numpy(value: Any, key: str) -> np.ndarray:
+    """View a numpy array or torch tensor as a numpy array (no copy for CPU tensors)."""
+    if isinstance(value, np.ndarray):
+        return value
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        if value.dtype == torch.bfloat16:
+            raise SchemaError(
+                f"key {key!r}: bfloat16 has no numpy equivalent; convert it with "
+                ".float() or .to(torch.float16) before adding"
+            )
+        return value.detach().cpu().numpy()
+    raise SchemaError(
+        f"key {key!r}: expected a numpy array or torch tensor shaped [T, B, ...], "
+        f"got {type(value).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One stored key: its path, dtype and the shape of one row (one transition)."""
+
+    path: str
+    dtype: np.dtype
+    row_shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def describe(self) -> str:
+        return f"{self.dtype} [T, B{''.join(', ' + str(d) for d in self.row_shape)}]"
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype.str, "row_shape": list(self.row_shape)}
+
+    @classmethod
+    def from_json(cls, path: str, d: Mapping) -> KeySpec:
+        return cls(path, np.dtype(d["dtype"]), tuple(int(x) for x in d["row_shape"]))
+
+
+class Schema:
+    """The fixed set of keys of a buffer, in a stable (sorted) order."""
+
+    def __init__(self, specs: Mapping[str, KeySpec]):
+        self.specs: dict[str, KeySpec] = dict(sorted(specs.items()))
+
+    def __iter__(self):
+        return iter(self.specs.values())
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self.specs == other.specs
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.specs)
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(s.row_bytes for s in self.specs.values())
+
+    @classmethod
+    def infer(cls, columns: Mapping[str, np.ndarray]) -> Schema:
+        """Fix a schema from the ``[T, B, ...]`` arrays of a first trajectory."""
+        specs = {}
+        for path, arr in columns.items():
+            dtype = np.dtype(arr.dtype)
+            if dtype not in SUPPORTED_DTYPES:
+                raise SchemaError(
+                    f"key {path!r}: dtype {dtype} is not supported; use one of "
+                    "bool, (u)int8-64, float16/32/64"
+                )
+            if arr.ndim < 2:
+                raise SchemaError(
+                    f"key {path!r}: expected an array shaped [T, B, ...], got shape "
+                    f"{tuple(arr.shape)} (add the env axis B even when B == 1)"
+                )
+            row = tuple(int(d) for d in arr.shape[2:])
+            if int(np.prod(row, dtype=np.int64)) > MAX_ROW_ELEMENTS:
+                raise SchemaError(
+                    f"key {path!r}: one row of shape {row} has more than "
+                    f"{MAX_ROW_ELEMENTS} elements; split it or store it elsewhere"
+                )
+            specs[path] = KeySpec(path, dtype, row)
+        if not specs:
+            raise SchemaError("a trajectory needs at least one [T, B, ...] array")
+        return cls(specs)
+
+    def check(self, columns: Mapping[str, np.ndarray], T: int, B: int) -> None:
+        """Raise SchemaError unless ``columns`` match this schema exactly with shape [T, B]."""
+        missing = [k for k in self.specs if k not in columns]
+        extra = [k for k in columns if k not in self.specs]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing keys {missing}")
+            if extra:
+                parts.append(f"unexpected keys {extra}")
+            raise SchemaError(
+                f"trajectory keys differ from the buffer's schema: {'; '.join(parts)} "
+                f"(schema keys: {self.keys})"
+            )
+        for path, spec in self.specs.items():
+            arr = columns[path]
+            got_row = tuple(arr.shape[2:])
+            if arr.dtype != spec.dtype or got_row != spec.row_shape or arr.shape[:2] != (T, B):
+                got = f"{arr.dtype} {list(arr.shape)}"
+                want = f"{spec.dtype} {[T, B, *spec.row_shape]}"
+                raise SchemaError(f"key {path!r}: expected {want}, got {got}")
+
+    def to_json(self) -> dict:
+        return {k: s.to_json() for k, s in self.specs.items()}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Schema:
+        return cls({k: KeySpec.from_json(k, v) for k, v in d.items()})

@@ -1,0 +1,124 @@
+"""The commit record: the only source of truth for what a segment has made visible.
+
+``commit.json`` is replaced atomically (temp file, fsync, rename, fsync of the directory)
+after every data chunk and index entry it covers has been written.  Readers read it first
+and clamp every array to it, so a crash at any moment leaves the previous commit intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import CorruptBufferError
+
+COMMIT_NAME = "commit.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Commit:
+    """What one segment has published.
+
+    Rows ``[low_row, n_rows)`` and trajectories ``[low_traj, n_traj)`` are visible; rows
+    below ``low_row`` were evicted, and shards wholly below ``reclaimed_below`` may already
+    be deleted.  ``sampler`` holds the owning buffer's sampler state at commit time.
+    """
+
+    writer_id: str
+    gen: int = 0
+    n_rows: int = 0
+    n_traj: int = 0
+    low_row: int = 0
+    low_traj: int = 0
+    reclaimed_below: int = 0
+    next_trajectory_id: int = 0
+    format: int = FORMAT_VERSION
+    time: float = 0.0
+    sampler: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Commit:
+        try:
+            d = json.loads(text)
+            c = cls(**d)
+        except (ValueError, TypeError) as e:
+            raise CorruptBufferError(
+                f"{where}: commit record is unreadable ({e}); the segment cannot be trusted. "
+                "Restore it from a checkpoint, or run zreplay.verify() for details"
+            ) from None
+        if c.format != FORMAT_VERSION:
+            raise CorruptBufferError(
+                f"{where}: format version {c.format} is not supported by this zreplay "
+                f"(supports {FORMAT_VERSION}); upgrade zreplay"
+            )
+        if not (0 <= c.low_traj <= c.n_traj and 0 <= c.low_row <= c.n_rows):
+            raise CorruptBufferError(f"{where}: commit record is inconsistent: {d}")
+        return c
+
+
+def read_commit(segment_dir: Path) -> Commit | None:
+    """The segment's last commit, or None if it never committed."""
+    path = Path(segment_dir) / COMMIT_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return Commit.from_json(text, str(path))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_commit(segment_dir: Path, commit: Commit, durable: bool = True) -> None:
+    """Atomically publish ``commit`` (temp + fsync + rename [+ directory fsync])."""
+    segment_dir = Path(segment_dir)
+    commit.time = time.time()
+    tmp = segment_dir / f"{COMMIT_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    data = commit.to_json().encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, segment_dir / COMMIT_NAME)
+    if durable:
+        _fsync_dir(segment_dir)
+
+
+def remove_orphans(root: Path) -> list[Path]:
+    """Delete temp files a killed writer left behind (zarr ``*.partial``, commit temps).
+
+    Only called by the segment's writer, under its lock.
+    """
+    removed = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            if name.endswith(".partial") or (
+                name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp")
+            ) or name.endswith(".__lock"):
+                p = Path(dirpath) / name
+                try:
+                    p.unlink()
+                    removed.append(p)
+                except FileNotFoundError:
+                    pass
+    return removed

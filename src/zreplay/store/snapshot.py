@@ -1,0 +1,88 @@
+"""Copy-free snapshots of a segment: hard links to immutable files.
+
+Every data, index and metadata file is replaced atomically when rewritten (a new inode),
+never modified in place, so a hard link taken now keeps today's bytes forever while the
+live buffer goes on.  Where linking is impossible (another filesystem) files are copied.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from ..errors import FormatError
+from .commit import COMMIT_NAME, Commit, write_commit
+from .lock import LOCK_NAME
+from .root import is_buffer
+
+SKIP = {LOCK_NAME, COMMIT_NAME}
+
+
+def link_tree(src: Path, dst: Path) -> tuple[int, int]:
+    """Hard-link (or copy) every file under ``src`` into ``dst``; returns (linked, copied).
+
+    Lock and commit files are skipped: the caller writes the commit it means.
+    """
+    linked = copied = 0
+    for dirpath, _dirs, files in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if name in SKIP or name.endswith((".tmp", ".partial", ".__lock")):
+                continue
+            s, d = Path(dirpath) / name, dst / rel / name
+            if d.exists():
+                d.unlink()
+            try:
+                os.link(s, d)
+                linked += 1
+            except FileNotFoundError:
+                continue  # an evicted shard deleted while we walked
+            except OSError:
+                try:
+                    shutil.copy2(s, d)
+                    copied += 1
+                except FileNotFoundError:
+                    continue
+    return linked, copied
+
+
+def write_snapshot(root: Path, writer_id: str, commit: Commit, dest: Path, durable: bool) -> None:
+    """Materialise ``root``'s segment ``writer_id`` at ``commit`` as a new buffer at ``dest``.
+
+    Built beside ``dest`` and renamed into place, so a crash never leaves half a checkpoint
+    under the final name.  An existing zreplay buffer (an older checkpoint) at ``dest`` is
+    replaced; any other non-empty directory is refused.
+    """
+    root, dest = Path(root), Path(dest)
+    if dest.exists():
+        if dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()
+        elif not is_buffer(dest):
+            raise FormatError(
+                f"checkpoint path {dest} exists and is not an empty directory or a zreplay "
+                "buffer; refusing to overwrite it"
+            )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.partial-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        shutil.copy2(root / "zarr.json", tmp / "zarr.json")
+        (tmp / "segments").mkdir()
+        shutil.copy2(root / "segments" / "zarr.json", tmp / "segments" / "zarr.json")
+        seg_src = root / "segments" / writer_id
+        seg_dst = tmp / "segments" / writer_id
+        link_tree(seg_src, seg_dst)
+        write_commit(seg_dst, commit, durable=durable)
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,222 @@
+"""``zreplay.open(path)``: a read-only view of a buffer directory, like opening a dataset.
+
+A view sees the union of every writer's segment, each clamped to its last commit, and
+takes no lock: writers may keep appending in other processes; :meth:`BufferView.refresh`
+picks up what they have committed since.  Positions (``sample``, ``__getitem__``,
+``trajectory``) run over visible rows/trajectories in segment-name order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .engine.core import Prepared
+from .errors import EmptyBufferError
+from .index import TrajectoryIndex
+from .schema import unflatten
+from .store.commit import Commit, read_commit
+from .store.root import BufferRoot
+from .store.segment import Segment
+
+_RETRIES = 5
+
+
+class _SegmentState:
+    def __init__(self, segment: Segment, commit: Commit, index: TrajectoryIndex):
+        self.segment, self.commit, self.index = segment, commit, index
+
+
+class BufferView:
+    """Read-only access to a zreplay buffer directory (numpy in, numpy out)."""
+
+    def __init__(self, path: str | Path, seed: int | None = None):
+        self.root = BufferRoot(path)
+        self.path = self.root.path
+        self.root.read_meta()  # fails fast on a non-buffer
+        self._rng = np.random.default_rng(seed)
+        self._segs: dict[str, _SegmentState] = {}
+        self.schema = None
+        self.refresh()
+
+    # -- discovery ------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Re-read every segment's commit; returns True if anything new became visible."""
+        changed = False
+        if self.schema is None:
+            self.schema, self._layouts = self.root.schema()
+            if self.schema is None:
+                self._rebuild()
+                return False
+        for wid in self.root.writer_ids():
+            seg_dir = self.root.segment_dir(wid)
+            commit = read_commit(seg_dir)
+            if commit is None:
+                continue
+            st = self._segs.get(wid)
+            if st is not None and st.commit.gen == commit.gen:
+                continue
+            seg = st.segment if st else Segment(seg_dir, self.schema, self._layouts, writable=False)
+            index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
+            self._segs[wid] = _SegmentState(seg, commit, index)
+            changed = True
+        self._rebuild()
+        return changed
+
+    def _rebuild(self) -> None:
+        states = [self._segs[w] for w in sorted(self._segs)]
+        self._order = states
+        rows = [s.index.visible_rows for s in states]
+        trajs = [s.index.num_visible for s in states]
+        self._cum_rows = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        self._cum_traj = np.concatenate([[0], np.cumsum(trajs, dtype=np.int64)])
+
+    # -- shape of the data ----------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        """Visible transitions (rows) over all segments."""
+        return int(self._cum_rows[-1])
+
+    @property
+    def num_trajectories(self) -> int:
+        return int(self._cum_traj[-1])
+
+    @property
+    def writer_ids(self) -> list[str]:
+        return [s.segment.writer_id for s in self._order]
+
+    @property
+    def next_trajectory_id(self) -> int:
+        return max((s.commit.next_trajectory_id for s in self._order), default=0)
+
+    def keys(self) -> list[str]:
+        """Stored key paths, e.g. ``["actions", "curr_obs/main_images", ...]``."""
+        return [] if self.schema is None else self.schema.keys
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __repr__(self) -> str:
+        return (
+            f"<zreplay view {self.path}: {self.num_trajectories} trajectories, "
+            f"{self.num_rows} rows, {len(self._order)} segment(s), keys={self.keys()}>"
+        )
+
+    # -- reads ----------------------------------------------------------------------
+
+    def _read_positions(self, pos: np.ndarray, keys: list[str]) -> dict[str, np.ndarray]:
+        seg_of = np.searchsorted(self._cum_rows, pos, side="right") - 1
+        out = {
+            k: np.empty((len(pos), *self.schema.specs[k].row_shape), self.schema.specs[k].dtype)
+            for k in keys
+        }
+        pending = []
+        for si in np.unique(seg_of):
+            st = self._order[si]
+            sel = np.nonzero(seg_of == si)[0]
+            rows = st.index.low_row + (pos[sel] - self._cum_rows[si])
+            uniq, inv = np.unique(rows, return_inverse=True)
+            futs = {k: st.segment.read_rows(k, uniq) for k in keys}
+            pending.append((st, sel, inv, int(uniq[0]), futs))
+        for st, sel, inv, first, futs in pending:
+            for k, f in futs.items():
+                out[k][sel] = f.result()[inv]
+            # A writer deletes evicted shards only after announcing it in its commit:
+            # if that happened under us, what we read may be fill values.
+            now = read_commit(st.segment.dir)
+            if now is not None and now.reclaimed_below > first:
+                raise _Evicted()
+        return out
+
+    def rows(self, positions, keys: list[str] | None = None) -> dict[str, Any]:
+        """Rows at visible positions ``[0, num_rows)`` as a nested dict of numpy arrays."""
+        keys = self.keys() if keys is None else list(keys)
+        pos = np.asarray(positions, np.int64).reshape(-1)
+        if len(pos) and (pos.min() < 0 or pos.max() >= self.num_rows):
+            raise IndexError(f"row positions must lie in [0, {self.num_rows})")
+        for _ in range(_RETRIES):
+            try:
+                return unflatten(self._read_positions(pos, keys))
+            except _Evicted:
+                self.refresh()
+        raise EmptyBufferError("rows kept being evicted while reading; sample again")
+
+    def sample(self, n: int, keys: list[str] | None = None) -> dict[str, Any]:
+        """``n`` rows drawn uniformly with replacement, as a nested dict of numpy arrays."""
+        if n <= 0:
+            raise ValueError(f"n must be > 0, got {n}")
+        for _ in range(_RETRIES):
+            if self.num_rows == 0:
+                raise EmptyBufferError(f"{self.path} holds no committed transitions")
+            pos = self._rng.integers(0, self.num_rows, size=n)
+            try:
+                return unflatten(self._read_positions(pos, keys or self.keys()))
+            except _Evicted:
+                self.refresh()
+        raise EmptyBufferError("rows kept being evicted while sampling; sample again")
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        out = self.rows([i])
+        return _map(out, lambda a: a[0])
+
+    def _locate_trajectory(self, i: int) -> tuple[_SegmentState, int]:
+        n = self.num_trajectories
+        if not -n <= i < n:
+            raise IndexError(f"trajectory {i} out of range for {n} trajectories")
+        i %= n
+        si = int(np.searchsorted(self._cum_traj, i, side="right") - 1)
+        st = self._order[si]
+        return st, st.index.low + (i - int(self._cum_traj[si]))
+
+    def _read_trajectory_flat(self, st: _SegmentState, j: int) -> dict[str, np.ndarray]:
+        idx = st.index
+        lo, hi = int(idx.offsets[j]), int(idx.offsets[j + 1])
+        T, B = int(idx.column("T")[j]), int(idx.column("B")[j])
+        futs = {k: st.segment.read_range(k, lo, hi) for k in self.keys()}
+        return {
+            k: np.swapaxes(f.result().reshape(B, T, *f.result().shape[1:]), 0, 1)
+            for k, f in futs.items()
+        }
+
+    def trajectory(self, i: int) -> dict[str, Any]:
+        """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""
+        st, j = self._locate_trajectory(i)
+        out = unflatten(self._read_trajectory_flat(st, j))
+        out["trajectory_id"] = int(st.index.column("trajectory_id")[j])
+        out["max_episode_length"] = int(st.index.column("max_episode_length")[j])
+        out["model_weights_id"] = st.index.weights_id(j)
+        return out
+
+    def iter_prepared(self, start: int, stop: int) -> Iterator[Prepared]:
+        """Trajectories ``[start, stop)`` as validated items (ids kept), for copying."""
+        for i in range(start, stop):
+            st, j = self._locate_trajectory(i)
+            idx = st.index
+            yield Prepared(
+                self._read_trajectory_flat(st, j),
+                int(idx.column("T")[j]),
+                int(idx.column("B")[j]),
+                int(idx.column("max_episode_length")[j]),
+                idx.weights_id(j),
+                int(idx.column("trajectory_id")[j]),
+            )
+
+
+class _Evicted(Exception):
+    pass
+
+
+def _map(tree: Any, fn) -> Any:
+    if isinstance(tree, dict):
+        return {k: _map(v, fn) for k, v in tree.items()}
+    return fn(tree)
+
+
+def open(path: str | Path, seed: int | None = None) -> BufferView:  # noqa: A001
+    """Open a buffer directory read-only (see :class:`BufferView`)."""
+    return BufferView(path, seed=seed)
