@@ -247,6 +247,9 @@ class Engine:
             self._raise_writer_error()
             if self.schema is None:
                 self._fix_schema(schema, items[0].n_rows)
+            elif self.tier is None:
+                with self._cond:
+                    self._make_tier(items[0].n_rows)
             return [self._add_one(it) for it in items]
 
     def _add_one(self, it: Prepared) -> int:
@@ -340,7 +343,7 @@ class Engine:
             start, stop = job["rows"]
             self.segment.ensure_capacity(new.n_rows, new.n_traj)
             futs = []
-            for key in self.schema.keys:
+            for key in self.schema.keys if stop > start else ():
                 for row0, piece in job["tier"].read_range(key, start, stop):
                     futs.append(self.segment.write_rows(key, row0, piece))
             futs += self.segment.write_index(job["first_traj"], job["offsets"], job["columns"])
@@ -431,7 +434,7 @@ class Engine:
             keys = self.schema.keys if keys is None else keys
             out = {}
             tier = self.tier
-            in_tier = rows >= tier.lo
+            in_tier = rows >= (tier.lo if tier is not None else self.index.n_rows)
             if in_tier.all():
                 for k in keys:
                     out[k] = tier.gather(k, rows)

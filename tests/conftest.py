@@ -1,0 +1,122 @@
+"""Shared helpers: trajectories whose every value encodes (trajectory, env, step).
+
+``code = tid * 10000 + b * 100 + t`` is written into every float channel, ``code % 251``
+into every image pixel and ``code % 3 == 0`` into every flag, so a sampled row whose
+fields come from different transitions is detectable (see :func:`check_rows`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import zreplay
+
+C, A, IMG = 2, 3, 8
+
+
+def make_traj(tid: int, T: int = 6, B: int = 3, epochs: int = 0, as_dict: bool = False):
+    t = np.arange(T)[:, None]
+    b = np.arange(B)[None, :]
+    code = (tid * 10000 + b * 100 + t).astype(np.float32)  # [T, B]
+
+    def fl(*row):
+        return torch.from_numpy(
+            np.broadcast_to(code[..., None], (T, B, *row)).copy().reshape(T, B, *row)
+        )
+
+    def flag():
+        body = np.broadcast_to((code % 3 == 0)[..., None], (T, B, C))
+        if not epochs:
+            return torch.from_numpy(body.copy())
+        # RLinf layout: one all-False bootstrap row at the start of each epoch.
+        per = T // epochs
+        f = np.zeros((epochs, per + 1, B, C), bool)
+        f[:, 1:] = body.reshape(epochs, per, B, C)
+        return torch.from_numpy(f.reshape(T + epochs, B, C))
+
+    img = torch.from_numpy(
+        np.broadcast_to(
+            (code % 251).astype(np.uint8)[..., None, None, None], (T, B, IMG, IMG, 3)
+        ).copy()
+    )
+    traj = zreplay.Trajectory(
+        max_episode_length=100 + tid,
+        actions=fl(C * A),
+        intervene_flags=torch.zeros(T, B, C * A, dtype=torch.bool),
+        rewards=fl(C),
+        terminations=flag(),
+        truncations=flag(),
+        dones=flag(),
+        prev_logprobs=fl(C * A),
+        versions=torch.full((T, B, 1), float(tid)),
+        curr_obs={"main_images": img, "states": fl(4)},
+        next_obs={"main_images": img.clone(), "states": fl(4) + 1},
+    )
+    if as_dict:
+        return {k: v for k, v in vars(traj).items() if v is not None}
+    return traj
+
+
+def codes_of(sample) -> np.ndarray:
+    a = sample["actions"]
+    a = a.numpy() if hasattr(a, "numpy") else a
+    return a[:, 0].astype(np.int64)
+
+
+def check_rows(sample) -> np.ndarray:
+    """Assert every field of every row belongs to the same transition; return codes."""
+
+    def np_(x):
+        return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+    code = codes_of(sample)
+    cf = code.astype(np.float32)
+    for key in ("actions", "rewards", "prev_logprobs"):
+        assert (np_(sample[key]) == cf[:, None]).all(), key
+    assert (np_(sample["curr_obs"]["states"]) == cf[:, None]).all()
+    assert (np_(sample["next_obs"]["states"]) == cf[:, None] + 1).all()
+    img = np_(sample["curr_obs"]["main_images"])
+    assert (img == (code % 251).astype(np.uint8)[:, None, None, None]).all()
+    for key in ("dones", "terminations", "truncations"):
+        assert (np_(sample[key]) == (code % 3 == 0)[:, None]).all(), key
+    assert (np_(sample["versions"])[:, 0] == code // 10000).all()
+    return code
+
+
+def traj_equal(got: dict, want) -> None:
+    """Compare a read-back trajectory (nested numpy) with the one that was added."""
+    want = (
+        want if isinstance(want, dict) else {k: v for k, v in vars(want).items() if v is not None}
+    )
+    T = np.asarray(want["actions"]).shape[0]
+    for k, v in want.items():
+        if k in ("max_episode_length", "model_weights_id"):
+            continue
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                np.testing.assert_array_equal(got[k][kk], np.asarray(vv), err_msg=f"{k}/{kk}")
+            continue
+        v = np.asarray(v)
+        if v.shape[0] != T:  # epoch bootstrap rows are dropped
+            e = v.shape[0] - T
+            v = v.reshape(e, T // e + 1, *v.shape[1:])[:, 1:].reshape(T, *v.shape[1:])
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+@pytest.fixture
+def bufpath(tmp_path):
+    return str(tmp_path / "buf.zarr")
+
+
+@pytest.fixture
+def open_buffers():
+    """Buffers created in a test, closed at its end even when it fails."""
+    made = []
+    yield made
+    for b in made:
+        try:
+            b.close()
+        except Exception:
+            pass

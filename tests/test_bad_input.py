@@ -1,0 +1,230 @@
+"""Bad input: a specific ValueError naming the problem, raised before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+from conftest import check_rows, make_traj
+
+import zreplay
+from zreplay import (
+    CapacityError,
+    EmptyTrajectoryError,
+    KeyNameError,
+    SchemaError,
+    WriterLockedError,
+)
+from zreplay.store.commit import read_commit
+
+
+def tree_digest(root) -> str:
+    """Names and contents of every file under ``root``, except the lock and the commit
+    record (flush() republishes the latter with the same rows and a fresh sampler state)."""
+    h = hashlib.sha256()
+    for r, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for f in sorted(files):
+            if f in ("writer.lock", "commit.json"):
+                continue
+            p = os.path.join(r, f)
+            h.update(p.encode())
+            with open(p, "rb") as fh:
+                h.update(fh.read())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def filled(bufpath):
+    buf = zreplay.TrajectoryReplayBuffer(seed=1, auto_save=True, auto_save_path=bufpath)
+    buf.add_trajectories([make_traj(0), make_traj(1)])
+    buf.flush()
+    yield buf
+    buf.close()
+
+
+def _with(key, value, nested_in=None):
+    """A good trajectory dict with ``key`` (inside dict ``nested_in``) set to ``value``."""
+    d = make_traj(5, as_dict=True)
+    if nested_in:
+        d[nested_in] = {**d[nested_in], key: value}
+    else:
+        d[key] = value
+    return d
+
+
+BAD = {
+    "wrong dtype": (
+        _with("actions", torch.zeros(6, 3, 6, dtype=torch.float64)),
+        SchemaError,
+        "actions",
+    ),
+    "wrong row shape": (
+        _with("actions", torch.zeros(6, 3, 7)),
+        SchemaError,
+        "expected float32 [6, 3, 6]",
+    ),
+    "wrong image dtype": (
+        _with("main_images", torch.zeros(6, 3, 8, 8, 3), "curr_obs"),
+        SchemaError,
+        "curr_obs/main_images",
+    ),
+    "inconsistent B": (_with("rewards", torch.zeros(6, 2, 2)), SchemaError, "rewards"),
+    "inconsistent T": (
+        _with("states", torch.zeros(5, 3, 4), "curr_obs"),
+        SchemaError,
+        "curr_obs/states",
+    ),
+    "missing key": (
+        {k: v for k, v in make_traj(5, as_dict=True).items() if k != "rewards"},
+        SchemaError,
+        "missing keys ['rewards']",
+    ),
+    "extra key": (
+        _with("bonus", torch.zeros(6, 3, 1)),
+        SchemaError,
+        "unexpected keys ['bonus']",
+    ),
+    "extra nested key": (
+        _with("depth", torch.zeros(6, 3, 1), "curr_obs"),
+        SchemaError,
+        "curr_obs/depth",
+    ),
+    "empty T": (
+        {
+            k: (
+                v[:0]
+                if isinstance(v, torch.Tensor)
+                else {kk: vv[:0] for kk, vv in v.items()}
+                if isinstance(v, dict)
+                else v
+            )
+            for k, v in make_traj(5, as_dict=True).items()
+        },
+        EmptyTrajectoryError,
+        "T=0",
+    ),
+    "empty B": (
+        {
+            k: (
+                v[:, :0]
+                if isinstance(v, torch.Tensor)
+                else {kk: vv[:, :0] for kk, vv in v.items()}
+                if isinstance(v, dict)
+                else v
+            )
+            for k, v in make_traj(5, as_dict=True).items()
+        },
+        EmptyTrajectoryError,
+        "B=0",
+    ),
+    "slash in key": (_with("a/b", torch.zeros(6, 3), "curr_obs"), KeyNameError, "a/b"),
+    "dotdot key": (_with("..", torch.zeros(6, 3)), KeyNameError, "'..'"),
+    "empty key": (_with("", torch.zeros(6, 3)), KeyNameError, "''"),
+    "absolute key": (_with("/etc", torch.zeros(6, 3)), KeyNameError, "/etc"),
+    "control char key": (_with("a\nb", torch.zeros(6, 3)), KeyNameError, "not a safe name"),
+    "non-array value": (_with("rewards", [1, 2, 3]), SchemaError, "rewards"),
+    "1-d array": (_with("rewards", torch.zeros(6)), SchemaError, "rewards"),
+    "bad epoch rows": (
+        _with("dones", torch.zeros(11, 3, 2, dtype=torch.bool)),
+        SchemaError,
+        "dones",
+    ),
+    "bfloat16": (
+        _with("actions", torch.zeros(6, 3, 6, dtype=torch.bfloat16)),
+        SchemaError,
+        "bfloat16",
+    ),
+    "long weights id": (
+        {**make_traj(5, as_dict=True), "model_weights_id": "x" * 65},
+        SchemaError,
+        "64 bytes",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_trajectory_rejected_and_nothing_written(filled, case):
+    bad, exc, match = BAD[case]
+    before = tree_digest(filled.path)
+    with pytest.raises(exc, match=re.escape(match)):
+        # A good trajectory first in the same call: it must not be added either.
+        filled.add_trajectories([make_traj(4), bad])
+    assert issubclass(exc, ValueError)
+    filled.flush()
+    assert len(filled) == 2 and filled.total_samples == 36
+    assert tree_digest(filled.path) == before
+    commit = read_commit(filled._engine.seg_dir)
+    assert (commit.n_traj, commit.n_rows) == (2, 36)
+    check_rows(filled.sample(64))
+    assert filled.add_trajectories([make_traj(2)]) == [2]
+
+
+def test_unsafe_names_never_touch_the_filesystem(tmp_path):
+    target = tmp_path / "outside"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
+    for name in ("../outside", "../../etc", "/tmp/x", ".hidden", "a\x00b", "c", "zarr.json"):
+        with pytest.raises(KeyNameError):
+            buf.add_trajectories([{name: torch.zeros(2, 2, 1), "rewards": torch.zeros(2, 2, 1)}])
+    buf.close()
+    assert not target.exists()
+    assert sorted(os.listdir(tmp_path)) == ["b"]
+
+
+def test_first_trajectory_fixes_schema_and_enormous_rows_refused(bufpath):
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        huge = np.lib.stride_tricks.as_strided(
+            np.zeros(1, np.uint8), (1, 1, 1 << 15, 1 << 15), (0, 0, 0, 0)
+        )
+        with pytest.raises(SchemaError, match="more than"):
+            buf.add_trajectories([{"frames": huge}])
+        with pytest.raises(SchemaError, match="dtype complex128"):
+            buf.add_trajectories([{"x": np.zeros((2, 2), complex)}])
+        assert buf.schema is None and len(buf) == 0
+
+
+def test_oversize_trajectory_for_capacity(bufpath):
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, capacity=10) as buf:
+        with pytest.raises(CapacityError, match="exceeds the buffer capacity of 10 rows"):
+            buf.add_trajectories([make_traj(0)])  # 18 rows
+        assert len(buf) == 0
+
+
+def test_unknown_layout_override_rejected(bufpath):
+    with (
+        zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=bufpath, layout={"nope": {"codec": "zstd"}}
+        ) as buf,
+        pytest.raises(SchemaError, match="unknown keys"),
+    ):
+        buf.add_trajectories([make_traj(0)])
+
+
+def test_second_writer_fails_fast(bufpath):
+    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    try:
+        with pytest.raises(WriterLockedError, match=f"pid {os.getpid()}"):
+            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+        # A different writer id is a different segment: allowed.
+        b = zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=bufpath, writer_id="rank1"
+        )
+        b.close()
+    finally:
+        a.close()
+    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+
+
+def test_non_buffer_directory_is_not_overwritten(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("keep me")
+    with pytest.raises(zreplay.FormatError, match="not a zreplay buffer"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(d))
+    with pytest.raises(zreplay.FormatError):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(d), overwrite=True)
+    assert (d / "notes.txt").read_text() == "keep me"

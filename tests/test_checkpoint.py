@@ -1,0 +1,119 @@
+"""save_checkpoint / load_checkpoint: consistency, hard links, rank sharding, RNG state."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import check_rows, codes_of, make_traj, traj_equal
+
+import zreplay
+from zreplay.rlinf.files import rank_block
+
+
+def persistent(path, **kw):
+    return zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), **kw)
+
+
+def test_checkpoint_includes_pending_writes_and_is_frozen(tmp_path):
+    with persistent(tmp_path / "live", seed=3) as buf:
+        trajs = [make_traj(i) for i in range(5)]
+        buf.add_trajectories(trajs)  # no flush: the checkpoint must wait for them
+        buf.save_checkpoint(str(tmp_path / "ck"))
+        buf.add_trajectories([make_traj(i) for i in range(5, 9)])
+        buf.flush()
+        view = zreplay.open(tmp_path / "ck")
+        assert view.num_trajectories == 5
+        for i, t in enumerate(trajs):
+            traj_equal(view.trajectory(i), t)
+        check_rows(view.sample(300))
+
+
+def test_checkpoint_hard_links_data_files(tmp_path):
+    with persistent(tmp_path / "live") as buf:
+        buf.add_trajectories([make_traj(i) for i in range(4)])
+        buf.save_checkpoint(str(tmp_path / "ck"))
+    data = tmp_path / "ck" / "segments" / "default" / "data"
+    files = [os.path.join(r, f) for r, _, fs in os.walk(data) for f in fs if f != "zarr.json"]
+    assert files and all(os.stat(f).st_nlink >= 2 for f in files)
+
+
+def test_checkpoint_overwrites_an_older_checkpoint(tmp_path):
+    with persistent(tmp_path / "live") as buf:
+        buf.add_trajectories([make_traj(0)])
+        buf.save_checkpoint(str(tmp_path / "ck"))
+        buf.add_trajectories([make_traj(1)])
+        buf.save_checkpoint(str(tmp_path / "ck"))
+    assert zreplay.open(tmp_path / "ck").num_trajectories == 2
+
+
+def test_load_checkpoint_restores_counters_data_and_random_stream(tmp_path):
+    with persistent(tmp_path / "a", seed=11) as buf:
+        buf.add_trajectories([make_traj(i, epochs=2) for i in range(6)])
+        buf.sample(7)
+        buf.save_checkpoint(str(tmp_path / "ck"))
+        want = [codes_of(buf.sample(32)) for _ in range(3)]
+        want_len, want_total = len(buf), buf.total_samples
+    with persistent(tmp_path / "b", seed=99) as other:
+        other.add_trajectories([make_traj(50)])
+        other.load_checkpoint(str(tmp_path / "ck"))
+        assert len(other) == want_len and other.total_samples == want_total
+        for w in want:
+            assert np.array_equal(codes_of(other.sample(32)), w)
+        assert other.add_trajectories([make_traj(6)]) == [6]  # ids stay unique
+    # The loaded buffer persists on its own path and is independent of the checkpoint.
+    with persistent(tmp_path / "b") as again:
+        assert len(again) == 7
+    assert zreplay.open(tmp_path / "ck").num_trajectories == 6
+
+
+def test_load_any_buffer_directory_with_other_schema(tmp_path):
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([{"obs": np.full((4, 2, 3), i, np.float32)} for i in range(3)])
+    with persistent(tmp_path / "dst") as dst:
+        dst.add_trajectories([make_traj(0)])
+        dst.load_checkpoint(str(tmp_path / "src"))
+        assert len(dst) == 3 and dst.schema.keys == ["obs"]
+        assert set(dst.sample(100)["obs"][:, 0].tolist()) == {0.0, 1.0, 2.0}
+
+
+@pytest.mark.parametrize("n,world", [(10, 3), (7, 7), (5, 1), (2, 4)])
+def test_distributed_load_blocks_are_disjoint_and_cover(tmp_path, n, world):
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(i, T=2, B=1) for i in range(n)])
+        src.save_checkpoint(str(tmp_path / "ck"))
+    got = []
+    for rank in range(world):
+        with zreplay.TrajectoryReplayBuffer(seed=rank) as buf:
+            buf.load_checkpoint(str(tmp_path / "ck"), True, rank, world)
+            ids = [buf.trajectory(i)["trajectory_id"] for i in range(len(buf))]
+            assert ids == list(range(*rank_block(n, rank, world)))
+            assert buf.total_samples == 2 * len(ids)
+            if ids:
+                assert set(codes_of(buf.sample(200)) // 10000) == set(ids)
+            got += ids
+    assert sorted(got) == list(range(n))
+
+
+def test_distributed_load_validates_rank(tmp_path):
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(0)])
+    with zreplay.TrajectoryReplayBuffer() as buf, pytest.raises(ValueError, match="local_rank"):
+        buf.load_checkpoint(str(tmp_path / "src"), True, 2, 2)
+
+
+def test_rank_block_matches_rlinf_formula():
+    for n in range(0, 30):
+        for world in range(1, 8):
+            blocks = [rank_block(n, r, world) for r in range(world)]
+            assert blocks[0][0] == 0 and blocks[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False))
+            sizes = [b - a for a, b in blocks]
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_load_checkpoint_rejects_unknown_directory(tmp_path):
+    (tmp_path / "x").mkdir()
+    with zreplay.TrajectoryReplayBuffer() as buf, pytest.raises(zreplay.FormatError):
+        buf.load_checkpoint(str(tmp_path / "x"))
