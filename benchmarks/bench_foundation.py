@@ -141,6 +141,44 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+class CpuMeter:
+    """Wall time of a section and the CPU other processes used meanwhile (in cores).
+
+    Another process busy on this 2-core machine skews every figure; the JSON records it."""
+
+    def __init__(self):
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.t = self.busy = self.own = 0.0
+
+    @staticmethod
+    def _busy_ticks() -> int:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:8]]
+        except OSError:
+            return 0
+        return v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def start(self) -> CpuMeter:
+        self.t, self.busy, self.own = time.perf_counter(), self._busy_ticks(), self._own()
+        return self
+
+    def stop(self) -> dict:
+        wall = time.perf_counter() - self.t
+        busy = (self._busy_ticks() - self.busy) / self.hz
+        own = self._own() - self.own
+        return {
+            "wall_s": wall,
+            "own_cpu_cores": own / wall,
+            "foreign_cpu_cores": max(0.0, (busy - own) / wall),
+        }
+
+
 def ms(s: float) -> str:
     return f"{s * 1e3:.2f} ms"
 
@@ -156,12 +194,19 @@ def make_frames(rng: np.random.Generator, n_frames: int) -> np.ndarray:
     out = np.empty((n_frames, B, H, W, 3), np.uint8)
     for b in range(B):
         ph = rng.uniform(0, 2 * np.pi, 3)
-        wall = np.stack([90 + 30 * np.sin(x / W * np.pi + ph[c]) + 20 * y / H for c in range(3)], -1)
+        wall = np.stack(
+            [90 + 30 * np.sin(x / W * np.pi + ph[c]) + 20 * y / H for c in range(3)], -1
+        )
         table = np.broadcast_to(rng.integers(60, 200, 3).astype(np.float32), (H, W, 3))
         horizon = int(rng.integers(20, 36))
         base = np.rint(np.where((y < horizon)[..., None], wall, table))
         blocks = [
-            (int(rng.integers(6, 16)), rng.integers(0, 255, 3), rng.uniform(-2, 2, 2), rng.uniform(0, 48, 2))
+            (
+                int(rng.integers(6, 16)),
+                rng.integers(0, 255, 3),
+                rng.uniform(-2, 2, 2),
+                rng.uniform(0, 48, 2),
+            )
             for _ in range(3)
         ]
         for t in range(n_frames):
@@ -271,49 +316,74 @@ class Table:
 # -- figures ----------------------------------------------------------------------------
 
 
-def bench_ingest(cfg, pool, raw_traj_bytes, main_dir: Path, tmp: Path, table: Table) -> TrajectoryReplayBuffer:
-    n_total = cfg["lat_adds"] + cfg["ingest_trajs"] + 1
-    buf = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(main_dir), cache_size=n_total, sample_window_size=0
-    )
-    # The first add fixes the schema and creates the arrays: reported on its own.
-    t0 = time.perf_counter()
-    buf.add_trajectories([pool[0]])
-    t_first = time.perf_counter() - t0
-    buf.flush()
+def isolated_adds(buf, pool, n: int, first: int = 0) -> tuple[dict, dict]:
+    """``n`` adds of one trajectory each, the writer idle at each call (flush between).
 
-    # 1a. Isolated add latency: writer idle at each call (flush between, untimed).
+    Returns stats of the add call alone and of add + flush (the trajectory committed)."""
     add_t, commit_t = [], []
-    for i in range(cfg["lat_adds"]):
-        tr = pool[(i + 1) % POOL]
+    for i in range(n):
+        tr = pool[(first + i) % POOL]
         t0 = time.perf_counter()
         buf.add_trajectories([tr])
         t1 = time.perf_counter()
         buf.flush()
-        t2 = time.perf_counter()
         add_t.append(t1 - t0)
-        commit_t.append(t2 - t0)
-    copy_t = []
-    for i in range(max(cfg["lat_adds"], 10)):
-        tr = pool[i % POOL]
-        t0 = time.perf_counter()
-        c = copy_tree(tr)
-        copy_t.append(time.perf_counter() - t0)
-        del c
-    s_add, s_copy, s_commit = stats(add_t), stats(copy_t), stats(commit_t)
+        commit_t.append(time.perf_counter() - t0)
+    return stats(add_t), stats(commit_t)
+
+
+def copy_peer(pool, n: int, cold: bool) -> dict:
+    """Time ``{k: v.copy()}`` of one trajectory (warm: malloc reuses faulted pages), or,
+    ``cold``, the same copy into never-touched memory (first-touch page faults included,
+    as when the RAM tier fills for the first time)."""
+    out = []
+    if cold:
+        dest = {k: np.empty((n, *v.shape), v.dtype) for k, v in flat_items(pool[0])}
+        for i in range(n):
+            t0 = time.perf_counter()
+            for k, v in flat_items(pool[i % POOL]):
+                np.copyto(dest[k][i], v)
+            out.append(time.perf_counter() - t0)
+        del dest
+    else:
+        for i in range(n):
+            t0 = time.perf_counter()
+            c = copy_tree(pool[i % POOL])
+            out.append(time.perf_counter() - t0)
+            del c
+    return stats(out)
+
+
+def bench_ingest_warm(cfg, pool, raw_traj_bytes, tmp: Path, table: Table) -> None:
+    """RLinf's default cache_size=5: the RAM tier ring wraps, so its pages are warm.
+
+    Isolated add latency (writer idle), then sustained ingest where the caller waits for
+    the writer whenever 5 trajectories are uncommitted (backpressure)."""
+    path = tmp / "warm"
+    buf = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), cache_size=5, sample_window_size=0
+    )
+    t0 = time.perf_counter()
+    buf.add_trajectories([pool[0]])
+    t_first = time.perf_counter() - t0
+    buf.flush()
+    isolated_adds(buf, pool, 12)  # wrap the ring twice: every slot touched
+    s_add, s_commit = isolated_adds(buf, pool, cfg["lat_adds"])
+    s_copy = copy_peer(pool, max(cfg["lat_adds"], 10), cold=False)
     table.add(
-        "add_trajectories 1 traj, median",
+        "add_trajectories 1 traj, median (warm RAM)",
         ms(s_add["median_s"]),
         f"copy {ms(s_copy['median_s'])}",
         s_add["median_s"] / s_copy["median_s"],
         key="add_latency",
+        cache_size=5,
         zreplay_stats=s_add,
         peer_stats=s_copy,
         first_add_s=t_first,
         traj_raw_bytes=raw_traj_bytes,
     )
     table.add(
-        "add_trajectories 1 traj, p90",
+        "add_trajectories 1 traj, p90 (warm RAM)",
         ms(s_add["p90_s"]),
         f"copy {ms(s_copy['p90_s'])}",
         s_add["p90_s"] / s_copy["p90_s"],
@@ -328,63 +398,7 @@ def bench_ingest(cfg, pool, raw_traj_bytes, main_dir: Path, tmp: Path, table: Ta
         zreplay_stats=s_commit,
     )
 
-    # 1b. Sustained ingest into the RAM-tier buffer, flush included.
-    n = cfg["ingest_trajs"]
-    per_add = []
-    t0 = time.perf_counter()
-    for i in range(n):
-        a = time.perf_counter()
-        buf.add_trajectories([pool[i % POOL]])
-        per_add.append(time.perf_counter() - a)
-    buf.flush()
-    el = time.perf_counter() - t0
-    mb = n * raw_traj_bytes / 1e6
-    frames = n * T * B
-
-    # Peer: the same raw bytes written uncompressed to one file per trajectory, fsynced.
-    raw_dir = tmp / "rawwrite"
-    raw_dir.mkdir()
-    t0 = time.perf_counter()
-    for i in range(n):
-        with open(raw_dir / f"{i}.bin", "wb") as fh:
-            for _, v in flat_items(pool[i % POOL]):
-                fh.write(memoryview(np.ascontiguousarray(v)).cast("B"))
-            fh.flush()
-            os.fsync(fh.fileno())
-    el_raw = time.perf_counter() - t0
-    shutil.rmtree(raw_dir)
-    table.add(
-        f"ingest {n} traj + flush (RAM tier on)",
-        f"{mb / el:.0f} MB/s",
-        f"raw write+fsync {mb / el_raw:.0f} MB/s",
-        el / el_raw,
-        key="ingest",
-        trajectories=n,
-        seconds=el,
-        mb_per_s=mb / el,
-        frames_per_s=frames / el,
-        peer_seconds=el_raw,
-        per_add=stats(per_add),
-    )
-    table.add(
-        "  same, frames (rows) per second",
-        f"{frames / el:.0f} f/s",
-        f"raw {frames / el_raw:.0f} f/s",
-        el / el_raw,
-        key="ingest_frames",
-    )
-    return buf
-
-
-def bench_backpressure(cfg, pool, raw_traj_bytes, tmp: Path, table: Table) -> None:
-    """Sustained ingest with RLinf's default cache_size=5: the caller waits for the writer."""
     n = cfg["bp_trajs"]
-    path = tmp / "bp"
-    buf = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), cache_size=5, sample_window_size=0
-    )
-    buf.add_trajectories([pool[0]])
-    buf.flush()
     per_add = []
     t0 = time.perf_counter()
     for i in range(n):
@@ -403,6 +417,7 @@ def bench_backpressure(cfg, pool, raw_traj_bytes, tmp: Path, table: Table) -> No
         f"{n * T * B / el:.0f} frames/s",
         None,
         key="ingest_cache5",
+        trajectories=n,
         seconds=el,
         mb_per_s=mb / el,
         frames_per_s=n * T * B / el,
@@ -415,6 +430,77 @@ def bench_backpressure(cfg, pool, raw_traj_bytes, tmp: Path, table: Table) -> No
         None,
         key="ingest_cache5_latency",
     )
+
+
+def bench_ingest_ram(cfg, pool, raw_traj_bytes, main_dir: Path, tmp: Path, table: Table):
+    """The buffer of the sampling figures: cache_size = every trajectory it will hold, so
+    every add writes RAM-tier pages for the first time (first-touch page faults)."""
+    n_total = cfg["lat_adds"] + cfg["ingest_trajs"] + 1
+    buf = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(main_dir), cache_size=n_total, sample_window_size=0
+    )
+    buf.add_trajectories([pool[0]])
+    buf.flush()
+    s_add, _ = isolated_adds(buf, pool, cfg["lat_adds"], first=1)
+    s_cold = copy_peer(pool, cfg["lat_adds"], cold=True)
+    table.add(
+        "add_trajectories 1 traj, median (RAM 1st fill)",
+        ms(s_add["median_s"]),
+        f"cold copy {ms(s_cold['median_s'])}",
+        s_add["median_s"] / s_cold["median_s"],
+        key="add_latency_first_fill",
+        cache_size=n_total,
+        zreplay_stats=s_add,
+        peer_stats=s_cold,
+    )
+
+    # Sustained ingest, flush included; the writer overlaps with the caller's copies.
+    n = cfg["ingest_trajs"]
+    per_add = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        a = time.perf_counter()
+        buf.add_trajectories([pool[i % POOL]])
+        per_add.append(time.perf_counter() - a)
+    buf.flush()
+    el = time.perf_counter() - t0
+    mb = n * raw_traj_bytes / 1e6
+    frames = n * T * B
+
+    # Peer: the same raw bytes written uncompressed, one file per trajectory, fsynced.
+    raw_dir = tmp / "rawwrite"
+    raw_dir.mkdir()
+    t0 = time.perf_counter()
+    for i in range(n):
+        with open(raw_dir / f"{i}.bin", "wb") as fh:
+            for _, v in flat_items(pool[i % POOL]):
+                fh.write(memoryview(np.ascontiguousarray(v)).cast("B"))
+            fh.flush()
+            os.fsync(fh.fileno())
+    el_raw = time.perf_counter() - t0
+    shutil.rmtree(raw_dir)
+    table.add(
+        f"ingest {n} traj + flush (RAM tier on)",
+        f"{mb / el:.0f} MB/s",
+        f"raw write+fsync {mb / el_raw:.0f} MB/s",
+        el / el_raw,
+        key="ingest",
+        trajectories=n,
+        cache_size=n_total,
+        seconds=el,
+        mb_per_s=mb / el,
+        frames_per_s=frames / el,
+        peer_seconds=el_raw,
+        per_add=stats(per_add),
+    )
+    table.add(
+        "  same, frames (rows) per second",
+        f"{frames / el:.0f} f/s",
+        f"raw {frames / el_raw:.0f} f/s",
+        el / el_raw,
+        key="ingest_frames",
+    )
+    return buf
 
 
 def bench_ram_sample(cfg, buf: TrajectoryReplayBuffer, pool, table: Table) -> None:
@@ -451,7 +537,6 @@ def bench_ram_sample(cfg, buf: TrajectoryReplayBuffer, pool, table: Table) -> No
         zreplay_stats=sz,
         peer_stats=sp,
     )
-    del peer
 
 
 def bench_disk_sample(cfg, main_dir: Path, table: Table) -> None:
@@ -567,7 +652,17 @@ def bench_compression(main_dir: Path, table: Table) -> None:
 OPEN_CHILD = r"""
 import json, resource, sys, time
 import zreplay
+
+
+def vmrss_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 mode, path = sys.argv[1], sys.argv[2]
+rss0 = vmrss_kb()
 t0 = time.perf_counter()
 n = 0
 if mode == "view":
@@ -577,10 +672,11 @@ elif mode == "buffer":
     b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, enable_cache=False)
     n = len(b)
 dt = time.perf_counter() - t0
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss1 = vmrss_kb()
 if mode == "buffer":
     b.close()
-print(json.dumps({"seconds": dt, "maxrss_kb": rss, "n": n}))
+print(json.dumps({"seconds": dt, "maxrss_kb": peak, "vmrss_delta_kb": rss1 - rss0, "n": n}))
 """
 
 
@@ -625,10 +721,12 @@ def bench_open(cfg, tmp: Path, table: Table) -> None:
             runs = [run_child(mode, path) for _ in range(reps)]
             t = float(np.median([r["seconds"] for r in runs]))
             rss_kb = float(np.median([r["maxrss_kb"] for r in runs])) - base_kb
+            vm_kb = float(np.median([r["vmrss_delta_kb"] for r in runs]))
+            assert all(r["n"] == built for r in runs), runs
             table.add(
                 f"open {built // 1000}k traj: {label}{note}",
                 ms(t),
-                f"+{rss_kb / 1024:.1f} MB peak RSS",
+                f"peak RSS +{rss_kb / 1024:.1f} MB (RSS +{vm_kb / 1024:.1f})",
                 None,
                 key=f"open/{mode}/{n}",
                 trajectories=built,
@@ -637,6 +735,7 @@ def bench_open(cfg, tmp: Path, table: Table) -> None:
                 seconds_runs=[r["seconds"] for r in runs],
                 seconds=t,
                 rss_delta_kb=rss_kb,
+                vmrss_delta_kb=vm_kb,
                 baseline_rss_kb=base_kb,
                 disk_bytes=dir_bytes(path),
             )
@@ -647,10 +746,23 @@ def bench_open(cfg, tmp: Path, table: Table) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="small CI smoke run (< 30 s)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
-    ap.add_argument("--tmpdir", type=Path, default=None, help="where to build buffers (default: system temp)")
+    ap.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})"
+    )
+    ap.add_argument(
+        "--tmpdir", type=Path, default=None, help="where to build buffers (default: system temp)"
+    )
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for other processes to go quiet before starting",
+    )
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "default"
     cfg = CONFIGS[mode]
@@ -670,35 +782,45 @@ def main(argv=None) -> int:
         f"{POOL} distinct trajectories generated in {time.perf_counter() - t0:.1f}s\n"
     )
     table = Table()
-    print(table.header(), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="zreplay-bench-", dir=args.tmpdir))
-    timings = {}
+    sections = {}
+
+    def run(name, fn, *a):
+        meter = CpuMeter().start()
+        out = fn(*a)
+        sections[name] = meter.stop()
+        return out
+
+    deadline = time.perf_counter() + args.wait_idle
+    while True:
+        idle = CpuMeter().start()
+        time.sleep(1.0)
+        sections["idle_check"] = idle.stop()
+        if sections["idle_check"]["foreign_cpu_cores"] <= 0.2 or time.perf_counter() > deadline:
+            break
+    if sections["idle_check"]["foreign_cpu_cores"] > 0.2:
+        print(
+            f"WARNING: other processes use {sections['idle_check']['foreign_cpu_cores']:.2f} "
+            "cores right now; figures will be noisy"
+        )
+    print(table.header(), flush=True)
     try:
         main_dir = tmp / "main"
-        t0 = time.perf_counter()
-        buf = bench_ingest(cfg, pool, raw_traj_bytes, main_dir, tmp, table)
-        bench_ram_sample(cfg, buf, pool, table)
+        run("ingest_warm", bench_ingest_warm, cfg, pool, raw_traj_bytes, tmp, table)
+        buf = run("ingest_ram", bench_ingest_ram, cfg, pool, raw_traj_bytes, main_dir, tmp, table)
+        run("sample_ram", bench_ram_sample, cfg, buf, pool, table)
         buf.close()
         del buf
-        timings["ingest_and_ram_sample_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        bench_backpressure(cfg, pool, raw_traj_bytes, tmp, table)
-        timings["backpressure_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        bench_disk_sample(cfg, main_dir, table)
-        timings["disk_sample_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        bench_compression(main_dir, table)
+        run("sample_disk", bench_disk_sample, cfg, main_dir, table)
+        run("compression", bench_compression, main_dir, table)
         shutil.rmtree(main_dir)
-        timings["compression_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        bench_open(cfg, tmp, table)
-        timings["open_s"] = time.perf_counter() - t0
+        run("open", bench_open, cfg, tmp, table)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total = time.perf_counter() - t_start
-    timings["total_s"] = total
+    foreign = {k: round(v["foreign_cpu_cores"], 2) for k, v in sections.items()}
     print(f"\ntotal {total:.1f}s, parent peak RSS {peak_rss_mb():.0f} MB")
+    print(f"CPU used by other processes per section (cores): {foreign}")
 
     result = {
         "benchmark": "foundation",
@@ -714,7 +836,8 @@ def main(argv=None) -> int:
             "small_schema": {"T": SMALL_T, "B": SMALL_B},
         },
         "machine": info,
-        "timings": timings,
+        "total_s": total,
+        "sections": sections,
         "parent_peak_rss_mb": peak_rss_mb(),
         "ratio_definition": "zreplay time / peer time (>1: zreplay slower); bytes rows: raw / disk",
         "table": table.text(),

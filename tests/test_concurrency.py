@@ -110,7 +110,10 @@ def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(bufpath):
         n = len(buf)
         assert buf.add_trajectories([make_traj(n, T=4 + n % 5, B=3)]) == [n]
         leftovers = [
-            f for r, _, fs in os.walk(bufpath) for f in fs if f.endswith((".partial", ".tmp", ".__lock"))
+            f
+            for r, _, fs in os.walk(bufpath)
+            for f in fs
+            if f.endswith((".partial", ".tmp", ".__lock"))
         ]
         assert leftovers == []
 

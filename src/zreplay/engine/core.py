@@ -20,6 +20,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +113,8 @@ class Engine:
         self.temporary = path is None
         if self.temporary:
             path = tempfile.mkdtemp(prefix="zreplay-")
+            # Removed on close(), or at interpreter exit if the owner never closed it.
+            self._finalizer = weakref.finalize(self, shutil.rmtree, path, ignore_errors=True)
         self.root = BufferRoot(path)
         self.path = self.root.path
         self.writer_id = writer_id
@@ -571,7 +574,7 @@ class Engine:
             self._closed = True
             self._wlock.release()
             if self.temporary:
-                shutil.rmtree(self.path, ignore_errors=True)
+                self._finalizer()
 
     @property
     def closed(self) -> bool:

@@ -15,6 +15,7 @@ What differs (all on purpose, see README "Coming from RLinf"):
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,8 @@ class TrajectoryReplayBuffer:
             durable=durable,
             overwrite=overwrite,
             break_lock=break_lock,
-            sampler_state=self._sampler_state,
+            # Weak: the writer thread must not keep this facade alive (its __del__ closes).
+            sampler_state=_weak_call(self._sampler_state),
         )
         self._restore_sampler(self._engine.commit.sampler)
 
@@ -310,6 +312,11 @@ class TrajectoryReplayBuffer:
         out["max_episode_length"] = int(idx.column("max_episode_length")[j])
         out["model_weights_id"] = idx.weights_id(j)
         return out
+
+
+def _weak_call(method):
+    ref = weakref.WeakMethod(method)
+    return lambda: (ref() or dict)()
 
 
 def _is_rlinf_dir(path: Path) -> bool:
