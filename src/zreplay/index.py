@@ -70,7 +70,9 @@ class TrajectoryIndex:
 
     # -- mutation -------------------------------------------------------------------
 
-    def append(self, T: int, B: int, trajectory_id: int, max_episode_length: int, weights_id: bytes) -> int:
+    def append(
+        self, T: int, B: int, trajectory_id: int, max_episode_length: int, weights_id: bytes
+    ) -> int:
         """Add one trajectory of ``T * B`` rows; returns its index."""
         if self.n + 1 >= len(self._offsets) - 1:
             self._reserve(2 * (self.n + 1))

@@ -149,7 +149,9 @@ class Engine:
         self._disk_readers = 0
         self._reclaiming = False
         self._stop = False
-        self._thread = threading.Thread(target=self._writer_loop, name="zreplay-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._writer_loop, name="zreplay-writer", daemon=True
+        )
         self._thread.start()
 
     # -- opening --------------------------------------------------------------------
@@ -200,10 +202,7 @@ class Engine:
             return
         futs = {k: self.segment.read_range(k, lo, hi) for k in self.schema.keys}
         for k, f in futs.items():
-            data = f.result()
-            for row0, sl in self.tier._pieces(lo, hi):
-                n = sl.stop - sl.start
-                self.tier.rings[k][sl] = data[row0 - lo : row0 - lo + n]
+            self.tier.put_rows(k, lo, f.result())
         self.tier.lo, self.tier.hi = lo, hi
 
     # -- adding ---------------------------------------------------------------------
@@ -545,9 +544,7 @@ class Engine:
                     low_row=int(off[first]),
                     low_traj=first,
                     reclaimed_below=src_commit.reclaimed_below,
-                    next_trajectory_id=max(
-                        self.next_trajectory_id, src_commit.next_trajectory_id
-                    ),
+                    next_trajectory_id=max(self.next_trajectory_id, src_commit.next_trajectory_id),
                     sampler=sampler,
                 )
                 write_commit(self.seg_dir, self.commit, durable=self.durable)

@@ -39,7 +39,9 @@ class RamTier:
             return [(start, slice(a, b))]
         return [(start, slice(a, cap)), (start + cap - a, slice(0, b))]
 
-    def write_trajectory(self, start: int, columns: Mapping[str, np.ndarray], T: int, B: int) -> None:
+    def write_trajectory(
+        self, start: int, columns: Mapping[str, np.ndarray], T: int, B: int
+    ) -> None:
         """Copy ``[T, B, ...]`` arrays into rows ``[start, start + T*B)`` in env-major order."""
         n = T * B
         for path, arr in columns.items():
@@ -50,10 +52,13 @@ class RamTier:
                 sl = pieces[0][1]
                 np.copyto(ring[sl].reshape(B, T, *ring.shape[1:]), src)
             else:
-                flat = np.ascontiguousarray(src).reshape(n, *ring.shape[1:])
-                for row0, sl in pieces:
-                    k = sl.stop - sl.start
-                    ring[sl] = flat[row0 - start : row0 - start + k]
+                self.put_rows(path, start, np.ascontiguousarray(src).reshape(n, *ring.shape[1:]))
+
+    def put_rows(self, key: str, start: int, rows: np.ndarray) -> None:
+        """Copy flat rows (already env-major) into rows ``[start, start + len(rows))``."""
+        ring = self.rings[key]
+        for row0, sl in self._pieces(start, start + len(rows)):
+            ring[sl] = rows[row0 - start : row0 - start + (sl.stop - sl.start)]
 
     def read_range(self, key: str, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
         """Views of rows [start, stop) of ``key`` as (first_row, array) pieces."""
@@ -68,8 +73,7 @@ class RamTier:
         new = RamTier(self.schema, capacity_rows)
         new.lo = max(self.lo, self.hi - new.capacity)
         new.hi = self.hi
-        for key, ring in self.rings.items():
+        for key in self.rings:
             for row0, piece in self.read_range(key, new.lo, self.hi):
-                for r1, sl in new._pieces(row0, row0 + len(piece)):
-                    new.rings[key][sl] = piece[r1 - row0 : r1 - row0 + (sl.stop - sl.start)]
+                new.put_rows(key, row0, piece)
         return new

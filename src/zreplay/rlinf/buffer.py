@@ -100,7 +100,9 @@ class TrajectoryReplayBuffer:
             auto_save_path if auto_save else None,
             writer_id=writer_id,
             capacity=capacity,
-            ram=RamPolicy(enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes),
+            ram=RamPolicy(
+                enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes
+            ),
             layout=layout,
             durable=durable,
             overwrite=overwrite,

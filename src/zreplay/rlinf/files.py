@@ -194,7 +194,9 @@ def load_into(
         fmt = meta.get("trajectory_format", "pt")
         _add_batched(buf, iter_rlinf(src, ids[start:stop], index, fmt, allow_pickle))
         buf._engine.next_trajectory_id = max(
-            buf._engine.next_trajectory_id, int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1
+            buf._engine.next_trajectory_id,
+            int(meta.get("trajectory_counter", 0)),
+            max(ids, default=-1) + 1,
         )
         buf.flush()
         return
@@ -233,7 +235,9 @@ def load_into(
     buf.flush()
 
 
-def import_rlinf(src_dir: str, dst_path: str, *, allow_pickle: bool = False, **buffer_kwargs) -> int:
+def import_rlinf(
+    src_dir: str, dst_path: str, *, allow_pickle: bool = False, **buffer_kwargs
+) -> int:
     """Read an RLinf buffer directory into a new zreplay buffer at ``dst_path``.
 
     Trajectory ids, order, ``max_episode_length`` and ``model_weights_id`` are kept;

@@ -112,9 +112,11 @@ def remove_orphans(root: Path) -> list[Path]:
     removed = []
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
-            if name.endswith(".partial") or (
-                name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp")
-            ) or name.endswith(".__lock"):
+            if (
+                name.endswith(".partial")
+                or (name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp"))
+                or name.endswith(".__lock")
+            ):
                 p = Path(dirpath) / name
                 try:
                     p.unlink()

@@ -57,9 +57,7 @@ class ArrayHandle:
     def _open(self) -> ts.TensorStore:
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
         try:
-            return ts.open(
-                spec, read=True, write=self._writable, context=self._context
-            ).result()
+            return ts.open(spec, read=True, write=self._writable, context=self._context).result()
         except Exception as e:  # TensorStore raises ValueError/OSError variants
             raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
 
