@@ -16,6 +16,7 @@ Facades (RLinf's TrajectoryReplayBuffer, the dataset view) sit on top of this cl
 
 from __future__ import annotations
 
+import atexit
 import logging
 import shutil
 import tempfile
@@ -43,6 +44,19 @@ from ..store.segment import WEIGHTS_ID_BYTES, Segment
 from .ramtier import RamTier
 
 log = logging.getLogger("zreplay")
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    # Daemon writer threads still run during atexit, so unclosed buffers commit what was
+    # added instead of losing it (and never hang in a __del__ during finalization).
+    for eng in list(_LIVE):
+        try:
+            eng.close()
+        except Exception as e:  # noqa: BLE001 - best effort at exit
+            log.error("zreplay: closing %s at exit failed: %r", eng.path, e)
 
 
 @dataclass
@@ -153,6 +167,7 @@ class Engine:
             target=self._writer_loop, name="zreplay-writer", daemon=True
         )
         self._thread.start()
+        _LIVE.add(self)
 
     # -- opening --------------------------------------------------------------------
 
@@ -178,8 +193,7 @@ class Engine:
         self.next_trajectory_id = self.commit.next_trajectory_id
         if self.schema is None:
             return
-        Segment.create_arrays(self.seg_dir, self.schema.specs, self.layouts)
-        self.segment = Segment(self.seg_dir, self.schema, self.layouts, writable=True)
+        self._open_segment()
         cols = self.segment.read_index(self.commit)
         self.index = TrajectoryIndex(cols, low=self.commit.low_traj)
         if self.index.n:
@@ -232,10 +246,15 @@ class Engine:
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
         layouts = layouts_for(schema.specs, self._layout_overrides)
         self.root.set_schema(schema, layouts)
-        Segment.create_arrays(self.seg_dir, schema.specs, layouts)
         self.schema, self.layouts = schema, layouts
-        self.segment = Segment(self.seg_dir, schema, layouts, writable=True)
+        self._open_segment()
         self._make_tier(first_rows)
+
+    def _open_segment(self) -> None:
+        Segment.create_arrays(self.seg_dir, self.schema.specs, self.layouts)
+        self.segment = Segment(
+            self.seg_dir, self.schema, self.layouts, writable=True, durable=self.durable
+        )
 
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories; returns their trajectory ids.
@@ -406,6 +425,11 @@ class Engine:
             self._cond.notify_all()
             while self._done_gen < target:
                 self._raise_writer_error()
+                if not self._thread.is_alive():
+                    raise WriteFailedError(
+                        "the writer thread is gone (interpreter shutting down?); the last "
+                        f"commit (gen {self.commit.gen}) is intact"
+                    )
                 self._cond.wait(0.5)
 
     # -- reading --------------------------------------------------------------------

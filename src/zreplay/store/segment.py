@@ -97,13 +97,17 @@ class Segment:
         schema: Schema,
         layouts: Mapping[str, KeyLayout],
         writable: bool,
+        durable: bool = True,
     ):
         self.dir = Path(seg_dir)
         self.writer_id = self.dir.name
         self.schema = schema
         self.layouts = dict(layouts)
         self.writable = writable
-        self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
+        # No decoded-chunk cache (the RAM tier is ours); fsync data files only if durable.
+        self._context = ts.Context(
+            {"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": bool(durable)}
+        )
         self.data = {
             k: ArrayHandle(self.dir / "data" / k, self._context, writable) for k in schema.keys
         }
