@@ -117,3 +117,13 @@ def test_load_checkpoint_rejects_unknown_directory(tmp_path):
     (tmp_path / "x").mkdir()
     with zreplay.TrajectoryReplayBuffer() as buf, pytest.raises(zreplay.FormatError):
         buf.load_checkpoint(str(tmp_path / "x"))
+
+
+def test_load_checkpoint_of_own_directory_is_a_no_op(tmp_path):
+    with persistent(tmp_path / "own") as buf:
+        buf.add_trajectories([make_traj(i) for i in range(3)])
+        buf.load_checkpoint(str(tmp_path / "own"))
+        assert len(buf) == 3
+        check_rows(buf.sample(50))
+        with pytest.raises(ValueError, match="own directory"):
+            buf.load_checkpoint(str(tmp_path / "own"), True, 0, 2)

@@ -445,13 +445,19 @@ class Engine:
         return self.draw_and_gather(lambda _index: rows, keys)[1]
 
     def draw_and_gather(
-        self, draw: Callable[[TrajectoryIndex], np.ndarray], keys: list[str] | None = None
+        self,
+        draw: Callable[[TrajectoryIndex], np.ndarray],
+        keys: list[str] | None = None,
+        alloc: Callable[[str, tuple, np.dtype], np.ndarray] | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Call ``draw(index)`` for global rows under the lock, then gather them.
 
         Drawing under the same lock that guards eviction means every drawn row is still
         readable when it is read: no sample ever mixes fields of different transitions.
+        ``alloc(key, shape, dtype)`` provides each output array (e.g. pinned memory);
+        rows are gathered straight into it.
         """
+        alloc = alloc or (lambda _key, shape, dtype: np.empty(shape, dtype))
         with self._cond:
             self._check_open()
             rows = np.asarray(draw(self.index), np.int64)
@@ -459,19 +465,21 @@ class Engine:
                 return rows, {}
             keys = self.schema.keys if keys is None else keys
             out = {}
+            for k in keys:
+                spec = self.schema.specs[k]
+                out[k] = alloc(k, (len(rows), *spec.row_shape), spec.dtype)
             tier = self.tier
             in_tier = rows >= (tier.lo if tier is not None else self.index.n_rows)
             if in_tier.all():
+                slots = rows % tier.capacity
                 for k in keys:
-                    out[k] = tier.gather(k, rows)
+                    np.take(tier.rings[k], slots, axis=0, out=out[k])
                 return rows, out
-            for k in keys:
-                spec = self.schema.specs[k]
-                out[k] = np.empty((len(rows), *spec.row_shape), spec.dtype)
             if in_tier.any():
                 sel = np.nonzero(in_tier)[0]
+                slots = rows[sel] % tier.capacity
                 for k in keys:
-                    out[k][sel] = tier.gather(k, rows[sel])
+                    out[k][sel] = tier.rings[k][slots]
             while self._reclaiming:
                 self._cond.wait()
             self._disk_readers += 1
@@ -480,7 +488,10 @@ class Engine:
             uniq, inv = np.unique(rows[miss], return_inverse=True)
             futs = {k: self.segment.read_rows(k, uniq) for k in keys}
             for k, f in futs.items():
-                out[k][miss] = f.result()[inv]
+                if len(miss) == len(rows):
+                    np.take(f.result(), inv, axis=0, out=out[k])
+                else:
+                    out[k][miss] = f.result()[inv]
         finally:
             with self._cond:
                 self._disk_readers -= 1

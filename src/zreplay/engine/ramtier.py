@@ -66,6 +66,7 @@ class RamTier:
         return [(row0, ring[sl]) for row0, sl in self._pieces(start, stop)]
 
     def gather(self, key: str, rows: np.ndarray) -> np.ndarray:
+        """Rows (all within ``[lo, hi)``) of ``key``; the engine inlines this on its hot path."""
         return self.rings[key][rows % self.capacity]
 
     def resized(self, capacity_rows: int) -> RamTier:

@@ -15,6 +15,7 @@ What differs (all on purpose, see README "Coming from RLinf"):
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 
 from ..engine.core import Engine, RamPolicy
 from ..errors import EmptyBufferError, FormatError
+from ..prefetch import Prefetcher
 from ..schema import unflatten
 from ..store.root import BufferRoot, is_buffer
 from .trajectory import prepare
@@ -38,7 +40,8 @@ class TrajectoryReplayBuffer:
     """Trajectory replay buffer with RLinf 0.3's API on a persistent Zarr v3 store.
 
     Args (RLinf's, same meaning):
-        seed: seeds the sampler's private generator (numpy PCG64; never global state).
+        seed: seeds the sampler's private generator (numpy PCG64; never global state);
+            ``None`` draws a fresh seed.
         enable_cache: keep recent rows decoded in RAM (the RAM tier). ``False``: every
             sample of committed data reads from disk.
         cache_size: number of newest trajectories the RAM tier holds.
@@ -82,7 +85,8 @@ class TrajectoryReplayBuffer:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
         if sample_window_size < 0:
             raise ValueError(f"sample_window_size must be >= 0, got {sample_window_size}")
-        self.seed = 1234 if seed is None else int(seed)
+        # seed=None: a fresh random seed (kept in the commit, so a resume continues it).
+        self.seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else int(seed)
         self.enable_cache = enable_cache
         self.sample_window_size = int(sample_window_size)
         self.auto_save = auto_save
@@ -142,18 +146,36 @@ class TrajectoryReplayBuffer:
         items = [prepare(t) for t in trajectories]
         return self._engine.add(items)
 
-    def sample(self, num_chunks: int = 0) -> dict[str, Any]:
+    def sample(
+        self,
+        num_chunks: int = 0,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+    ) -> dict[str, Any]:
         """``num_chunks`` transitions drawn uniformly with replacement from the window.
 
-        Returns RLinf's nested dict of CPU tensors ``[num_chunks, ...]`` (e.g.
+        Returns RLinf's nested dict of tensors ``[num_chunks, ...]`` (e.g.
         ``actions [n, C*A]``, ``rewards [n, C]``, ``curr_obs/main_images [n, H, W, 3] uint8``).
+        Rows are gathered straight into the returned tensors' memory; with
+        ``pin_memory=True`` that memory is page-locked, so a following ``device="cuda"``
+        copy is asynchronous (``non_blocking``).  Without an accelerator, ``pin_memory`` is
+        ignored with a warning, as in ``torch.utils.data.DataLoader``.
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
-        return self.sample_chunks(num_chunks)
+        return self.sample_chunks(num_chunks, device=device, pin_memory=pin_memory)
 
-    def sample_chunks(self, num_chunks: int) -> dict[str, Any]:
+    def sample_chunks(
+        self,
+        num_chunks: int,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+    ) -> dict[str, Any]:
         window = self.sample_window_size
+        pin = pin_memory and _can_pin()
+        tensors: dict[str, torch.Tensor] = {}
 
         def draw(index):
             lo, hi = index.window(window)
@@ -163,8 +185,30 @@ class TrajectoryReplayBuffer:
             self._num_sampled += num_chunks
             return rows
 
-        _rows, flat = self._engine.draw_and_gather(draw)
-        return unflatten({k: torch.from_numpy(v) for k, v in flat.items()})
+        def alloc(key, shape, dtype):
+            t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=pin)
+            tensors[key] = t
+            return t.numpy()
+
+        self._engine.draw_and_gather(draw, alloc=alloc)
+        if device is not None:
+            tensors = {k: t.to(device, non_blocking=pin) for k, t in tensors.items()}
+        return unflatten(tensors)
+
+    def prefetch(
+        self,
+        num_chunks: int,
+        depth: int = 2,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+    ) -> Prefetcher:
+        """An endless iterator of ``sample(num_chunks)`` batches drawn ``depth`` ahead on a
+        background thread, so disk reads overlap the training step.  Use as a context
+        manager (or call ``close()``).  Batches come from the same random stream, in order."""
+        return Prefetcher(
+            lambda: self.sample(num_chunks, device=device, pin_memory=pin_memory), depth
+        )
 
     def __len__(self) -> int:
         return self._engine.index.num_visible
@@ -279,6 +323,13 @@ class TrajectoryReplayBuffer:
             raise ValueError(f"local_rank {local_rank} is outside [0, {world_size})")
         if not is_distributed:
             local_rank, world_size = 0, 1
+        if not self._engine.temporary and Path(load_path).resolve() == self.path.resolve():
+            if is_distributed and world_size > 1:
+                raise ValueError(
+                    f"{load_path} is this buffer's own directory; a rank's share must be "
+                    "loaded into another buffer (give each rank its own auto_save_path)"
+                )
+            return  # already resumed from it by the constructor
         load_into(
             self, Path(load_path), local_rank, world_size, is_distributed, allow_pickle=allow_pickle
         )
@@ -314,6 +365,32 @@ class TrajectoryReplayBuffer:
         out["max_episode_length"] = int(idx.column("max_episode_length")[j])
         out["model_weights_id"] = idx.weights_id(j)
         return out
+
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    t = _TORCH_DTYPES.get(dtype)
+    if t is None:
+        t = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype)).dtype
+    return t
+
+
+_pin_warned = False
+
+
+def _can_pin() -> bool:
+    global _pin_warned
+    if torch.cuda.is_available():
+        return True
+    if not _pin_warned:
+        warnings.warn(
+            "pin_memory=True but no CUDA device is available; returning unpinned tensors",
+            stacklevel=3,
+        )
+        _pin_warned = True
+    return False
 
 
 def _weak_call(method):

@@ -1,0 +1,72 @@
+"""Background prefetch: the next batches are drawn while the training step runs.
+
+``Prefetcher(fn, depth)`` calls ``fn()`` on a daemon thread and keeps up to ``depth``
+results ready.  An exception in ``fn`` is re-raised by the consumer's next ``next()``
+(RLinf's preload thread dies silently and its consumer spins forever instead).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_DONE = object()
+
+
+class Prefetcher:
+    """An endless iterator of ``fn()`` results computed ``depth`` ahead."""
+
+    def __init__(self, fn: Callable[[], Any], depth: int = 2):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self._fn = fn
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zreplay-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = (True, self._fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                item = (False, e)
+            while not self._stop.is_set():
+                try:
+                    self._q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if not item[0]:
+                return
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._stop.is_set():
+                raise StopIteration
+            try:
+                ok, value = self._q.get(timeout=0.1)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._q.empty():
+                    raise StopIteration from None
+                continue
+            if ok:
+                return value
+            self.close()
+            raise value
+
+    def close(self) -> None:
+        """Stop the background thread (batches already drawn are discarded)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
