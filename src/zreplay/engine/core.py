@@ -37,7 +37,7 @@ from ..errors import (
 from ..index import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, read_commit, remove_orphans, write_commit
-from ..store.layout import KeyLayout, layouts_for
+from ..store.layout import layouts_for
 from ..store.lock import WriterLock
 from ..store.root import BufferRoot
 from ..store.segment import WEIGHTS_ID_BYTES, Segment
@@ -278,8 +278,9 @@ class Engine:
         with self._cond:
             tier = self.tier
             if k * 2 > tier.capacity:
+                # Larger trajectories than the tier was sized for: regrow it by the policy.
                 self._wait_committed(tier.hi)
-                self.tier = tier = tier.resized(2 * k)
+                self.tier = tier = tier.resized(self.ram.rows_for(self.schema, k))
             start = tier.hi
             # Rows about to be overwritten must be on disk first.
             self._wait_committed(start + k - tier.capacity)
@@ -587,34 +588,30 @@ class Engine:
 
     def drop_ram(self) -> None:
         """Release the RAM tier's committed rows (they stay readable from disk)."""
-        self.flush()
-        with self._cond:
-            if self.tier is not None:
-                self.tier = RamTier(self.schema, self.tier.capacity)
-                self.tier.lo = self.tier.hi = self.index.n_rows
+        with self._add_lock:  # no add may be copying into the tier we replace
+            self.flush()
+            with self._cond:
+                if self.tier is not None:
+                    self.tier = RamTier(self.schema, self.tier.capacity)
+                    self.tier.lo = self.tier.hi = self.index.n_rows
 
     def close(self) -> None:
-        if self._closed:
-            return
-        try:
-            self.flush()
-        finally:
-            with self._cond:
-                self._stop = True
-                self._cond.notify_all()
-            self._thread.join()
-            self._closed = True
-            self._wlock.release()
-            if self.temporary:
-                self._finalizer()
+        """Commit everything added, save the sampler state, stop the writer, unlock."""
+        with self._add_lock:  # an add in flight finishes (and is committed) first
+            if self._closed:
+                return
+            try:
+                self.flush()
+            finally:
+                with self._cond:
+                    self._stop = True
+                    self._cond.notify_all()
+                self._thread.join()
+                self._closed = True
+                self._wlock.release()
+                if self.temporary:
+                    self._finalizer()
 
     @property
     def closed(self) -> bool:
         return self._closed
-
-    @property
-    def layouts_json(self) -> dict[str, dict]:
-        return {k: vars(v) for k, v in (self.layouts or {}).items()}
-
-    def key_layout(self, key: str) -> KeyLayout:
-        return self.layouts[key]
