@@ -44,13 +44,13 @@ POOL = 4  # distinct trajectories generated once and cycled
 
 CONFIGS = {
     "default": {
-        "lat_adds": 20,  # isolated add_trajectories calls (flush between, untimed)
+        "lat_adds": 30,  # isolated add_trajectories calls (flush between, untimed)
         "ingest_trajs": 60,  # sustained ingest into the RAM-tier buffer
-        "bp_trajs": 30,  # sustained ingest with cache_size=5 (backpressure)
-        "ram_repeats": 200,
-        "disk_repeats": 50,
+        "bp_trajs": 40,  # sustained ingest with cache_size=5 (backpressure)
+        "ram_repeats": 400,
+        "disk_repeats": 100,
         "zarr_repeats": 15,
-        "ts_repeats": 50,
+        "ts_repeats": 100,
         "open_sizes": [1_000, 10_000, 100_000],
         "open_repeats": 3,
         "build_budget_s": 90.0,
@@ -277,7 +277,18 @@ def machine_info() -> dict:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
+
+    def git(*a: str) -> str | None:
+        try:
+            r = subprocess.run(
+                ["git", "-C", str(HERE.parent), *a], capture_output=True, text=True, check=False
+            )
+        except OSError:
+            return None
+        return r.stdout.strip()
+
     return {
+        "git": {"head": git("rev-parse", "HEAD"), "dirty_src": git("status", "--porcelain", "src")},
         "cpu_model": cpu,
         "cores": cores,
         "cpu_count": os.cpu_count(),
@@ -332,26 +343,34 @@ def isolated_adds(buf, pool, n: int, first: int = 0) -> tuple[dict, dict]:
     return stats(add_t), stats(commit_t)
 
 
-def copy_peer(pool, n: int, cold: bool) -> dict:
-    """Time ``{k: v.copy()}`` of one trajectory (warm: malloc reuses faulted pages), or,
-    ``cold``, the same copy into never-touched memory (first-touch page faults included,
-    as when the RAM tier fills for the first time)."""
+def copy_peer(pool, n: int) -> dict:
+    """Time ``{k: v.copy()}`` of one trajectory (malloc reuses already-faulted pages)."""
     out = []
-    if cold:
-        dest = {k: np.empty((n, *v.shape), v.dtype) for k, v in flat_items(pool[0])}
-        for i in range(n):
-            t0 = time.perf_counter()
-            for k, v in flat_items(pool[i % POOL]):
-                np.copyto(dest[k][i], v)
-            out.append(time.perf_counter() - t0)
-        del dest
-    else:
-        for i in range(n):
-            t0 = time.perf_counter()
-            c = copy_tree(pool[i % POOL])
-            out.append(time.perf_counter() - t0)
-            del c
+    for i in range(n):
+        t0 = time.perf_counter()
+        c = copy_tree(pool[i % POOL])
+        out.append(time.perf_counter() - t0)
+        del c
     return stats(out)
+
+
+def first_fill_adds(buf, pool, n: int) -> tuple[dict, dict]:
+    """Isolated adds into a RAM tier that is filling for the first time, interleaved with
+    the same copy into never-touched numpy memory (first-touch page faults included in
+    both; on a VM they can cost more than the copy itself)."""
+    dest = {k: np.empty((n, *v.shape), v.dtype) for k, v in flat_items(pool[0])}
+    add_t, cold_t = [], []
+    for i in range(n):
+        tr = pool[(i + 1) % POOL]
+        t0 = time.perf_counter()
+        buf.add_trajectories([tr])
+        add_t.append(time.perf_counter() - t0)
+        buf.flush()
+        t0 = time.perf_counter()
+        for k, v in flat_items(tr):
+            np.copyto(dest[k][i], v)
+        cold_t.append(time.perf_counter() - t0)
+    return stats(add_t), stats(cold_t)
 
 
 def bench_ingest_warm(cfg, pool, raw_traj_bytes, tmp: Path, table: Table) -> None:
@@ -369,7 +388,7 @@ def bench_ingest_warm(cfg, pool, raw_traj_bytes, tmp: Path, table: Table) -> Non
     buf.flush()
     isolated_adds(buf, pool, 12)  # wrap the ring twice: every slot touched
     s_add, s_commit = isolated_adds(buf, pool, cfg["lat_adds"])
-    s_copy = copy_peer(pool, max(cfg["lat_adds"], 10), cold=False)
+    s_copy = copy_peer(pool, max(cfg["lat_adds"], 10))
     table.add(
         "add_trajectories 1 traj, median (warm RAM)",
         ms(s_add["median_s"]),
@@ -441,8 +460,7 @@ def bench_ingest_ram(cfg, pool, raw_traj_bytes, main_dir: Path, tmp: Path, table
     )
     buf.add_trajectories([pool[0]])
     buf.flush()
-    s_add, _ = isolated_adds(buf, pool, cfg["lat_adds"], first=1)
-    s_cold = copy_peer(pool, cfg["lat_adds"], cold=True)
+    s_add, s_cold = first_fill_adds(buf, pool, cfg["lat_adds"])
     table.add(
         "add_trajectories 1 traj, median (RAM 1st fill)",
         ms(s_add["median_s"]),

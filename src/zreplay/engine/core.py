@@ -330,32 +330,43 @@ class Engine:
                 continue
             with self._cond:
                 self.commit = job["commit"]
-                self._done_gen = target
+                if job["complete"]:
+                    self._done_gen = target
                 if not self.ram.enabled and self.tier is not None:
                     self.tier.lo = max(self.tier.lo, self.commit.n_rows)
                 self._cond.notify_all()
             self._reclaim(job["commit"])
 
     def _snapshot_job(self) -> dict:
+        """What the next commit covers: whole trajectories published since the last one,
+        at most about a quarter of the RAM tier, so adds waiting for room are released
+        progressively instead of after one huge commit."""
         idx, old = self.index, self.commit
+        first = min(old.n_traj, idx.n)
+        stop = idx.n
+        if self.tier is not None and stop > first:
+            budget = old.n_rows + max(1, self.tier.capacity // 4)
+            stop = max(first + 1, int(np.searchsorted(idx.offsets, budget, side="right")) - 1)
+            stop = min(stop, idx.n)
+        low = min(idx.low, stop)
         new = Commit(
             writer_id=self.writer_id,
             gen=old.gen + 1,
-            n_rows=idx.n_rows,
-            n_traj=idx.n,
-            low_row=idx.low_row,
-            low_traj=idx.low,
+            n_rows=int(idx.offsets[stop]),
+            n_traj=stop,
+            low_row=int(idx.offsets[low]),
+            low_traj=low,
             reclaimed_below=old.reclaimed_below,
             next_trajectory_id=self.next_trajectory_id,
             sampler=self.sampler_state(),
         )
-        first = min(old.n_traj, idx.n)
         return {
             "commit": new,
-            "rows": (old.n_rows, idx.n_rows),
+            "complete": stop == idx.n,
+            "rows": (old.n_rows, new.n_rows),
             "first_traj": first,
-            "offsets": idx.offsets[first + 1 :].copy(),
-            "columns": idx.columns_range(first, idx.n),
+            "offsets": idx.offsets[first + 1 : stop + 1].copy(),
+            "columns": idx.columns_range(first, stop),
             "tier": self.tier,
         }
 
@@ -474,7 +485,7 @@ class Engine:
             if in_tier.all():
                 slots = rows % tier.capacity
                 for k in keys:
-                    np.take(tier.rings[k], slots, axis=0, out=out[k])
+                    np.take(tier.rings[k], slots, axis=0, out=out[k], mode="clip")
                 return rows, out
             if in_tier.any():
                 sel = np.nonzero(in_tier)[0]
@@ -490,7 +501,7 @@ class Engine:
             futs = {k: self.segment.read_rows(k, uniq) for k in keys}
             for k, f in futs.items():
                 if len(miss) == len(rows):
-                    np.take(f.result(), inv, axis=0, out=out[k])
+                    np.take(f.result(), inv, axis=0, out=out[k], mode="clip")
                 else:
                     out[k][miss] = f.result()[inv]
         finally:

@@ -121,6 +121,10 @@ class Segment:
     @staticmethod
     def create_arrays(seg_dir: Path, specs: Mapping[str, KeySpec], layouts: Mapping) -> None:
         """Create (or complete) the arrays of a segment with zarr-python."""
+        seg_dir = Path(seg_dir)
+        names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
+        if all((seg_dir / n / "zarr.json").is_file() for n in names):
+            return  # the common reopen: skip zarr-python's per-node round trips
         g = zarr.open_group(str(seg_dir), mode="a", zarr_format=3)
         data = g.require_group("data")
         for path, spec in specs.items():
