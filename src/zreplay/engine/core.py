@@ -349,6 +349,10 @@ class Engine:
             stop = max(first + 1, int(np.searchsorted(idx.offsets, budget, side="right")) - 1)
             stop = min(stop, idx.n)
         low = min(idx.low, stop)
+        columns = idx.columns_range(first, stop)
+        next_id = self.next_trajectory_id
+        if stop < idx.n:  # ids of trajectories this commit does not cover stay unclaimed
+            next_id = max(old.next_trajectory_id, int(columns["trajectory_id"].max()) + 1)
         new = Commit(
             writer_id=self.writer_id,
             gen=old.gen + 1,
@@ -357,7 +361,7 @@ class Engine:
             low_row=int(idx.offsets[low]),
             low_traj=low,
             reclaimed_below=old.reclaimed_below,
-            next_trajectory_id=self.next_trajectory_id,
+            next_trajectory_id=next_id,
             sampler=self.sampler_state(),
         )
         return {
@@ -366,7 +370,7 @@ class Engine:
             "rows": (old.n_rows, new.n_rows),
             "first_traj": first,
             "offsets": idx.offsets[first + 1 : stop + 1].copy(),
-            "columns": idx.columns_range(first, stop),
+            "columns": columns,
             "tier": self.tier,
         }
 
