@@ -178,10 +178,11 @@ class BufferView:
         lo, hi = int(idx.offsets[j]), int(idx.offsets[j + 1])
         T, B = int(idx.column("T")[j]), int(idx.column("B")[j])
         futs = {k: st.segment.read_range(k, lo, hi) for k in self.keys()}
-        return {
-            k: np.swapaxes(f.result().reshape(B, T, *f.result().shape[1:]), 0, 1)
-            for k, f in futs.items()
-        }
+        out = {}
+        for k, f in futs.items():
+            flat = f.result()  # env-major [B*T, ...]
+            out[k] = np.swapaxes(flat.reshape(B, T, *flat.shape[1:]), 0, 1)
+        return out
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""
