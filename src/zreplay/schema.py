@@ -50,7 +50,7 @@ def check_key_component(name: Any, where: str = "") -> str:
     label = f"{where}/{name}" if where else repr(name)
     if not isinstance(name, str):
         raise KeyNameError(f"key {label}: key names must be str, got {type(name).__name__}")
-    if not _COMPONENT.match(name) or name in _RESERVED or name.endswith("."):
+    if not _COMPONENT.fullmatch(name) or name in _RESERVED or name.endswith("."):
         raise KeyNameError(
             f"key {label!r} is not a safe name: use 1-128 characters from [A-Za-z0-9_.-], "
             "not starting with '.' or '-', with no '/' (nest dicts instead), and not "

@@ -32,7 +32,6 @@ from ..errors import (
     BufferClosedError,
     CapacityError,
     SchemaError,
-    WriteFailedError,
 )
 from ..index import TrajectoryIndex
 from ..schema import Schema
@@ -41,7 +40,8 @@ from ..store.layout import layouts_for
 from ..store.lock import WriterLock
 from ..store.root import BufferRoot
 from ..store.segment import WEIGHTS_ID_BYTES, Segment
-from .ramtier import RamTier
+from .committer import Committer
+from .ramtier import RamPolicy, RamTier
 
 log = logging.getLogger("zreplay")
 
@@ -82,30 +82,6 @@ class Prepared:
     @property
     def n_rows(self) -> int:
         return self.T * self.B
-
-
-@dataclass
-class RamPolicy:
-    """How many recent rows the RAM tier keeps decoded.
-
-    ``trajectories``: keep about this many of the newest trajectories (sized from the
-    first one); ``max_bytes``: cap on the tier's size; ``enabled=False`` keeps only rows
-    that are not yet committed, so every sample of committed data reads from disk.
-    """
-
-    enabled: bool = True
-    trajectories: int | None = 5
-    max_bytes: int | None = None
-
-    def rows_for(self, schema: Schema, traj_rows: int) -> int:
-        staging = 2 * traj_rows
-        if not self.enabled:
-            return staging
-        rows = (self.trajectories or 0) * traj_rows
-        if self.max_bytes is not None:
-            budget = self.max_bytes // max(1, schema.row_bytes)
-            rows = budget if not self.trajectories else min(rows, budget)
-        return max(staging, rows)
 
 
 class Engine:
@@ -158,15 +134,7 @@ class Engine:
             self._wlock.release()
             raise
 
-        self._want_gen = self._done_gen = 0
-        self._error: BaseException | None = None
-        self._disk_readers = 0
-        self._reclaiming = False
-        self._stop = False
-        self._thread = threading.Thread(
-            target=self._writer_loop, name="zreplay-writer", daemon=True
-        )
-        self._thread.start()
+        self._committer = Committer(self)
         _LIVE.add(self)
 
     # -- opening --------------------------------------------------------------------
@@ -265,7 +233,7 @@ class Engine:
             return []
         with self._add_lock:
             schema = self.check(items)
-            self._raise_writer_error()
+            self._committer.raise_error()
             if self.schema is None:
                 self._fix_schema(schema, items[0].n_rows)
             elif self.tier is None:
@@ -279,11 +247,11 @@ class Engine:
             tier = self.tier
             if k * 2 > tier.capacity:
                 # Larger trajectories than the tier was sized for: regrow it by the policy.
-                self._wait_committed(tier.hi)
+                self._committer.wait_committed(tier.hi)
                 self.tier = tier = tier.resized(self.ram.rows_for(self.schema, k))
             start = tier.hi
             # Rows about to be overwritten must be on disk first.
-            self._wait_committed(start + k - tier.capacity)
+            self._committer.wait_committed(start + k - tier.capacity)
             tier.hi = start + k
             tier.lo = max(tier.lo, tier.hi - tier.capacity)
         tier.write_trajectory(start, it.columns, it.T, it.B)
@@ -297,156 +265,14 @@ class Engine:
             if self.capacity is not None:
                 self.index.evict_to(self.capacity)
                 tier.lo = max(tier.lo, self.index.low_row)
-            self._want_gen += 1
-            self._cond.notify_all()
+            self._committer.request()
         return tid
-
-    def _wait_committed(self, row: int) -> None:
-        """Block (lock held, via the condition) until rows below ``row`` are committed."""
-        while self.commit.n_rows < row:
-            self._raise_writer_error()
-            if self._stop:
-                raise BufferClosedError("buffer is closing")
-            self._cond.wait(0.5)
-
-    # -- the writer thread ----------------------------------------------------------
-
-    def _writer_loop(self) -> None:
-        while True:
-            with self._cond:
-                while (self._done_gen >= self._want_gen or self._error) and not self._stop:
-                    self._cond.wait()
-                if self._stop and (self._done_gen >= self._want_gen or self._error):
-                    return
-                target = self._want_gen
-                job = self._snapshot_job()
-            try:
-                self._write_job(job)
-            except BaseException as e:  # surfaced to the caller by flush()/add()
-                log.error("zreplay writer failed: %r", e)
-                with self._cond:
-                    self._error = e
-                    self._cond.notify_all()
-                continue
-            with self._cond:
-                self.commit = job["commit"]
-                if job["complete"]:
-                    self._done_gen = target
-                if not self.ram.enabled and self.tier is not None:
-                    self.tier.lo = max(self.tier.lo, self.commit.n_rows)
-                self._cond.notify_all()
-            self._reclaim(job["commit"])
-
-    def _snapshot_job(self) -> dict:
-        """What the next commit covers: whole trajectories published since the last one,
-        at most about a quarter of the RAM tier, so adds waiting for room are released
-        progressively instead of after one huge commit."""
-        idx, old = self.index, self.commit
-        first = min(old.n_traj, idx.n)
-        stop = idx.n
-        if self.tier is not None and stop > first:
-            budget = old.n_rows + max(1, self.tier.capacity // 4)
-            stop = max(first + 1, int(np.searchsorted(idx.offsets, budget, side="right")) - 1)
-            stop = min(stop, idx.n)
-        low = min(idx.low, stop)
-        columns = idx.columns_range(first, stop)
-        next_id = self.next_trajectory_id
-        if stop < idx.n:  # ids of trajectories this commit does not cover stay unclaimed
-            next_id = max(old.next_trajectory_id, int(columns["trajectory_id"].max()) + 1)
-        new = Commit(
-            writer_id=self.writer_id,
-            gen=old.gen + 1,
-            n_rows=int(idx.offsets[stop]),
-            n_traj=stop,
-            low_row=int(idx.offsets[low]),
-            low_traj=low,
-            reclaimed_below=old.reclaimed_below,
-            next_trajectory_id=next_id,
-            sampler=self.sampler_state(),
-        )
-        return {
-            "commit": new,
-            "complete": stop == idx.n,
-            "rows": (old.n_rows, new.n_rows),
-            "first_traj": first,
-            "offsets": idx.offsets[first + 1 : stop + 1].copy(),
-            "columns": columns,
-            "tier": self.tier,
-        }
-
-    def _write_job(self, job: dict) -> None:
-        new: Commit = job["commit"]
-        if self.segment is not None:
-            start, stop = job["rows"]
-            self.segment.ensure_capacity(new.n_rows, new.n_traj)
-            futs = []
-            for key in self.schema.keys if stop > start else ():
-                for row0, piece in job["tier"].read_range(key, start, stop):
-                    futs.append(self.segment.write_rows(key, row0, piece))
-            futs += self.segment.write_index(job["first_traj"], job["offsets"], job["columns"])
-            for f in futs:
-                f.result()
-        write_commit(self.seg_dir, new, durable=self.durable)
-
-    def _reclaim(self, commit: Commit) -> None:
-        """Delete shards that hold only evicted rows, once no in-process read needs them."""
-        if self.segment is None or commit.low_row <= commit.reclaimed_below:
-            return
-        shard = min(lay.shard_rows for lay in self.layouts.values())
-        target = (commit.low_row // shard) * shard
-        if target <= commit.reclaimed_below:
-            return
-        with self._cond:
-            if self._disk_readers:
-                return
-            self._reclaiming = True
-        try:
-            # Announce first, so readers in other processes can tell their rows are gone.
-            announced = Commit(**{**vars(commit), "reclaimed_below": target})
-            with self._cond:
-                if self.commit.gen != commit.gen:
-                    return
-                announced.gen = commit.gen + 1
-                write_commit(self.seg_dir, announced, durable=self.durable)
-                self.commit = announced
-            self.segment.reclaim_below(commit.reclaimed_below, target)
-        except OSError as e:
-            log.warning("zreplay: could not reclaim evicted shards: %r", e)
-        finally:
-            with self._cond:
-                self._reclaiming = False
-                self._cond.notify_all()
-
-    def _raise_writer_error(self) -> None:
-        if self._error is not None:
-            e = self._error
-            raise WriteFailedError(
-                f"the background writer failed ({type(e).__name__}: {e}); the last commit "
-                f"(gen {self.commit.gen}, {self.commit.n_traj} trajectories) is intact. Fix "
-                "the cause (disk space, permissions) and call flush() to retry"
-            ) from e
 
     def flush(self) -> None:
         """Block until everything added so far is committed (and the sampler state saved)."""
         with self._cond:
             self._check_open()
-            if self._error is not None:
-                err = self._error
-                self._error = None  # retry the pending work once
-                self._want_gen += 1
-                self._cond.notify_all()
-                log.info("zreplay: retrying after writer error %r", err)
-            self._want_gen += 1
-            target = self._want_gen
-            self._cond.notify_all()
-            while self._done_gen < target:
-                self._raise_writer_error()
-                if not self._thread.is_alive():
-                    raise WriteFailedError(
-                        "the writer thread is gone (interpreter shutting down?); the last "
-                        f"commit (gen {self.commit.gen}) is intact"
-                    )
-                self._cond.wait(0.5)
+        self._committer.flush()
 
     # -- reading --------------------------------------------------------------------
 
@@ -496,9 +322,7 @@ class Engine:
                 slots = rows[sel] % tier.capacity
                 for k in keys:
                     out[k][sel] = tier.rings[k][slots]
-            while self._reclaiming:
-                self._cond.wait()
-            self._disk_readers += 1
+            self._committer.begin_disk_read()
         try:
             miss = np.nonzero(~in_tier)[0]
             uniq, inv = np.unique(rows[miss], return_inverse=True)
@@ -509,9 +333,7 @@ class Engine:
                 else:
                     out[k][miss] = f.result()[inv]
         finally:
-            with self._cond:
-                self._disk_readers -= 1
-                self._cond.notify_all()
+            self._committer.end_disk_read()
         return rows, out
 
     def read_trajectory(self, i: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -618,10 +440,7 @@ class Engine:
             try:
                 self.flush()
             finally:
-                with self._cond:
-                    self._stop = True
-                    self._cond.notify_all()
-                self._thread.join()
+                self._committer.stop()
                 self._closed = True
                 self._wlock.release()
                 if self.temporary:

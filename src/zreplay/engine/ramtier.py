@@ -9,6 +9,7 @@ under its lock; this class only owns memory and copies.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,3 +79,27 @@ class RamTier:
             for row0, piece in self.read_range(key, new.lo, self.hi):
                 new.put_rows(key, row0, piece)
         return new
+
+
+@dataclass
+class RamPolicy:
+    """How many recent rows the RAM tier keeps decoded.
+
+    ``trajectories``: keep about this many of the newest trajectories (sized from the
+    first one); ``max_bytes``: cap on the tier's size; ``enabled=False`` keeps only rows
+    that are not yet committed, so every sample of committed data reads from disk.
+    """
+
+    enabled: bool = True
+    trajectories: int | None = 5
+    max_bytes: int | None = None
+
+    def rows_for(self, schema: Schema, traj_rows: int) -> int:
+        staging = 2 * traj_rows
+        if not self.enabled:
+            return staging
+        rows = (self.trajectories or 0) * traj_rows
+        if self.max_bytes is not None:
+            budget = self.max_bytes // max(1, schema.row_bytes)
+            rows = budget if not self.trajectories else min(rows, budget)
+        return max(staging, rows)
