@@ -167,7 +167,16 @@ def test_bad_trajectory_rejected_and_nothing_written(filled, case):
 def test_unsafe_names_never_touch_the_filesystem(tmp_path):
     target = tmp_path / "outside"
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
-    for name in ("../outside", "../../etc", "/tmp/x", ".hidden", "a\x00b", "ok\n", "c", "zarr.json"):
+    for name in (
+        "../outside",
+        "../../etc",
+        "/tmp/x",
+        ".hidden",
+        "a\x00b",
+        "ok\n",
+        "c",
+        "zarr.json",
+    ):
         with pytest.raises(KeyNameError):
             buf.add_trajectories([{name: torch.zeros(2, 2, 1), "rewards": torch.zeros(2, 2, 1)}])
     buf.close()

@@ -142,3 +142,23 @@ def test_second_writer_in_another_process_fails_fast(bufpath):
         proc.kill()
         proc.wait()
     zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+
+
+def test_orphan_cleanup_skips_only_fully_committed_shards(tmp_path):
+    from zreplay.store.commit import remove_orphans
+
+    seg = tmp_path / "seg"
+    files = {
+        "data/img/c/0/0/0.__lock": True,  # shard 0 holds only committed rows: not searched
+        "data/img/c/1/0/0.__lock": False,  # the partial shard a killed writer was rewriting
+        "data/img/c/7.partial": False,
+        "offsets/c/0.__lock": False,
+        "zarr.json.abc.partial": False,
+        "commit.json.123.456.tmp": False,
+        "commit.json": True,
+    }
+    for rel in files:
+        (seg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (seg / rel).write_text("x")
+    remove_orphans(seg, {str(seg / "data" / "img" / "c"): 1})
+    assert {rel: (seg / rel).exists() for rel in files} == files

@@ -19,17 +19,24 @@ from zreplay.schema import Schema
 )
 def test_ring_matches_reference(capacity, ops):
     schema = Schema.infer(
-        {"x": np.zeros((1, 1, 2), np.int64), "img": np.zeros((1, 1, 2, 2), np.uint8)}
+        {
+            "x": np.zeros((1, 1, 2), np.int64),
+            "img": np.zeros((1, 1, 2, 2), np.uint8),
+            "big": np.zeros((1, 1, 300), np.float32),  # > 1 KiB rows: the plain strided copy
+        }
     )
     tier = RamTier(schema, capacity)
-    ref = {"x": [], "img": []}
+    ref = {"x": [], "img": [], "big": []}
     row = 0
     for T, B, grow in ops:
         if grow or 2 * T * B > tier.capacity:
             tier = tier.resized(max(tier.capacity, 2 * T * B) + 3)
         x = np.arange(T * B * 2, dtype=np.int64).reshape(T, B, 2) + 1000 * row
         img = (x[..., :1, None] % 251).astype(np.uint8).repeat(2, -2).repeat(2, -1)
-        tier.write_trajectory(row, {"x": x, "img": img}, T, B)
+        # A non-contiguous source (every other element of a wider array).
+        big = np.repeat(x[..., :1].astype(np.float32), 600, axis=-1)[..., ::2]
+        tier.write_trajectory(row, {"x": x, "img": img, "big": big}, T, B)
+        ref["big"].append(np.swapaxes(big, 0, 1).reshape(T * B, 300))
         ref["x"].append(np.swapaxes(x, 0, 1).reshape(T * B, 2))
         ref["img"].append(np.swapaxes(img, 0, 1).reshape(T * B, 2, 2))
         row += T * B

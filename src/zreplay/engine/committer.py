@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("zreplay")
 
+JOB_BYTES = 64 << 20
+
 
 class Committer:
     def __init__(self, engine: Engine):
@@ -128,14 +130,16 @@ class Committer:
 
     def _snapshot_job(self) -> dict:
         """What the next commit covers: whole trajectories published since the last one,
-        at most about a quarter of the RAM tier, so adds waiting for room are released
-        progressively instead of after one huge commit."""
+        at most a quarter of the RAM tier or ``JOB_BYTES`` (but at least one trajectory),
+        so adds waiting for room are released progressively and TensorStore's copies of
+        the rows being written stay small."""
         eng = self.eng
         idx, old = eng.index, eng.commit
         first = min(old.n_traj, idx.n)
         stop = idx.n
         if eng.tier is not None and stop > first:
-            budget = old.n_rows + max(1, eng.tier.capacity // 4)
+            rows = min(eng.tier.capacity // 4, JOB_BYTES // max(1, eng.schema.row_bytes))
+            budget = old.n_rows + max(1, rows)
             stop = max(first + 1, int(np.searchsorted(idx.offsets, budget, side="right")) - 1)
             stop = min(stop, idx.n)
         low = min(idx.low, stop)

@@ -152,9 +152,13 @@ class Engine:
             )
 
     def _open_existing(self) -> None:
-        remove_orphans(self.seg_dir)
         self.schema, self.layouts = self.root.schema()
         self.commit = read_commit(self.seg_dir) or Commit(writer_id=self.writer_id)
+        committed = {
+            str(self.seg_dir / "data" / k / "c"): self.commit.n_rows // lay.shard_rows
+            for k, lay in (self.layouts or {}).items()
+        }
+        remove_orphans(self.seg_dir, committed)
         self.segment: Segment | None = None
         self.tier: RamTier | None = None
         self.index = TrajectoryIndex()

@@ -15,6 +15,27 @@ import numpy as np
 
 from ..schema import Schema
 
+# Rows up to this size are moved as single opaque elements during the env-major
+# transpose: numpy's strided copy is ~1.5-5x faster per row that way (measured on
+# float32[8] and float32[64] rows); larger rows gain nothing.
+_OPAQUE_ROW_BYTES = 1024
+
+
+def _transpose_into(dst: np.ndarray, src: np.ndarray, T: int, B: int) -> None:
+    """Copy ``src [T, B, *row]`` into the contiguous rows ``dst [B*T, *row]`` env-major.
+
+    Iterates in the source's order (sequential reads, strided writes), which measured
+    faster than the reverse for every row size tried.
+    """
+    row_bytes = dst.itemsize * int(np.prod(dst.shape[1:], dtype=np.int64))
+    if 0 < row_bytes <= _OPAQUE_ROW_BYTES and src.flags.c_contiguous and dst.flags.c_contiguous:
+        opaque = np.dtype((np.void, row_bytes))
+        d = dst.reshape(T * B, -1).view(opaque).reshape(B, T)
+        s = src.reshape(T, -1).view(opaque).reshape(T, B)
+        np.copyto(d.T, s)
+    else:
+        np.copyto(np.swapaxes(dst.reshape(B, T, *dst.shape[1:]), 0, 1), src)
+
 
 class RamTier:
     def __init__(self, schema: Schema, capacity_rows: int):
@@ -47,13 +68,12 @@ class RamTier:
         n = T * B
         for path, arr in columns.items():
             ring = self.rings[path]
-            src = np.swapaxes(arr, 0, 1)  # [B, T, ...]: env-major
             pieces = self._pieces(start, start + n)
             if len(pieces) == 1:
-                sl = pieces[0][1]
-                np.copyto(ring[sl].reshape(B, T, *ring.shape[1:]), src)
+                _transpose_into(ring[pieces[0][1]], arr, T, B)
             else:
-                self.put_rows(path, start, np.ascontiguousarray(src).reshape(n, *ring.shape[1:]))
+                flat = np.swapaxes(arr, 0, 1).reshape(n, *ring.shape[1:])  # copies: rare path
+                self.put_rows(path, start, flat)
 
     def put_rows(self, key: str, start: int, rows: np.ndarray) -> None:
         """Copy flat rows (already env-major) into rows ``[start, start + len(rows))``."""

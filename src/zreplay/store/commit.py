@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -104,19 +105,22 @@ def write_commit(segment_dir: Path, commit: Commit, durable: bool = True) -> Non
         _fsync_dir(segment_dir)
 
 
-def remove_orphans(root: Path) -> list[Path]:
-    """Delete temp files a killed writer left behind (zarr ``*.partial``, commit temps).
+def remove_orphans(root: Path, committed_shards: Mapping[str, int] | None = None) -> list[Path]:
+    """Delete temp files a killed writer left behind (zarr ``*.partial``, TensorStore
+    ``*.__lock``, commit temps).  Only called by the segment's writer, under its lock.
 
-    Only called by the segment's writer, under its lock.
+    ``committed_shards`` maps a data array's chunk directory (``.../data/<key>/c``) to the
+    number of leading shards that hold only committed rows: no writer touches those again,
+    so they are not searched (opening a large buffer stays fast).
     """
+    skip = {os.path.normpath(k): v for k, v in (committed_shards or {}).items()}
     removed = []
-    for dirpath, _dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        limit = skip.get(os.path.normpath(dirpath))
+        if limit is not None:
+            dirnames[:] = [d for d in dirnames if not d.isdigit() or int(d) >= limit]
         for name in filenames:
-            if (
-                name.endswith(".partial")
-                or (name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp"))
-                or name.endswith(".__lock")
-            ):
+            if _is_temp(name):
                 p = Path(dirpath) / name
                 try:
                     p.unlink()
@@ -124,3 +128,9 @@ def remove_orphans(root: Path) -> list[Path]:
                 except FileNotFoundError:
                     pass
     return removed
+
+
+def _is_temp(name: str) -> bool:
+    return name.endswith((".partial", ".__lock")) or (
+        name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp")
+    )
