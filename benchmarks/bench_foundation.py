@@ -558,8 +558,7 @@ def bench_ram_sample(cfg, buf: TrajectoryReplayBuffer, pool, table: Table) -> No
 
 
 def bench_disk_sample(cfg, main_dir: Path, table: Table) -> None:
-    import tensorstore as ts
-    import zarr
+    from peer_reads import zarr_and_tensorstore_gathers
 
     warmed = warm_page_cache(main_dir)
     buf = TrajectoryReplayBuffer(
@@ -575,32 +574,8 @@ def bench_disk_sample(cfg, main_dir: Path, table: Table) -> None:
     sv = repeat(lambda: view.sample(SAMPLE_N), cfg["disk_repeats"])
 
     rng = np.random.default_rng(11)
-    g = zarr.open_group(str(main_dir), mode="r")
-    zarrs = {k: g[f"segments/default/data/{k}"] for k in keys}
-
-    def zarr_gather():
-        idx = rng.integers(0, n_rows, SAMPLE_N)
-        uniq, inv = np.unique(idx, return_inverse=True)
-        return {k: a.oindex[uniq][inv] for k, a in zarrs.items()}
-
+    zarr_gather, ts_gather = zarr_and_tensorstore_gathers(main_dir, keys, n_rows, rng, SAMPLE_N)
     sza = repeat(zarr_gather, cfg["zarr_repeats"], warmup=1)
-
-    stores = {
-        k: ts.open(
-            {
-                "driver": "zarr3",
-                "kvstore": {"driver": "file", "path": str(main_dir / "segments/default/data" / k)},
-            }
-        ).result()
-        for k in keys
-    }
-
-    def ts_gather():
-        idx = rng.integers(0, n_rows, SAMPLE_N)
-        uniq, inv = np.unique(idx, return_inverse=True)
-        futs = {k: s[uniq].read() for k, s in stores.items()}
-        return {k: f.result()[inv] for k, f in futs.items()}
-
     sts = repeat(ts_gather, cfg["ts_repeats"])
     common = {"rows": n_rows, "rows_in_ram": st["rows_in_ram"], "warmed_bytes": warmed}
     table.add(

@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -655,8 +654,7 @@ def child_zreplay(job, meta, data) -> dict:
 
 def child_zarr_ts(job, meta, data) -> dict:
     """zarr-python ``oindex`` and raw TensorStore reads of zreplay's own arrays."""
-    import tensorstore as ts
-    import zarr
+    from peer_reads import zarr_and_tensorstore_gathers
 
     del data
     cfg, wdir = job["cfg"], Path(job["wdir"])
@@ -664,31 +662,7 @@ def child_zarr_ts(job, meta, data) -> dict:
     path = wdir / "zreplay"
     res = {"warmed_bytes": warm_page_cache(path)}
     rng = np.random.default_rng(11)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        g = zarr.open_group(str(path), mode="r")
-        zarrs = {k: g[f"segments/default/data/{k}"] for k in keys}
-
-    def zarr_gather():
-        idx = rng.integers(0, N, SAMPLE_N)
-        uniq, inv = np.unique(idx, return_inverse=True)
-        return {k: a.oindex[uniq][inv] for k, a in zarrs.items()}
-
-    stores = {
-        k: ts.open(
-            {
-                "driver": "zarr3",
-                "kvstore": {"driver": "file", "path": str(path / "segments/default/data" / k)},
-            }
-        ).result()
-        for k in keys
-    }
-
-    def ts_gather():
-        idx = rng.integers(0, N, SAMPLE_N)
-        uniq, inv = np.unique(idx, return_inverse=True)
-        futs = {k: s[uniq].read() for k, s in stores.items()}
-        return {k: f.result()[inv] for k, f in futs.items()}
+    zarr_gather, ts_gather = zarr_and_tensorstore_gathers(path, keys, N, rng, SAMPLE_N)
 
     res["sample_zarr"] = repeat(zarr_gather, cfg["slow_repeats"], warmup=2)
     res["sample_ts"] = repeat(ts_gather, cfg["disk_repeats"], warmup=3)
