@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchlib import dir_bytes, repeat, stats, warm_page_cache, zarr_and_tensorstore_gathers
 
 import zreplay
 from zreplay import TrajectoryReplayBuffer
@@ -76,29 +77,6 @@ SMALL_T, SMALL_B = 10, 10
 # -- helpers ----------------------------------------------------------------------------
 
 
-def stats(seconds: list[float]) -> dict:
-    a = np.asarray(seconds, np.float64)
-    return {
-        "median_s": float(np.median(a)),
-        "p90_s": float(np.percentile(a, 90)),
-        "min_s": float(a.min()),
-        "mean_s": float(a.mean()),
-        "n": int(len(a)),
-    }
-
-
-def repeat(fn, repeats: int, warmup: int = 2) -> dict:
-    """Median etc. of ``fn()`` over ``repeats`` calls after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return stats(out)
-
-
 def flat_items(tree: dict, prefix: str = ""):
     for k, v in tree.items():
         path = f"{prefix}/{k}" if prefix else k
@@ -114,27 +92,6 @@ def copy_tree(tree: dict) -> dict:
 
 def tree_nbytes(tree: dict) -> int:
     return sum(v.nbytes for _, v in flat_items(tree))
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, f))
-            except FileNotFoundError:
-                pass
-    return total
-
-
-def warm_page_cache(path: Path) -> int:
-    n = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    n += len(chunk)
-    return n
 
 
 def peak_rss_mb() -> float:
@@ -558,8 +515,6 @@ def bench_ram_sample(cfg, buf: TrajectoryReplayBuffer, pool, table: Table) -> No
 
 
 def bench_disk_sample(cfg, main_dir: Path, table: Table) -> None:
-    from peer_reads import zarr_and_tensorstore_gathers
-
     warmed = warm_page_cache(main_dir)
     buf = TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=str(main_dir), enable_cache=False, sample_window_size=0

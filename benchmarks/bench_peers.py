@@ -29,7 +29,6 @@ import gc
 import importlib.metadata
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,17 @@ import numpy as np
 # bench_foundation (machine info, CPU meter, open-time child, copy helpers) imports zreplay
 # and so torch; it is imported lazily so that the numpy/zarr/h5py children start fast.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import (
+    dir_bytes,
+    files_under,
+    minor_faults,
+    nest,
+    repeat,
+    stats,
+    warm_page_cache,
+    zarr_and_tensorstore_gathers,
+)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "peers.json"
@@ -106,69 +116,6 @@ H5_COMPRESSION = {"a": ("lzf", None), "b": ("lzf", None), "c": ("gzip", 1)}
 # -- small helpers ----------------------------------------------------------------------
 
 
-def stats(seconds: list[float]) -> dict:
-    """Same figures as bench_foundation.stats (median, p90, min, mean, n)."""
-    a = np.asarray(seconds, np.float64)
-    return {
-        "median_s": float(np.median(a)),
-        "p90_s": float(np.percentile(a, 90)),
-        "min_s": float(a.min()),
-        "mean_s": float(a.mean()),
-        "n": int(len(a)),
-    }
-
-
-def minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def repeat(fn, repeats: int, warmup: int = 2) -> dict:
-    """As bench_foundation.repeat: stats of ``fn()`` over ``repeats`` calls after warm-up,
-    plus the minor page faults per call (fresh pages touched: on this VM ~2 us each)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    f0 = minor_faults()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return {**stats(out), "minflt_per_call": (minor_faults() - f0) / repeats}
-
-
-def dir_bytes(path) -> int:
-    """Apparent size of every file under ``path`` (as bench_foundation.dir_bytes)."""
-    total = 0
-    for f in files_under([path]):
-        try:
-            total += os.path.getsize(f)
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def warm_page_cache(path) -> int:
-    """Read every file under ``path`` once (as bench_foundation.warm_page_cache)."""
-    n = 0
-    for f in files_under([path]):
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                n += len(chunk)
-    return n
-
-
-def nest(flat: dict) -> dict:
-    """``{"a/b": v}`` -> ``{"a": {"b": v}}`` (zreplay and TensorDict take nested dicts)."""
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
 def fname(key: str) -> str:
     return key.replace("/", "__")
 
@@ -207,18 +154,6 @@ class PeakRss:
             "rss_after_mb": st["VmRSS"] / 1024,
             "method": self.method,
         }
-
-
-def files_under(paths) -> list[str]:
-    out = []
-    for p in paths:
-        p = str(p)
-        if os.path.isfile(p):
-            out.append(p)
-            continue
-        for dirpath, _dirs, files in os.walk(p):
-            out.extend(os.path.join(dirpath, f) for f in files)
-    return out
 
 
 def evict(paths) -> int:
@@ -654,8 +589,6 @@ def child_zreplay(job, meta, data) -> dict:
 
 def child_zarr_ts(job, meta, data) -> dict:
     """zarr-python ``oindex`` and raw TensorStore reads of zreplay's own arrays."""
-    from peer_reads import zarr_and_tensorstore_gathers
-
     del data
     cfg, wdir = job["cfg"], Path(job["wdir"])
     keys, N = list(meta["keys"]), meta["rows"]
