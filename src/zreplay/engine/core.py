@@ -280,11 +280,6 @@ class Engine:
 
     # -- reading --------------------------------------------------------------------
 
-    def snapshot(self) -> tuple[TrajectoryIndex, int, int]:
-        """(index, n_traj, low) consistent at one instant; callers hold no lock after."""
-        with self._lock:
-            return self.index, self.index.n, self.index.low
-
     def gather(self, rows: np.ndarray, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows (global, visible) of each key as ``[len(rows), *row_shape]`` arrays."""
         rows = np.asarray(rows, np.int64)
@@ -317,15 +312,15 @@ class Engine:
             tier = self.tier
             in_tier = rows >= (tier.lo if tier is not None else self.index.n_rows)
             if in_tier.all():
-                slots = rows % tier.capacity
+                slots = tier.slots(rows)
                 for k in keys:
-                    np.take(tier.rings[k], slots, axis=0, out=out[k], mode="clip")
+                    tier.gather(k, slots, out=out[k])
                 return rows, out
             if in_tier.any():
                 sel = np.nonzero(in_tier)[0]
-                slots = rows[sel] % tier.capacity
+                slots = tier.slots(rows[sel])
                 for k in keys:
-                    out[k][sel] = tier.rings[k][slots]
+                    out[k][sel] = tier.gather(k, slots)
             self._committer.begin_disk_read()
         try:
             miss = np.nonzero(~in_tier)[0]
@@ -339,6 +334,24 @@ class Engine:
         finally:
             self._committer.end_disk_read()
         return rows, out
+
+    def stats(self) -> dict:
+        """Counts at one instant: visible trajectories/rows, what the RAM tier holds
+        (whole trajectories and rows), what is committed and what is still pending."""
+        with self._lock:
+            idx, tier, commit = self.index, self.tier, self.commit
+            first_in_ram = max(tier.lo if tier is not None else idx.n_rows, idx.low_row)
+            in_ram = int(np.searchsorted(idx.offsets, first_in_ram, "left")) if idx.n else 0
+            return {
+                "trajectories": idx.num_visible,
+                "rows": idx.visible_rows,
+                "trajectories_in_ram": idx.n - max(in_ram, idx.low) if idx.n else 0,
+                "rows_in_ram": max(0, idx.n_rows - first_in_ram),
+                "ram_bytes": 0 if tier is None else tier.nbytes,
+                "committed_trajectories": commit.n_traj - commit.low_traj,
+                "pending_trajectories": idx.n - commit.n_traj,
+                "path": None if self.temporary else str(self.path),
+            }
 
     def read_trajectory(self, i: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Trajectory ``i`` as ``[T, B, ...]`` arrays."""

@@ -86,9 +86,15 @@ class RamTier:
         ring = self.rings[key]
         return [(row0, ring[sl]) for row0, sl in self._pieces(start, stop)]
 
-    def gather(self, key: str, rows: np.ndarray) -> np.ndarray:
-        """Rows (all within ``[lo, hi)``) of ``key``; the engine inlines this on its hot path."""
-        return self.rings[key][rows % self.capacity]
+    def slots(self, rows: np.ndarray) -> np.ndarray:
+        """Ring slots of global rows (all within ``[lo, hi)``)."""
+        return rows % self.capacity
+
+    def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows at ``slots`` of ``key``, written into ``out`` if given (one fancy index)."""
+        # mode="clip": slots are in range by construction, and the default "raise" makes
+        # numpy buffer the result and copy it twice (measured 3x slower on image rows).
+        return np.take(self.rings[key], slots, axis=0, out=out, mode="clip")
 
     def resized(self, capacity_rows: int) -> RamTier:
         """A larger tier holding the same rows [lo, hi)."""

@@ -231,24 +231,17 @@ class TrajectoryReplayBuffer:
 
     def get_stats(self) -> dict[str, Any]:
         """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
-        eng = self._engine
-        with eng._lock:
-            idx, tier, commit = eng.index, eng.tier, eng.commit
-            in_ram_rows = 0 if tier is None else max(0, idx.n_rows - max(tier.lo, idx.low_row))
-            cached = 0
-            if tier is not None and idx.n:
-                first_cached = int(np.searchsorted(idx.offsets, max(tier.lo, idx.low_row), "left"))
-                cached = idx.n - max(first_cached, idx.low)
-            return {
-                "num_trajectories": idx.num_visible,
-                "total_samples": idx.visible_rows,
-                "cache_size": cached,
-                "rows_in_ram": in_ram_rows,
-                "ram_bytes": 0 if tier is None else tier.nbytes,
-                "committed_trajectories": commit.n_traj - commit.low_traj,
-                "pending_trajectories": idx.n - commit.n_traj,
-                "path": None if eng.temporary else str(eng.path),
-            }
+        st = self._engine.stats()
+        return {
+            "num_trajectories": st["trajectories"],
+            "total_samples": st["rows"],
+            "cache_size": st["trajectories_in_ram"],
+            "rows_in_ram": st["rows_in_ram"],
+            "ram_bytes": st["ram_bytes"],
+            "committed_trajectories": st["committed_trajectories"],
+            "pending_trajectories": st["pending_trajectories"],
+            "path": st["path"],
+        }
 
     def flush(self) -> None:
         """Block until every added trajectory is committed to the store."""
