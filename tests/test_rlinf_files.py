@@ -92,8 +92,10 @@ def test_pickle_refused_without_allow_pickle(src, tmp_path):
     with pytest.raises(PickleRefusedError, match="allow_pickle=True"):
         zreplay.import_rlinf(str(tmp_path / "rl"), str(tmp_path / "back"))
     with zreplay.TrajectoryReplayBuffer() as other:
+        other.add_trajectories([make_traj(9)])
         with pytest.raises(PickleRefusedError):
             other.load_checkpoint(str(tmp_path / "rl"))
+        assert len(other) == 1  # refused before its contents were replaced
         other.load_checkpoint(str(tmp_path / "rl"), allow_pickle=True)
         assert len(other) == 5
 
@@ -156,3 +158,8 @@ def test_missing_trajectory_file_is_reported(tmp_path):
     (tmp_path / "rl" / "trajectory_1_w1.pt").unlink()
     with pytest.raises(zreplay.CorruptBufferError, match="trajectory_1_w1.pt"):
         zreplay.import_rlinf(str(tmp_path / "rl"), str(tmp_path / "dst"))
+    with zreplay.TrajectoryReplayBuffer() as buf:
+        buf.add_trajectories([make_traj(5)])
+        with pytest.raises(zreplay.CorruptBufferError, match="is missing"):
+            buf.load_checkpoint(str(tmp_path / "rl"))
+        assert len(buf) == 1 and buf.trajectory(0)["trajectory_id"] == 0

@@ -145,8 +145,18 @@ def load_rlinf_file(path: Path, allow_pickle: bool) -> dict:
         return pickle.load(f)
 
 
-def iter_rlinf(src: Path, ids: list[int], index: dict, fmt: str, allow_pickle: bool):
+def rlinf_files(
+    src: Path, ids: list[int], index: dict, fmt: str, allow_pickle: bool
+) -> list[tuple[int, dict, Path]]:
+    """``(id, index entry, file)`` of each listed trajectory, checked before anything is
+    loaded: every entry and file must exist, and pickles need ``allow_pickle``."""
     ext = "pt" if fmt == "pt" else "pkl"
+    if ext == "pkl" and ids and not allow_pickle:
+        raise PickleRefusedError(
+            f"{src} holds pickles (trajectory_format={fmt!r}), which can run arbitrary code "
+            "when loaded; pass allow_pickle=True only if you trust its source"
+        )
+    out = []
     for tid in ids:
         entry = index.get(tid)
         if entry is None:
@@ -156,6 +166,12 @@ def iter_rlinf(src: Path, ids: list[int], index: dict, fmt: str, allow_pickle: b
             raise CorruptBufferError(
                 f"{src}: trajectory {tid} is indexed but its file {path.name} is missing"
             )
+        out.append((tid, entry, path))
+    return out
+
+
+def iter_rlinf(files: list[tuple[int, dict, Path]], allow_pickle: bool):
+    for tid, entry, path in files:
         item = prepare(load_rlinf_file(path, allow_pickle))
         item.trajectory_id = tid
         if "max_episode_length" in entry and not item.max_episode_length:
@@ -188,11 +204,13 @@ def load_into(
     if kind == "rlinf":
         meta, ids, index = read_rlinf_index(src)
         start, stop = rank_block(len(ids), rank, world)
+        fmt = meta.get("trajectory_format", "pt")
+        # Refuse (missing files, pickles) before this buffer's contents are replaced.
+        files = rlinf_files(src, ids[start:stop], index, fmt, allow_pickle)
         seed = int(meta.get("seed", buf.seed))
         buf._set_rank_stream(seed, rank if distributed else None)
         buf._engine.clear(reset_schema=True)
-        fmt = meta.get("trajectory_format", "pt")
-        _add_batched(buf, iter_rlinf(src, ids[start:stop], index, fmt, allow_pickle))
+        _add_batched(buf, iter_rlinf(files, allow_pickle))
         buf._engine.next_trajectory_id = max(
             buf._engine.next_trajectory_id,
             int(meta.get("trajectory_counter", 0)),
