@@ -5,6 +5,7 @@ Public names:
 * :class:`TrajectoryReplayBuffer`, :class:`Trajectory`: RLinf 0.3's API on a Zarr store.
 * :func:`open`: a read-only, dataset-like view of a buffer directory.
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
+* :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :mod:`zreplay.errors`: the exception hierarchy.
 """
 
@@ -25,6 +26,7 @@ from .errors import (
 from .rlinf.buffer import TrajectoryReplayBuffer
 from .rlinf.files import import_rlinf
 from .rlinf.trajectory import Trajectory
+from .verify import VerifyReport, verify
 from .view import BufferView, open
 
 __version__ = "0.1.0"
@@ -42,9 +44,11 @@ __all__ = [
     "SchemaError",
     "Trajectory",
     "TrajectoryReplayBuffer",
+    "VerifyReport",
     "WriteFailedError",
     "WriterLockedError",
     "errors",
     "import_rlinf",
     "open",
+    "verify",
 ]

@@ -71,8 +71,12 @@ class KeyLayout:
             )
 
     def zarr_codecs(self, dtype: np.dtype) -> dict:
-        """Keyword arguments for ``zarr.Group.create_array``."""
-        from zarr.codecs import BloscCodec, ZstdCodec
+        """Keyword arguments for ``zarr.Group.create_array``.
+
+        Every chunk ends with a crc32c checksum, so a flipped or truncated chunk is an
+        error on read, never wrong data.
+        """
+        from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
         if self.codec == "zstd":
             compressors = [ZstdCodec(level=self.level)]
@@ -83,7 +87,7 @@ class KeyLayout:
             ]
         else:
             compressors = []
-        return {"compressors": compressors}
+        return {"compressors": [*compressors, Crc32cCodec()]}
 
 
 def layouts_for(

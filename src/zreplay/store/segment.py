@@ -225,14 +225,35 @@ class Segment:
             )
         return out
 
-    def read_rows(self, key: str, rows: np.ndarray):
-        """Start reading sorted unique ``rows`` of ``key``; returns a future."""
+    def read_rows(self, key: str, rows: np.ndarray) -> PendingRead:
+        """Start reading sorted unique ``rows`` of ``key``."""
         store = self.data[key].reopen_if_short(int(rows[-1]) + 1)
-        return store[rows].read()
+        return PendingRead(store[rows].read(), self, key, int(rows[0]), int(rows[-1]) + 1)
 
-    def read_range(self, key: str, start: int, stop: int):
+    def read_range(self, key: str, start: int, stop: int) -> PendingRead:
+        """Start reading rows ``[start, stop)`` of ``key``."""
         store = self.data[key].reopen_if_short(stop)
-        return store[start:stop].read()
+        return PendingRead(store[start:stop].read(), self, key, start, stop)
 
     def commit(self) -> Commit | None:
         return read_commit(self.dir)
+
+
+class PendingRead:
+    """A read in flight; ``result()`` turns a decode/checksum/I-O failure into a
+    CorruptBufferError naming the segment, key and rows."""
+
+    def __init__(self, future, segment: Segment, key: str, first: int, stop: int):
+        self._future, self._segment, self._key = future, segment, key
+        self._first, self._stop = first, stop
+
+    def result(self) -> np.ndarray:
+        try:
+            return self._future.result()
+        except Exception as e:  # TensorStore reports corruption as ValueError
+            raise CorruptBufferError(
+                f"segment {self._segment.writer_id!r}, key {self._key!r}, rows "
+                f"[{self._first}, {self._stop}): stored data is damaged or missing ({e}). "
+                f"Run zreplay.verify({str(self._segment.dir.parent.parent)!r}) for a full "
+                "report; restore the buffer from a checkpoint"
+            ) from None
