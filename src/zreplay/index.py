@@ -15,6 +15,11 @@ import numpy as np
 from .store.segment import TRAJ_COLUMNS
 
 
+def time_major(rows: np.ndarray, T: int, B: int) -> np.ndarray:
+    """One trajectory's env-major rows ``[B*T, ...]`` as ``[T, B, ...]`` (a view)."""
+    return np.swapaxes(rows.reshape(B, T, *rows.shape[1:]), 0, 1)
+
+
 class TrajectoryIndex:
     """Append-only columns with amortised growth; readers take cheap snapshots."""
 

@@ -105,5 +105,5 @@ def _check_rows(seg: Segment, key: str, step: int, first: int, stop: int, report
         try:
             seg.read_range(key, lo, hi).result()
         except CorruptBufferError as e:
-            report.problems.append(str(e).split(" Run zreplay.verify")[0])
+            report.problems.append(str(e))
     return stop - first

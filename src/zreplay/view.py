@@ -16,7 +16,7 @@ import numpy as np
 
 from .engine.core import Prepared
 from .errors import EmptyBufferError
-from .index import TrajectoryIndex
+from .index import TrajectoryIndex, time_major
 from .schema import unflatten
 from .store.commit import Commit, read_commit
 from .store.root import BufferRoot
@@ -178,11 +178,7 @@ class BufferView:
         lo, hi = int(idx.offsets[j]), int(idx.offsets[j + 1])
         T, B = int(idx.column("T")[j]), int(idx.column("B")[j])
         futs = {k: st.segment.read_range(k, lo, hi) for k in self.keys()}
-        out = {}
-        for k, f in futs.items():
-            flat = f.result()  # env-major [B*T, ...]
-            out[k] = np.swapaxes(flat.reshape(B, T, *flat.shape[1:]), 0, 1)
-        return out
+        return {k: time_major(f.result(), T, B) for k, f in futs.items()}
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""

@@ -33,7 +33,7 @@ from ..errors import (
     CapacityError,
     SchemaError,
 )
-from ..index import TrajectoryIndex
+from ..index import TrajectoryIndex, time_major
 from ..schema import Schema
 from ..store.commit import Commit, read_commit, remove_orphans, write_commit
 from ..store.layout import layouts_for
@@ -359,7 +359,7 @@ class Engine:
         lo, hi = int(idx.offsets[i]), int(idx.offsets[i + 1])
         T, B = int(idx.column("T")[i]), int(idx.column("B")[i])
         flat = self.gather(np.arange(lo, hi), keys)
-        return {k: np.swapaxes(v.reshape(B, T, *v.shape[1:]), 0, 1) for k, v in flat.items()}
+        return {k: time_major(v, T, B) for k, v in flat.items()}
 
     # -- lifecycle ------------------------------------------------------------------
 
