@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zreplay.episodes import split_pieces
 from zreplay.index import TrajectoryIndex
 
 shapes = st.lists(st.tuples(st.integers(1, 7), st.integers(1, 5)), min_size=1, max_size=60)
@@ -13,8 +14,10 @@ shapes = st.lists(st.tuples(st.integers(1, 7), st.integers(1, 5)), min_size=1, m
 
 def build(ts):
     idx = TrajectoryIndex()
+    next_ep = 0
     for i, (T, B) in enumerate(ts):
-        idx.append(T, B, i, 0, b"w")
+        pieces, _, next_ep = split_pieces({}, T, B, idx.n_rows, next_ep, lanes=None)
+        idx.append(T, B, i, 0, b"w", pieces)
     return idx
 
 
@@ -52,6 +55,7 @@ def test_growth_keeps_old_snapshots_valid():
     idx = build([(2, 2)] * 10)
     snap = idx.offsets
     for i in range(100):
-        idx.append(3, 1, 10 + i, 0, b"")
+        pieces, _, _ = split_pieces({}, 3, 1, idx.n_rows, 100 + i, lanes=None)
+        idx.append(3, 1, 10 + i, 0, b"", pieces)
     assert list(snap) == list(range(0, 44, 4))
     assert idx.column("trajectory_id")[-1] == 109 and idx.weights_id(0) == "w"

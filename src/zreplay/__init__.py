@@ -3,6 +3,7 @@
 Public names:
 
 * :class:`TrajectoryReplayBuffer`, :class:`Trajectory`: RLinf 0.3's API on a Zarr store.
+* :class:`ReplayBuffer`: stable-worldmodel's episode buffer/Dataset, persistent.
 * :func:`open`: a read-only, dataset-like view of a buffer directory.
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
@@ -26,6 +27,7 @@ from .errors import (
 from .rlinf.buffer import TrajectoryReplayBuffer
 from .rlinf.files import import_rlinf
 from .rlinf.trajectory import Trajectory
+from .swm import ReplayBuffer
 from .verify import VerifyReport, verify
 from .view import BufferView, open
 
@@ -41,6 +43,7 @@ __all__ = [
     "FormatError",
     "KeyNameError",
     "PickleRefusedError",
+    "ReplayBuffer",
     "SchemaError",
     "Trajectory",
     "TrajectoryReplayBuffer",

@@ -4,6 +4,7 @@
 its last (so ``offsets[0] == 0`` and ``offsets[n] == n_rows``).  Trajectory ``i`` holds
 ``T[i] * B[i]`` rows in env-major order: row ``offsets[i] + b * T[i] + t`` is step ``t`` of
 environment ``b``.  Trajectories ``[low, n)`` are visible; lower ones were evicted.
+Trajectory ``i``'s episode pieces are ``pieces[piece_end[i-1] : piece_end[i]]``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .episodes import EpisodeView, PieceTable
 from .store.segment import TRAJ_COLUMNS
 
 
@@ -26,6 +28,8 @@ class TrajectoryIndex:
     def __init__(self, columns: Mapping[str, np.ndarray] | None = None, low: int = 0):
         columns = dict(columns or {})
         off = np.asarray(columns.pop("offsets", np.zeros(1, np.int64)), np.int64)
+        self.pieces = PieceTable(columns.pop("pieces", None))
+        self._view: EpisodeView | None = None
         self.n = len(off) - 1
         self.low = low
         cap = max(16, 2 * self.n)
@@ -37,6 +41,7 @@ class TrajectoryIndex:
             if name in columns:
                 arr[: self.n] = columns[name]
             self._cols[name] = arr
+        self._set_low(low)
 
     # -- views ----------------------------------------------------------------------
 
@@ -75,10 +80,23 @@ class TrajectoryIndex:
 
     # -- mutation -------------------------------------------------------------------
 
+    def episodes(self) -> EpisodeView:
+        """Episodes of the visible trajectories (cached until the next append/eviction)."""
+        view = self._view
+        if view is None:
+            view = self._view = EpisodeView(self.pieces.visible())
+        return view
+
     def append(
-        self, T: int, B: int, trajectory_id: int, max_episode_length: int, weights_id: bytes
+        self,
+        T: int,
+        B: int,
+        trajectory_id: int,
+        max_episode_length: int,
+        weights_id: bytes,
+        pieces: Mapping[str, np.ndarray],
     ) -> int:
-        """Add one trajectory of ``T * B`` rows; returns its index."""
+        """Add one trajectory of ``T * B`` rows and its episode pieces; returns its index."""
         if self.n + 1 >= len(self._offsets) - 1:
             self._reserve(2 * (self.n + 1))
         i = self.n
@@ -91,7 +109,10 @@ class TrajectoryIndex:
         wid = c["model_weights_id"][i]
         wid[:] = 0
         wid[: len(weights_id)] = np.frombuffer(weights_id, np.uint8)
+        self.pieces.append(pieces)
+        c["piece_end"][i] = self.pieces.n
         self.n = i + 1
+        self._view = None
         return i
 
     def _reserve(self, cap: int) -> None:
@@ -108,7 +129,12 @@ class TrajectoryIndex:
         if self.visible_rows <= max_rows:
             return
         need_low_row = self.n_rows - max_rows
-        self.low = int(np.searchsorted(self.offsets, need_low_row, side="left"))
+        self._set_low(int(np.searchsorted(self.offsets, need_low_row, side="left")))
+
+    def _set_low(self, low: int) -> None:
+        self.low = low
+        self.pieces.low = int(self._cols["piece_end"][low - 1]) if low > 0 else 0
+        self._view = None
 
     def weights_id(self, i: int) -> str:
         raw = self._cols["model_weights_id"][i].tobytes()

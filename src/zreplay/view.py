@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from . import sampling
 from .engine.core import Prepared
+from .episodes import ClipSpec, EpisodeView, NStepSpec, concat_pieces
 from .errors import EmptyBufferError
 from .index import TrajectoryIndex, time_major
 from .schema import unflatten
@@ -74,6 +76,26 @@ class BufferView:
         trajs = [s.index.num_visible for s in states]
         self._cum_rows = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         self._cum_traj = np.concatenate([[0], np.cumsum(trajs, dtype=np.int64)])
+        self._episodes: EpisodeView | None = None
+
+    def episodes(self) -> EpisodeView:
+        """The visible episodes of every segment (rows as visible positions)."""
+        if self._episodes is None:
+            parts = []
+            for si, st in enumerate(self._order):
+                p = dict(st.index.pieces.visible())
+                p["start"] = p["start"] - st.index.low_row + self._cum_rows[si]
+                parts.append(p)
+            self._episodes = EpisodeView(concat_pieces(parts))
+        return self._episodes
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes())
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (episode id, length, first_step, terminated, truncated)."""
+        return sampling.episode_table(self.episodes())
 
     # -- shape of the data ----------------------------------------------------------
 
@@ -132,6 +154,75 @@ class BufferView:
             if now is not None and now.reclaimed_below > first:
                 raise _Evicted()
         return out
+
+    def _gather(self, fn) -> dict[str, np.ndarray]:
+        """Sampling-module gather: ``fn(episodes) -> {name: (key, positions)}``."""
+        for _ in range(_RETRIES):
+            requests = fn(self.episodes())
+            groups: dict[int, tuple] = {}
+            for name, (key, r) in requests.items():
+                groups.setdefault(id(r), (r, []))[1].append((name, key))
+            out = {}
+            try:
+                for r, members in groups.values():
+                    got = self._read_positions(
+                        np.asarray(r, np.int64).reshape(-1), sorted({k for _, k in members})
+                    )
+                    for name, key in members:
+                        out[name] = got[key].reshape(*r.shape, *got[key].shape[1:])
+                return out
+            except _Evicted:
+                self.refresh()
+        raise EmptyBufferError("rows kept being evicted while reading; sample again")
+
+    def num_clips(self, history_len: int = 1, frameskip: int = 1, pad: str | None = None) -> int:
+        """Valid clips of ``history_len`` frames ``frameskip`` apart (see sample_clips)."""
+        return ClipSpec(history_len, frameskip, pad).num_clips(self.episodes())
+
+    def sample_clips(
+        self,
+        batch_size: int,
+        history_len: int = 1,
+        frameskip: int = 1,
+        pad: str | None = None,
+        keys: list[str] | None = None,
+        action_keys: tuple[str, ...] = ("action",),
+    ) -> dict[str, Any]:
+        """``batch_size`` clips ``[batch, history_len, ...]`` drawn uniformly over all valid
+        clips; never across an episode boundary (see ``zreplay.ReplayBuffer``)."""
+        spec = ClipSpec(history_len, frameskip, pad, action_keys)
+        return sampling.as_nested(
+            sampling.gather_clips(
+                self._gather, spec, keys or self.keys(), sampling.uniform(self._rng, batch_size)
+            )
+        )
+
+    def clips(
+        self,
+        indices,
+        history_len: int = 1,
+        frameskip: int = 1,
+        pad: str | None = None,
+        keys: list[str] | None = None,
+        action_keys: tuple[str, ...] = ("action",),
+    ) -> dict[str, Any]:
+        """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first."""
+        spec = ClipSpec(history_len, frameskip, pad, action_keys)
+        return sampling.as_nested(
+            sampling.gather_clips(self._gather, spec, keys or self.keys(), sampling.fixed(indices))
+        )
+
+    def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
+        """n-step transitions (see :class:`zreplay.episodes.NStepSpec` for ``kw``)."""
+        keys = kw.pop("keys", None) or self.keys()
+        spec = NStepSpec(n, gamma, **kw)
+        return sampling.as_nested(
+            sampling.gather_nstep(self._gather, spec, keys, sampling.uniform(self._rng, batch_size))
+        )
+
+    def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
+        """Visible steps of episode ``e`` (oldest first) as nested ``[L, ...]`` arrays."""
+        return sampling.as_nested(sampling.gather_episode(self._gather, keys or self.keys(), e))
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, Any]:
         """Rows at visible positions ``[0, num_rows)`` as a nested dict of numpy arrays."""
@@ -194,14 +285,31 @@ class BufferView:
         for i in range(start, stop):
             st, j = self._locate_trajectory(i)
             idx = st.index
+            T, B = int(idx.column("T")[j]), int(idx.column("B")[j])
             yield Prepared(
                 self._read_trajectory_flat(st, j),
-                int(idx.column("T")[j]),
-                int(idx.column("B")[j]),
+                T,
+                B,
                 int(idx.column("max_episode_length")[j]),
                 idx.weights_id(j),
                 int(idx.column("trajectory_id")[j]),
+                continues=self._continues(st, j, T, B),
             )
+
+    @staticmethod
+    def _continues(st: _SegmentState, j: int, T: int, B: int) -> np.ndarray:
+        """Lanes of trajectory ``j`` that continue an episode of trajectory ``j - 1``."""
+        cont = np.zeros(B, bool)
+        if j <= st.index.low:
+            return cont
+        ends = st.index.column("piece_end")
+        p = st.index.pieces
+        lo, hi = int(ends[j - 1]), int(ends[j])
+        start, step = p.column("start")[lo:hi], p.column("step")[lo:hi]
+        rel = start - int(st.index.offsets[j])
+        first = rel % T == 0
+        cont[rel[first] // T] = step[first] > 0
+        return cont
 
 
 class _Evicted(Exception):

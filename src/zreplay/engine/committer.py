@@ -144,6 +144,10 @@ class Committer:
             stop = min(stop, idx.n)
         low = min(idx.low, stop)
         columns = idx.columns_range(first, stop)
+        ends = idx.column("piece_end")
+        p_first = int(ends[first - 1]) if first else 0
+        p_stop = int(ends[stop - 1]) if stop else 0
+        p_low = int(ends[low - 1]) if low else 0
         next_id = eng.next_trajectory_id
         if stop < idx.n:  # ids of trajectories this commit does not cover stay unclaimed
             next_id = max(old.next_trajectory_id, int(columns["trajectory_id"].max()) + 1)
@@ -156,6 +160,11 @@ class Committer:
             low_traj=low,
             reclaimed_below=old.reclaimed_below,
             next_trajectory_id=next_id,
+            n_pieces=p_stop,
+            low_piece=p_low,
+            next_episode=int(idx.pieces.column("episode")[:p_stop].max(initial=-1)) + 1
+            if stop < idx.n
+            else eng.next_episode,
             sampler=eng.sampler_state(),
         )
         return {
@@ -165,6 +174,8 @@ class Committer:
             "first_traj": first,
             "offsets": idx.offsets[first + 1 : stop + 1].copy(),
             "columns": columns,
+            "first_piece": p_first,
+            "pieces": idx.pieces.columns_range(p_first, p_stop),
             "tier": eng.tier,
             "segment": eng.segment,
             "keys": eng.schema.keys if eng.schema is not None else [],
@@ -175,12 +186,14 @@ class Committer:
         seg = job["segment"]
         if seg is not None:
             start, stop = job["rows"]
-            seg.ensure_capacity(new.n_rows, new.n_traj)
+            seg.ensure_capacity(new.n_rows, new.n_traj, new.n_pieces)
             futs = []
             for key in job["keys"] if stop > start else ():
                 for row0, piece in job["tier"].read_range(key, start, stop):
                     futs.append(seg.write_rows(key, row0, piece))
-            futs += seg.write_index(job["first_traj"], job["offsets"], job["columns"])
+            futs += seg.write_index(
+                job["first_traj"], job["offsets"], job["columns"], job["first_piece"], job["pieces"]
+            )
             for f in futs:
                 f.result()
         write_commit(self.eng.seg_dir, new, durable=self.eng.durable)

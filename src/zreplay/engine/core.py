@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..episodes import Lanes, lanes_after, split_pieces
 from ..errors import (
     BufferClosedError,
     CapacityError,
@@ -69,6 +70,10 @@ class Prepared:
     max_episode_length: int = 0
     model_weights_id: str = ""
     trajectory_id: int | None = None
+    # Lanes whose first step continues the episode the same lane of the writer's previous
+    # trajectory left open (bool or [B] bools); split_episodes=False: one episode per lane.
+    continues: object = False
+    split_episodes: bool = True
     weights_bytes: bytes = field(init=False, default=b"")
 
     def __post_init__(self):
@@ -163,12 +168,20 @@ class Engine:
         self.tier: RamTier | None = None
         self.index = TrajectoryIndex()
         self.next_trajectory_id = self.commit.next_trajectory_id
+        self.next_episode = self.commit.next_episode
+        self.lanes: Lanes | None = None
         if self.schema is None:
             return
         self._open_segment()
         cols = self.segment.read_index(self.commit)
         self.index = TrajectoryIndex(cols, low=self.commit.low_traj)
         if self.index.n:
+            i = self.index.n - 1
+            p0 = int(cols["piece_end"][i - 1]) if i else 0
+            last = {c: v[p0:] for c, v in cols["pieces"].items()}
+            self.lanes = lanes_after(
+                last, int(self.index.offsets[i]), int(cols["T"][i]), int(cols["B"][i])
+            )
             T, B = cols["T"], cols["B"]
             self._make_tier(int((T * B)[self.index.low :].max(initial=1)))
             self._preload_tier()
@@ -197,7 +210,20 @@ class Engine:
         """Validate a batch against the schema (inferring it from the first item if new)."""
         self._check_open()
         schema = self.schema
+        lanes_b = None if self.lanes is None else len(self.lanes.episode)
         for it in items:
+            cont = np.asarray(it.continues, bool)
+            if cont.shape not in ((), (it.B,)):
+                raise SchemaError(
+                    f"continues must be a bool or {it.B} bools (one per environment), got "
+                    f"shape {cont.shape}"
+                )
+            if cont.any() and lanes_b is not None and lanes_b != it.B:
+                raise SchemaError(
+                    f"continues=True: this trajectory has B={it.B} environments but the "
+                    f"previous one has {lanes_b}; episodes can only continue lane by lane"
+                )
+            lanes_b = it.B
             if it.T <= 0 or it.B <= 0:
                 from ..errors import EmptyTrajectoryError
 
@@ -265,7 +291,17 @@ class Engine:
             else:
                 tid = int(it.trajectory_id)
             self.next_trajectory_id = max(self.next_trajectory_id, tid + 1)
-            self.index.append(it.T, it.B, tid, it.max_episode_length, it.weights_bytes)
+            pieces, self.lanes, self.next_episode = split_pieces(
+                it.columns,
+                it.T,
+                it.B,
+                start,
+                self.next_episode,
+                lanes=self.lanes,
+                continues=it.continues,
+                split=it.split_episodes,
+            )
+            self.index.append(it.T, it.B, tid, it.max_episode_length, it.weights_bytes, pieces)
             if self.capacity is not None:
                 self.index.evict_to(self.capacity)
                 tier.lo = max(tier.lo, self.index.low_row)
@@ -287,53 +323,77 @@ class Engine:
 
     def draw_and_gather(
         self,
-        draw: Callable[[TrajectoryIndex], np.ndarray],
+        draw: Callable[[TrajectoryIndex], object],
         keys: list[str] | None = None,
         alloc: Callable[[str, tuple, np.dtype], np.ndarray] | None = None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Call ``draw(index)`` for global rows under the lock, then gather them.
+    ) -> tuple[object, dict[str, np.ndarray]]:
+        """Call ``draw(index)`` under the lock, then gather what it asks for.
 
-        Drawing under the same lock that guards eviction means every drawn row is still
-        readable when it is read: no sample ever mixes fields of different transitions.
-        ``alloc(key, shape, dtype)`` provides each output array (e.g. pinned memory);
-        rows are gathered straight into it.
+        ``draw`` returns either global rows (every key in ``keys`` is gathered at them) or
+        requests ``{name: (key, rows of any shape)}`` (output ``name`` has shape
+        ``rows.shape + row_shape``).  Drawing under the same lock that guards eviction means
+        every drawn row is still readable when it is read: no sample ever mixes fields of
+        different transitions.  ``alloc(name, shape, dtype)`` provides each output array
+        (e.g. pinned memory); rows are gathered straight into it.
         """
-        alloc = alloc or (lambda _key, shape, dtype: np.empty(shape, dtype))
+        alloc = alloc or (lambda _name, shape, dtype: np.empty(shape, dtype))
         with self._cond:
             self._check_open()
-            rows = np.asarray(draw(self.index), np.int64)
+            drawn = draw(self.index)
             if self.schema is None:
-                return rows, {}
-            keys = self.schema.keys if keys is None else keys
-            out = {}
-            for k in keys:
-                spec = self.schema.specs[k]
-                out[k] = alloc(k, (len(rows), *spec.row_shape), spec.dtype)
+                return drawn, {}
+            if isinstance(drawn, dict):
+                requests = drawn
+            else:
+                drawn = np.asarray(drawn, np.int64)
+                requests = {k: (k, drawn) for k in (self.schema.keys if keys is None else keys)}
+            out, groups = {}, {}
+            for name, (key, r) in requests.items():
+                spec = self.schema.specs[key]
+                out[name] = alloc(name, (*r.shape, *spec.row_shape), spec.dtype)
+                groups.setdefault(id(r), (r, []))[1].append((name, key))
             tier = self.tier
-            in_tier = rows >= (tier.lo if tier is not None else self.index.n_rows)
-            if in_tier.all():
-                slots = tier.slots(rows)
-                for k in keys:
-                    tier.gather(k, slots, out=out[k])
-                return rows, out
-            if in_tier.any():
-                sel = np.nonzero(in_tier)[0]
-                slots = tier.slots(rows[sel])
-                for k in keys:
-                    out[k][sel] = tier.gather(k, slots)
+            tier_lo = tier.lo if tier is not None else self.index.n_rows
+            disk = []
+            for r, members in groups.values():
+                flat = np.asarray(r, np.int64).reshape(-1)
+                in_tier = flat >= tier_lo
+                if in_tier.all():
+                    slots = tier.slots(flat)
+                    for name, key in members:
+                        tier.gather(
+                            key,
+                            slots,
+                            out=out[name].reshape(len(flat), *self.schema.specs[key].row_shape),
+                        )
+                    continue
+                if in_tier.any():
+                    sel = np.nonzero(in_tier)[0]
+                    slots = tier.slots(flat[sel])
+                    for name, key in members:
+                        out[name].reshape(len(flat), *self.schema.specs[key].row_shape)[sel] = (
+                            tier.gather(key, slots)
+                        )
+                disk.append((flat, np.nonzero(~in_tier)[0], members))
+            if not disk:
+                return drawn, out
             self._committer.begin_disk_read()
         try:
-            miss = np.nonzero(~in_tier)[0]
-            uniq, inv = np.unique(rows[miss], return_inverse=True)
-            futs = {k: self.segment.read_rows(k, uniq) for k in keys}
-            for k, f in futs.items():
-                if len(miss) == len(rows):
-                    np.take(f.result(), inv, axis=0, out=out[k], mode="clip")
-                else:
-                    out[k][miss] = f.result()[inv]
+            pending = []
+            for flat, miss, members in disk:  # every read in flight before waiting
+                uniq, inv = np.unique(flat[miss], return_inverse=True)
+                futs = {key: self.segment.read_rows(key, uniq) for _, key in members}
+                pending.append((flat, miss, inv, members, futs))
+            for flat, miss, inv, members, futs in pending:
+                for name, key in members:
+                    dst = out[name].reshape(len(flat), *self.schema.specs[key].row_shape)
+                    if len(miss) == len(flat):
+                        np.take(futs[key].result(), inv, axis=0, out=dst, mode="clip")
+                    else:
+                        dst[miss] = futs[key].result()[inv]
         finally:
             self._committer.end_disk_read()
-        return rows, out
+        return drawn, out
 
     def stats(self) -> dict:
         """Counts at one instant: visible trajectories/rows, what the RAM tier holds
@@ -418,7 +478,7 @@ class Engine:
         src_dir = src.segment_dir(src_writer)
         src_commit = read_commit(src_dir)
         cols = Segment(src_dir, schema, layouts, writable=False).read_index(src_commit)
-        off = cols["offsets"]
+        off, ends = cols["offsets"], cols["piece_end"]
         with self._add_lock:
             self.flush()
             with self._cond:
@@ -435,6 +495,9 @@ class Engine:
                     low_traj=first,
                     reclaimed_below=src_commit.reclaimed_below,
                     next_trajectory_id=max(self.next_trajectory_id, src_commit.next_trajectory_id),
+                    n_pieces=int(ends[stop - 1]) if stop else 0,
+                    low_piece=int(ends[first - 1]) if first else 0,
+                    next_episode=src_commit.next_episode,
                     sampler=sampler,
                 )
                 write_commit(self.seg_dir, self.commit, durable=self.durable)

@@ -17,14 +17,15 @@ from pathlib import Path
 from ..errors import CorruptBufferError
 
 COMMIT_NAME = "commit.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass
 class Commit:
     """What one segment has published.
 
-    Rows ``[low_row, n_rows)`` and trajectories ``[low_traj, n_traj)`` are visible; rows
+    Rows ``[low_row, n_rows)``, trajectories ``[low_traj, n_traj)`` and episode pieces
+    ``[low_piece, n_pieces)`` are visible; rows
     below ``low_row`` were evicted, and shards wholly below ``reclaimed_below`` may already
     be deleted.  ``sampler`` holds the owning buffer's sampler state at commit time.
     """
@@ -37,6 +38,9 @@ class Commit:
     low_traj: int = 0
     reclaimed_below: int = 0
     next_trajectory_id: int = 0
+    n_pieces: int = 0
+    low_piece: int = 0
+    next_episode: int = 0
     format: int = FORMAT_VERSION
     time: float = 0.0
     sampler: dict = field(default_factory=dict)
@@ -59,7 +63,11 @@ class Commit:
                 f"{where}: format version {c.format} is not supported by this zreplay "
                 f"(supports {FORMAT_VERSION}); upgrade zreplay"
             )
-        if not (0 <= c.low_traj <= c.n_traj and 0 <= c.low_row <= c.n_rows):
+        if not (
+            0 <= c.low_traj <= c.n_traj
+            and 0 <= c.low_row <= c.n_rows
+            and 0 <= c.low_piece <= c.n_pieces
+        ):
             raise CorruptBufferError(f"{where}: commit record is inconsistent: {d}")
         return c
 

@@ -20,6 +20,7 @@ import numpy as np
 import tensorstore as ts
 import zarr
 
+from ..episodes import PIECE_COLUMNS
 from ..errors import CorruptBufferError
 from ..schema import KeySpec, Schema
 from .commit import Commit, read_commit
@@ -35,6 +36,7 @@ TRAJ_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     "B": ("int64", ()),
     "max_episode_length": ("int64", ()),
     "model_weights_id": ("uint8", (WEIGHTS_ID_BYTES,)),
+    "piece_end": ("int64", ()),  # episode pieces [piece_end[i-1], piece_end[i]) are its
 }
 
 
@@ -115,6 +117,10 @@ class Segment:
         self.traj = {
             c: ArrayHandle(self.dir / "traj" / c, self._context, writable) for c in TRAJ_COLUMNS
         }
+        self.pieces = {
+            c: ArrayHandle(self.dir / "episodes" / c, self._context, writable)
+            for c in PIECE_COLUMNS
+        }
 
     # -- creation -------------------------------------------------------------------
 
@@ -123,6 +129,7 @@ class Segment:
         """Create (or complete) the arrays of a segment with zarr-python."""
         seg_dir = Path(seg_dir)
         names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
+        names += [f"episodes/{c}" for c in PIECE_COLUMNS]
         if all((seg_dir / n / "zarr.json").is_file() for n in names):
             return  # the common reopen: skip zarr-python's per-node round trips
         g = zarr.open_group(str(seg_dir), mode="a", zarr_format=3)
@@ -154,38 +161,52 @@ class Segment:
                 fill_value=0,
                 config={"write_empty_chunks": True},
             )
-        traj = g.require_group("traj")
-        for name, (dtype, row) in TRAJ_COLUMNS.items():
-            if name not in traj:
-                traj.create_array(
+        columns = [("traj", n, d, r) for n, (d, r) in TRAJ_COLUMNS.items()]
+        columns += [("episodes", n, d, ()) for n, d in PIECE_COLUMNS.items()]
+        for group, name, dtype, row in columns:
+            grp = g.require_group(group)
+            if name not in grp:
+                grp.create_array(
                     name,
                     shape=(INDEX_CHUNK, *row),
                     dtype=dtype,
                     chunks=(INDEX_CHUNK, *row),
-                    fill_value=0,
+                    fill_value=0 if dtype != "bool" else False,
                     config={"write_empty_chunks": True},
                 )
 
     # -- writes (the segment's writer only) -----------------------------------------
 
-    def ensure_capacity(self, n_rows: int, n_traj: int) -> None:
+    def ensure_capacity(self, n_rows: int, n_traj: int, n_pieces: int) -> None:
         for k, h in self.data.items():
             h.grow_to(n_rows, self.layouts[k].shard_rows)
         self.offsets.grow_to(n_traj + 1, INDEX_CHUNK)
         for h in self.traj.values():
             h.grow_to(n_traj, INDEX_CHUNK)
+        for h in self.pieces.values():
+            h.grow_to(n_pieces, INDEX_CHUNK)
 
     def write_rows(self, key: str, start: int, rows: np.ndarray) -> ts.WriteFutures:
         return self.data[key].store[start : start + len(rows)].write(rows)
 
     def write_index(
-        self, first_traj: int, offsets_tail: np.ndarray, columns: Mapping[str, np.ndarray]
+        self,
+        first_traj: int,
+        offsets_tail: np.ndarray,
+        columns: Mapping[str, np.ndarray],
+        first_piece: int,
+        pieces: Mapping[str, np.ndarray],
     ) -> list:
-        """Write offsets[first_traj+1 : ...] and trajectory columns from ``first_traj``."""
+        """Write offsets[first_traj+1 : ...], trajectory columns from ``first_traj`` and
+        episode pieces from ``first_piece``."""
         n = len(offsets_tail)
         futs = [self.offsets.store[first_traj + 1 : first_traj + 1 + n].write(offsets_tail)]
         for name, col in columns.items():
             futs.append(self.traj[name].store[first_traj : first_traj + n].write(col))
+        k = len(pieces["start"])
+        if k:
+            for name, col in pieces.items():
+                futs.append(self.pieces[name].store[first_piece : first_piece + k].write(col))
         return futs
 
     def reclaim_below(self, start_row: int, end_row: int) -> None:
@@ -207,21 +228,34 @@ class Segment:
 
     def read_index(self, commit: Commit) -> dict[str, np.ndarray]:
         """Offsets ``[n_traj+1]`` and trajectory columns ``[n_traj]`` up to the commit."""
-        n = commit.n_traj
+        n, k = commit.n_traj, commit.n_pieces
         if n == 0:
             out = {"offsets": np.zeros(1, np.int64)}
             for name, (dtype, row) in TRAJ_COLUMNS.items():
                 out[name] = np.zeros((0, *row), dtype)
+            out["pieces"] = {c: np.zeros(0, d) for c, d in PIECE_COLUMNS.items()}
             return out
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
             futs[name] = h.reopen_if_short(n)[:n].read()
-        out = {k: f.result() for k, f in futs.items()}
+        pfuts = {c: h.reopen_if_short(k)[:k].read() for c, h in self.pieces.items()}
+        try:
+            out = {name: f.result() for name, f in futs.items()}
+            out["pieces"] = {c: f.result() for c, f in pfuts.items()}
+        except Exception as e:  # TensorStore reports damage as ValueError
+            raise CorruptBufferError(f"{self.dir}: the index cannot be read ({e})") from None
         off = out["offsets"]
-        if off[-1] != commit.n_rows or np.any(np.diff(off[commit.low_traj :]) < 0):
+        ends = out["piece_end"]
+        if (
+            off[-1] != commit.n_rows
+            or np.any(np.diff(off[commit.low_traj :]) < 0)
+            or ends[-1] != k
+            or out["pieces"]["length"][commit.low_piece :].sum() != commit.n_rows - commit.low_row
+        ):
             raise CorruptBufferError(
-                f"{self.dir}: offsets disagree with commit.json (offsets end at {off[-1]}, "
-                f"commit says {commit.n_rows} rows); the index is damaged"
+                f"{self.dir}: offsets or episode table disagree with commit.json (offsets end "
+                f"at {off[-1]}, pieces at {ends[-1]}; commit says {commit.n_rows} rows, {k} "
+                "pieces); the index is damaged"
             )
         return out
 

@@ -1,0 +1,143 @@
+"""Clip and n-step sampling over any row source (a writable engine or a read-only view).
+
+A *gather* is ``gather(fn) -> {name: array}``: the source calls ``fn(episode_view)`` at a
+consistent instant (under its lock, or on one refreshed snapshot), ``fn`` returns requests
+``{name: (key, rows)}``, and the source gathers them.  Everything here is vectorised: one
+``searchsorted`` to locate units, one fancy index (or one batched disk read) per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from .episodes import (
+    ClipSpec,
+    EpisodeView,
+    NStepSpec,
+    finish_clips,
+    finish_nstep,
+    num_nstep,
+    plan_clips,
+    plan_nstep,
+)
+from .errors import EmptyBufferError
+
+Gather = Callable[[Callable[[EpisodeView], dict]], dict]
+Pick = Callable[[EpisodeView, int], np.ndarray]
+
+
+def uniform(rng: np.random.Generator, n: int) -> Pick:
+    """Pick ``n`` units uniformly with replacement among ``total``."""
+
+    def pick(_view: EpisodeView, total: int) -> np.ndarray:
+        return rng.integers(0, total, size=n)
+
+    return pick
+
+
+def fixed(indices) -> Pick:
+    """Pick the given flat unit indices (checked against ``total`` at gather time)."""
+    idx = np.asarray(indices, np.int64).reshape(-1)
+
+    def pick(_view: EpisodeView, total: int) -> np.ndarray:
+        if len(idx) and (idx.min() < 0 or idx.max() >= total):
+            raise IndexError(f"clip index out of range [0, {total})")
+        return idx
+
+    return pick
+
+
+def gather_clips(
+    gather: Gather, spec: ClipSpec, keys: list[str], pick: Pick
+) -> dict[str, np.ndarray]:
+    """Clips ``{key: [n, history_len, ...]}`` (plus ``is_pad`` when padding is on)."""
+    box = {}
+
+    def fn(view: EpisodeView) -> dict:
+        total = spec.num_clips(view)
+        if total == 0:
+            raise EmptyBufferError(
+                f"no clips of history_len={spec.history_len} (frameskip={spec.frameskip}): "
+                f"{len(view)} stored episode(s), none long enough"
+                + ("" if spec.pad else "; pass pad='zero' or 'repeat' to use short ones")
+            )
+        plan = box["plan"] = plan_clips(view, spec, pick(view, total), keys)
+        return {k: (k, plan.rows[k]) for k in keys}
+
+    got = gather(fn)
+    plan = box["plan"]
+    out = finish_clips(plan, got, spec)
+    if spec.pad:
+        out["is_pad"] = plan.is_pad
+    return out
+
+
+def gather_nstep(
+    gather: Gather, spec: NStepSpec, keys: list[str], pick: Pick
+) -> dict[str, np.ndarray]:
+    """n-step transitions: data keys at ``t`` (stacked for observations if
+    ``frame_stack``), ``next_obs`` (mirroring the observation key or group), ``return``,
+    ``discount`` (gamma^steps, 0 when the window ends in a termination), ``n_steps`` and
+    ``terminated_n``."""
+    reward, obs, nxt = spec.resolve(keys)
+    obs_root = spec.obs_key or _common_root(obs)
+    box = {}
+
+    def fn(view: EpisodeView) -> dict:
+        total = num_nstep(view, bool(nxt))
+        if total == 0:
+            raise EmptyBufferError("no transitions to sample (the buffer holds no usable steps)")
+        plan = box["plan"] = plan_nstep(view, spec, pick(view, total), keys, reward, obs, nxt)
+        return plan.requests
+
+    got = gather(fn)
+    return finish_nstep(box["plan"], got, spec, obs_root)
+
+
+def _common_root(obs: list[str]) -> str:
+    if len(obs) == 1:
+        return obs[0]
+    parts = [k.split("/") for k in obs]
+    common = []
+    for level in zip(*parts, strict=False):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return "/".join(common)
+
+
+def num_clips(view: EpisodeView, spec: ClipSpec) -> int:
+    return spec.num_clips(view)
+
+
+def episode_table(view: EpisodeView) -> dict[str, np.ndarray]:
+    """Per-episode columns of the visible episodes, oldest first."""
+    return {
+        "episode": view.ids.copy(),
+        "length": view.length.copy(),
+        "first_step": view.first_step.copy(),
+        "terminated": view.terminated.copy(),
+        "truncated": view.truncated.copy(),
+    }
+
+
+def gather_episode(gather: Gather, keys: list[str], e: int) -> dict[str, np.ndarray]:
+    """Every visible step of episode ``e`` (``-len <= e < len``) as ``[L, ...]`` arrays."""
+
+    def fn(view: EpisodeView) -> dict:
+        n = len(view)
+        if not -n <= e < n:
+            raise IndexError(f"episode {e} out of range for {n} episodes")
+        ep = e % n
+        rows = view.rows(np.full(int(view.length[ep]), ep), np.arange(int(view.length[ep])))
+        return {k: (k, rows) for k in keys}
+
+    return gather(fn)
+
+
+def as_nested(flat: Mapping[str, np.ndarray]) -> dict:
+    from .schema import unflatten
+
+    return unflatten(dict(flat))

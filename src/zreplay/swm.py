@@ -1,0 +1,446 @@
+"""``zreplay.ReplayBuffer``: stable-worldmodel's ``ReplayBuffer`` contract, persistent.
+
+Same constructor, ``Writer`` protocol (``write_episode``/``write_episodes``, context
+manager), ``Dataset`` protocol (``__len__`` = valid clips, ``__getitem__`` = one clip),
+sampler hook ``fn(step, buffer, batch_size, history_len) -> flat clip indices`` with an
+auto-incrementing step, frameskip (observation columns strided, ``action`` dense and
+reshaped to ``(history_len, frameskip * action_dim)``), whole-episode FIFO eviction at
+``max_steps`` and the same ``ValueError`` messages.  On top of it:
+
+* every episode is committed to a Zarr store (``path=``; a private temporary one without);
+  reopening ``path`` resumes the episodes, the step counter and the random stream;
+* dtypes are checked (stable-worldmodel silently casts);
+* DataLoader workers reopen the store read-only instead of using a forked copy, so
+  episodes written after the workers started become visible to them;
+* n-step returns, padded clips (``pad="zero" | "repeat"`` with an ``is_pad`` mask) and
+  ``dump(..., format="hdf5" | "zarr")``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from . import sampling
+from .engine.core import Engine, Prepared
+from .engine.ramtier import RamPolicy
+from .episodes import ClipSpec, NStepSpec
+from .errors import SchemaError
+from .schema import as_numpy, flatten, unflatten
+
+EPISODE_DATA_KEY = "_episode_data"
+DEFAULT_RAM_BYTES = 1 << 30
+
+
+def classic_filter(ep: Mapping[str, Any]) -> dict[str, Any]:
+    """stable-worldmodel's filter: keep pixels, action, reward, terminated, truncated."""
+    keep = ("pixels", "action", "reward", "terminated", "truncated")
+    return {k: v for k, v in ep.items() if k in keep}
+
+
+class ReplayBuffer(torch.utils.data.Dataset):
+    """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
+
+    Args (stable-worldmodel's):
+        max_steps: capacity in steps; the oldest whole episodes are evicted (FIFO) so
+            that at most ``max_steps`` are stored.  Reaching it exactly evicts nothing.
+        history_len: frames per clip for ``__len__``/``__getitem__``/``sample``.
+        frameskip: distance between a clip's frames; a clip spans
+            ``history_len * frameskip`` steps and ``action`` is kept dense over it.
+        sampler: ``fn(step, buffer, batch_size, history_len) -> flat clip indices``.
+        transform: applied to each clip returned by ``__getitem__`` (not by ``sample``).
+        key_filter: ``fn(episode_dict) -> episode_dict`` applied before writing.
+
+    Args (zreplay's):
+        path: buffer directory (Zarr v3).  An existing buffer is resumed.  ``None``: a
+            private temporary store removed on ``close()``.
+        pad: ``None`` (clips lie inside episodes; shorter episodes give none), ``"zero"``
+            or ``"repeat"``: clips may start before an episode's first step (their last
+            frame is real), padded frames zeroed or repeated, ``is_pad`` marks them.
+        action_keys: columns kept dense under frameskip (default ``("action",)``).
+        seed: seed of the private random generator (saved with the buffer).
+        ram_budget_bytes: RAM kept for decoded recent steps (the rest reads from disk).
+        overwrite: start fresh even if ``path`` holds a buffer.
+        durable: fsync before each commit is published.
+    """
+
+    def __init__(
+        self,
+        max_steps: int,
+        history_len: int = 1,
+        frameskip: int = 1,
+        sampler: Callable | None = None,
+        transform: Callable | None = None,
+        key_filter: Callable | None = None,
+        path: str | Path | None = None,
+        *,
+        pad: str | None = None,
+        action_keys: Iterable[str] = ("action",),
+        seed: int | None = None,
+        ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
+        layout: Mapping[str, Mapping] | None = None,
+        overwrite: bool = False,
+        writer_id: str = "default",
+        durable: bool = True,
+        break_lock: bool = False,
+    ):
+        if int(max_steps) <= 0:
+            raise ValueError(f"max_steps must be > 0, got {max_steps}")
+        self.max_steps = int(max_steps)
+        self.spec = ClipSpec(history_len, frameskip, pad, tuple(action_keys))
+        self.history_len, self.frameskip, self.pad = history_len, frameskip, pad
+        self.sampler, self.transform, self.key_filter = sampler, transform, key_filter
+        self._seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else seed
+        self._rng = np.random.default_rng(self._seed)
+        self._step = 0
+        self._warned_episode_data = False
+        self._pid = os.getpid()
+        self._replica = None
+        self._engine = Engine(
+            path,
+            writer_id=writer_id,
+            capacity=self.max_steps,
+            ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
+            layout=layout,
+            durable=durable,
+            overwrite=overwrite,
+            break_lock=break_lock,
+            sampler_state=_weak(self._sampler_state),
+        )
+        self.path = self._engine.path
+        state = self._engine.commit.sampler
+        if state.get("kind") == "swm":
+            self._step = int(state["step"])
+            self._rng.bit_generator.state = dict(state["rng"])
+            self._seed = int(state["seed"])
+
+    def _sampler_state(self) -> dict:
+        return {
+            "kind": "swm",
+            "step": self._step,
+            "seed": self._seed,
+            "rng": self._rng.bit_generator.state,
+        }
+
+    # -- Writer protocol --------------------------------------------------------------
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._engine.closed:
+            self._engine.flush()
+
+    def write_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> None:
+        for ep in episodes:
+            self.write_episode(ep)
+
+    def write_episode(self, ep: Mapping[str, Any]) -> None:
+        """Append one episode: ``{column: per-step values}`` (a list of per-step arrays or
+        one array with a leading step axis; nested dicts allowed).
+
+        No-ops: an empty dict, a dict emptied by ``key_filter``, a zero-length episode.
+        ``ValueError`` (nothing written): a scalar column, columns of unequal length, an
+        episode longer than ``max_steps``, a column set, per-step shape or dtype that
+        differs from the first episode's.
+        """
+        if not ep:
+            return
+        ep = dict(ep)
+        if EPISODE_DATA_KEY in ep:
+            ep.pop(EPISODE_DATA_KEY)
+            if not self._warned_episode_data:
+                warnings.warn(
+                    "zreplay.ReplayBuffer stores per-step columns only; '_episode_data' "
+                    "was dropped",
+                    stacklevel=2,
+                )
+                self._warned_episode_data = True
+        if self.key_filter is not None:
+            ep = dict(self.key_filter(ep))
+            if not ep:
+                return
+        cols = {k: _per_step(k, v) for k, v in flatten(ep).items()}
+        lengths = {k: len(v) for k, v in cols.items()}
+        n = next(iter(lengths.values()))
+        for k, ln in lengths.items():
+            if ln != n:
+                raise SchemaError(f"column {k!r} has length {ln}, expected {n}")
+        if n == 0:
+            return
+        if n > self.max_steps:
+            raise SchemaError(f"episode length {n} exceeds max_steps={self.max_steps}")
+        self._check_schema(cols)
+        self._engine.add(
+            [Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)]
+        )
+
+    def _check_schema(self, cols: Mapping[str, np.ndarray]) -> None:
+        schema = self._engine.schema
+        if schema is None:
+            return
+        missing = sorted(set(schema.keys) - set(cols))
+        extra = sorted(set(cols) - set(schema.keys))
+        if missing or extra:
+            raise SchemaError(
+                f"ReplayBuffer.write_episode: schema mismatch. missing={missing}, extra={extra}"
+            )
+        for k, v in cols.items():
+            spec = schema.specs[k]
+            if tuple(v.shape[1:]) != tuple(spec.row_shape):
+                raise SchemaError(
+                    f"column {k!r} per-step shape {tuple(v.shape[1:])} mismatches expected "
+                    f"{tuple(spec.row_shape)}"
+                )
+            if v.dtype != spec.dtype:
+                raise SchemaError(
+                    f"column {k!r} dtype {v.dtype} mismatches expected {spec.dtype} (cast it "
+                    "explicitly; stable-worldmodel would silently truncate)"
+                )
+
+    def flush(self) -> None:
+        """Wait until every written episode is committed to the store."""
+        self._engine.flush()
+
+    def close(self) -> None:
+        """Commit, save the step counter and release the writer lock (idempotent)."""
+        self._engine.close()
+
+    # -- shape of the contents --------------------------------------------------------
+
+    def _view(self):
+        return self._engine.index.episodes()
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self._view())
+
+    @property
+    def num_steps_stored(self) -> int:
+        return self._engine.index.visible_rows
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Stored episode lengths, oldest first."""
+        return self._view().length.copy()
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Logical start of each stored episode (oldest = 0)."""
+        ln = self._view().length
+        return np.concatenate([[0], np.cumsum(ln)[:-1]]).astype(np.int64) if len(ln) else ln
+
+    @property
+    def column_names(self) -> list[str]:
+        schema = self._engine.schema
+        return [] if schema is None else list(schema.keys)
+
+    @property
+    def step(self) -> int:
+        """The sampler step counter (incremented by every ``sample`` without ``step=``)."""
+        return self._step
+
+    def num_valid_ends(self, history_len: int | None = None) -> int:
+        """Number of valid clips of ``history_len`` frames (``frameskip`` apart)."""
+        return self._clip_spec(history_len).num_clips(self._view())
+
+    def _clip_spec(self, history_len: int | None) -> ClipSpec:
+        h = self.spec.history_len if history_len is None else history_len
+        if h == self.spec.history_len:
+            return self.spec
+        return ClipSpec(h, self.spec.frameskip, self.spec.pad, self.spec.action_keys)
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (id, length, first_step, terminated, truncated)."""
+        return sampling.episode_table(self._view())
+
+    # -- reading ----------------------------------------------------------------------
+
+    def _gather(self, fn, alloc=None) -> dict[str, np.ndarray]:
+        return self._engine.draw_and_gather(lambda index: fn(index.episodes()), alloc=alloc)[1]
+
+    def _keys(self) -> list[str]:
+        return self.column_names
+
+    def sample(
+        self, batch_size: int, history_len: int | None = None, step: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """``batch_size`` clips ``{column: [batch, history_len, ...]}`` (numpy, no
+        transform), chosen by the sampler hook or uniformly over all valid clips."""
+        if int(batch_size) <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        spec = self._clip_spec(history_len)
+        if step is None:
+            step = self._step
+            self._step += 1
+        if self.sampler is None:
+            pick = sampling.uniform(self._rng, int(batch_size))
+        else:
+            idx = np.asarray(self.sampler(step, self, int(batch_size), spec.history_len))
+            if idx.shape != (int(batch_size),):
+                raise ValueError(
+                    f"sampler returned shape {idx.shape}, expected ({int(batch_size)},)"
+                )
+            pick = sampling.fixed(idx)
+        return unflatten(sampling.gather_clips(self._gather, spec, self._keys(), pick))
+
+    def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
+        """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
+        ``t``, ``next_obs`` up to ``n`` steps ahead, ``return``, ``discount``,
+        ``n_steps``, ``terminated_n``."""
+        if int(batch_size) <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        keys = kw.pop("keys", None) or self._keys()
+        spec = NStepSpec(n, gamma, **kw)
+        pick = sampling.uniform(self._rng, int(batch_size))
+        return unflatten(sampling.gather_nstep(self._gather, spec, keys, pick))
+
+    def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
+        """Stored episodes, oldest first, as ``{column: [per-step arrays]}`` (what
+        ``write_episode`` accepts)."""
+        for e in range(self.num_episodes):
+            got = sampling.gather_episode(self._gather, self._keys(), e)
+            yield unflatten({k: list(v) for k, v in got.items()})
+
+    def clear(self) -> None:
+        """Drop every episode (on disk too); the schema stays locked, the step counter
+        and random stream go on."""
+        self._engine.clear()
+
+    def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite", **kw) -> None:
+        """Write the stored episodes to ``path`` as ``"hdf5"`` (one file) or ``"zarr"`` (a
+        zreplay buffer directory).  ``mode``: ``"overwrite"`` | ``"append"`` | ``"error"``."""
+        from .formats import dump
+
+        dump(self, path, format=format, mode=mode, **kw)
+
+    # -- Dataset protocol ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if os.getpid() != self._pid:
+            return self._worker_view().num_clips(*self._spec_args())
+        return self.num_valid_ends()
+
+    def _spec_args(self) -> tuple:
+        return (self.spec.history_len, self.spec.frameskip, self.spec.pad)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        if os.getpid() != self._pid:
+            return self._worker_getitem(int(idx))
+        n = len(self)
+        if n == 0:
+            raise IndexError("ReplayBuffer is empty")
+        if not -n <= idx < n:
+            raise IndexError(idx)
+        got = sampling.gather_clips(
+            self._gather, self.spec, self._keys(), sampling.fixed([int(idx) % n])
+        )
+        clip = unflatten({k: v[0] for k, v in got.items()})
+        return self.transform(clip) if self.transform is not None else clip
+
+    # DataLoader workers: never touch the parent's engine (its threads do not survive a
+    # fork); open the committed store read-only and follow it with refresh().
+
+    def _worker_view(self):
+        if self._replica is None or self._replica[0] != os.getpid():
+            from .view import BufferView
+
+            self._replica = (os.getpid(), BufferView(self.path))
+        return self._replica[1]
+
+    def _worker_getitem(self, idx: int) -> dict[str, Any]:
+        view = self._worker_view()
+        deadline = time.monotonic() + 10.0
+        while True:
+            n = view.num_clips(*self._spec_args())
+            if -n <= idx < n and n:
+                break
+            if idx < 0 or time.monotonic() > deadline:
+                raise IndexError(idx)
+            time.sleep(0.01)  # the parent has not committed that episode yet
+            view.refresh()
+        clip = view.clips(
+            [idx % n], *self._spec_args(), keys=None, action_keys=self.spec.action_keys
+        )
+        clip = _first(clip)
+        return self.transform(clip) if self.transform is not None else clip
+
+    def refresh(self) -> bool:
+        """In a DataLoader worker: pick up episodes committed since it started."""
+        if os.getpid() != self._pid:
+            return self._worker_view().refresh()
+        return False
+
+    def __getstate__(self) -> dict:
+        # Pickled for spawn-started workers: a read-only replica by path.
+        self.flush()
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_engine", "_replica")}
+        state["_pid"] = -1
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._replica = None
+        self._engine = _NoEngine(self.path)
+
+    def __repr__(self) -> str:
+        return (
+            f"<zreplay.ReplayBuffer {self.path}: {self.num_episodes} episodes, "
+            f"{self.num_steps_stored}/{self.max_steps} steps, columns={self.column_names}>"
+        )
+
+
+class _NoEngine:
+    """Stands in for the engine in an unpickled replica (read through a view only)."""
+
+    closed = True
+
+    def __init__(self, path):
+        self.path = path
+
+    def __getattr__(self, name):
+        raise RuntimeError(
+            "this ReplayBuffer is a read-only replica in a DataLoader worker; write "
+            "through the original object"
+        )
+
+
+def _coerce(value: Any, key: str) -> np.ndarray:
+    if type(value).__module__.startswith("torch"):
+        return as_numpy(value, key)
+    return np.asarray(value)
+
+
+def _per_step(key: str, value: Any) -> np.ndarray:
+    if isinstance(value, (list, tuple)):
+        steps = [_coerce(v, key) for v in value]
+        arr = np.stack(steps) if steps else np.zeros((0,))
+    else:
+        arr = _coerce(value, key)
+    if arr.ndim == 0:
+        raise SchemaError(f"column {key!r} is scalar; expected a per-step array")
+    return np.ascontiguousarray(arr)
+
+
+def _first(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _first(v) for k, v in tree.items()}
+    return tree[0]
+
+
+def _weak(method):
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        m = ref()
+        return m() if m is not None else {}
+
+    return call
