@@ -5,6 +5,8 @@ Public names:
 * :class:`TrajectoryReplayBuffer`, :class:`Trajectory`: RLinf 0.3's API on a Zarr store.
 * :class:`ReplayBuffer`: stable-worldmodel's episode buffer/Dataset, persistent.
 * :func:`open`: a read-only, dataset-like view of a buffer directory.
+* :class:`ClipDataset`, :class:`ReplayDataset`: PyTorch datasets over buffers and views.
+* :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :mod:`zreplay.errors`: the exception hierarchy.
@@ -24,6 +26,8 @@ from .errors import (
     WriteFailedError,
     WriterLockedError,
 )
+from .data import ClipDataset, ReplayDataset
+from .formats import dump, iter_hdf5, load_hdf5
 from .rlinf.buffer import TrajectoryReplayBuffer
 from .rlinf.files import import_rlinf
 from .rlinf.trajectory import Trajectory
@@ -36,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BufferClosedError",
     "BufferView",
+    "ClipDataset",
     "CapacityError",
     "CorruptBufferError",
     "EmptyBufferError",
@@ -44,6 +49,7 @@ __all__ = [
     "KeyNameError",
     "PickleRefusedError",
     "ReplayBuffer",
+    "ReplayDataset",
     "SchemaError",
     "Trajectory",
     "TrajectoryReplayBuffer",
@@ -51,7 +57,10 @@ __all__ = [
     "WriteFailedError",
     "WriterLockedError",
     "errors",
+    "dump",
     "import_rlinf",
+    "iter_hdf5",
+    "load_hdf5",
     "open",
     "verify",
 ]

@@ -8,6 +8,7 @@ picks up what they have committed since.  Positions (``sample``, ``__getitem__``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,15 +40,37 @@ class BufferView:
         self.root = BufferRoot(path)
         self.path = self.root.path
         self.root.read_meta()  # fails fast on a non-buffer
+        self._seed = seed
         self._rng = np.random.default_rng(seed)
+        self._pid = os.getpid()
         self._segs: dict[str, _SegmentState] = {}
         self.schema = None
         self.refresh()
+
+    # A view handed to DataLoader workers reopens the store in each worker instead of
+    # using handles (and TensorStore threads) inherited from the parent.
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._segs = {}
+            self.schema = None
+            self._rng = np.random.default_rng()  # workers must not replay the parent's draws
+            self.refresh()
+
+    def __getstate__(self) -> dict:
+        return {"path": str(self.path), "seed": self._seed}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], seed=None)
 
     # -- discovery ------------------------------------------------------------------
 
     def refresh(self) -> bool:
         """Re-read every segment's commit; returns True if anything new became visible."""
+        if os.getpid() != self._pid:
+            self._check_process()
+            return True
         changed = False
         if self.schema is None:
             self.schema, self._layouts = self.root.schema()
@@ -120,6 +143,9 @@ class BufferView:
         """Stored key paths, e.g. ``["actions", "curr_obs/main_images", ...]``."""
         return [] if self.schema is None else self.schema.keys
 
+    def _keys(self) -> list[str]:
+        return self.keys()
+
     def __len__(self) -> int:
         return self.num_rows
 
@@ -132,6 +158,7 @@ class BufferView:
     # -- reads ----------------------------------------------------------------------
 
     def _read_positions(self, pos: np.ndarray, keys: list[str]) -> dict[str, np.ndarray]:
+        self._check_process()
         seg_of = np.searchsorted(self._cum_rows, pos, side="right") - 1
         out = {
             k: np.empty((len(pos), *self.schema.specs[k].row_shape), self.schema.specs[k].dtype)
@@ -157,6 +184,7 @@ class BufferView:
 
     def _gather(self, fn) -> dict[str, np.ndarray]:
         """Sampling-module gather: ``fn(episodes) -> {name: (key, positions)}``."""
+        self._check_process()
         for _ in range(_RETRIES):
             requests = fn(self.episodes())
             groups: dict[int, tuple] = {}

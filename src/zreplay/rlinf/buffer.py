@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import sampling
 from ..engine.core import Engine, RamPolicy
+from ..episodes import ClipSpec, NStepSpec
 from ..errors import EmptyBufferError, FormatError
 from ..prefetch import Prefetcher
 from ..schema import unflatten
@@ -61,6 +63,9 @@ class TrajectoryReplayBuffer:
         writer_id: name of this writer's segment (one writer per segment).
         durable: fsync before publishing each commit (power-loss safety).
         break_lock: take over a writer lock left by a dead writer on another host.
+        continue_episodes: default of ``add_trajectories(continues=)``: each trajectory's
+            environment lanes continue the episodes the same lanes of the previous
+            trajectory left running (consecutive rollout chunks of the same envs).
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class TrajectoryReplayBuffer:
         writer_id: str = "default",
         durable: bool = True,
         break_lock: bool = False,
+        continue_episodes: bool = False,
     ):
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
@@ -98,6 +104,7 @@ class TrajectoryReplayBuffer:
             if cache_size is None and ram_budget_bytes is None:
                 ram_budget_bytes = DEFAULT_IN_MEMORY_RAM_BYTES
         self.cache_size = cache_size
+        self.continue_episodes = continue_episodes
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._num_sampled = 0
         self._engine = Engine(
@@ -134,7 +141,7 @@ class TrajectoryReplayBuffer:
 
     # -- RLinf API ------------------------------------------------------------------
 
-    def add_trajectories(self, trajectories: Iterable[Any]) -> list[int]:
+    def add_trajectories(self, trajectories: Iterable[Any], *, continues=None) -> list[int]:
         """Append trajectories; returns their ids.
 
         Each item: a :class:`zreplay.Trajectory`, an RLinf ``Trajectory`` or a dict of
@@ -142,8 +149,16 @@ class TrajectoryReplayBuffer:
         before any is written; on error nothing is added.  Compression and the commit
         happen on a background thread: call :meth:`flush` to wait for them.  The caller
         may reuse its tensors as soon as this returns.
+
+        Episodes are cut after every step whose ``terminations``/``truncations`` (or
+        ``dones``) flag is set.  ``continues`` (bool or ``[B]`` bools; default
+        ``continue_episodes``): lane ``b``'s first step continues the episode lane ``b``
+        of the previous trajectory left running, so episodes may span trajectories.
         """
+        cont = self.continue_episodes if continues is None else continues
         items = [prepare(t) for t in trajectories]
+        for it in items:
+            it.continues = cont
         return self._engine.add(items)
 
     def sample(
@@ -335,6 +350,61 @@ class TrajectoryReplayBuffer:
         self._num_sampled = 0
 
     # -- RLinf files ----------------------------------------------------------------
+
+    # -- episodes, clips and n-step (zreplay) -------------------------------------------
+
+    def _gather(self, fn, alloc=None) -> dict:
+        return self._engine.draw_and_gather(lambda index: fn(index.episodes()), alloc=alloc)[1]
+
+    def _keys(self) -> list[str]:
+        schema = self._engine.schema
+        return [] if schema is None else list(schema.keys)
+
+    def _view(self):
+        return self._engine.index.episodes()
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes (whole or partly) in the visible trajectories."""
+        return len(self._view())
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (id, length, first_step, terminated, truncated)."""
+        return sampling.episode_table(self._view())
+
+    def sample_clips(
+        self,
+        num_clips: int,
+        history_len: int,
+        frameskip: int = 1,
+        pad: str | None = None,
+        action_keys: tuple[str, ...] = ("actions",),
+    ) -> dict[str, Any]:
+        """Clips ``[num_clips, history_len, ...]`` (tensors) uniformly over every valid
+        window of every episode in the buffer; never across an episode boundary."""
+        spec = ClipSpec(history_len, frameskip, pad, action_keys)
+        got = sampling.gather_clips(
+            self._gather, spec, self._keys(), sampling.uniform(self._rng, int(num_clips))
+        )
+        return unflatten({k: torch.from_numpy(v) for k, v in got.items()})
+
+    def sample_nstep(self, num_chunks: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
+        """Transitions with n-step returns (tensors); ``next_obs`` n steps ahead from the
+        stored ``next_obs`` (see :class:`zreplay.episodes.NStepSpec` for ``kw``)."""
+        kw.setdefault(
+            "obs_key", "curr_obs" if "curr_obs" in {k.split("/")[0] for k in self._keys()} else None
+        )
+        spec = NStepSpec(n, gamma, **kw)
+        got = sampling.gather_nstep(
+            self._gather, spec, self._keys(), sampling.uniform(self._rng, int(num_chunks))
+        )
+        return unflatten({k: torch.from_numpy(v) for k, v in got.items()})
+
+    def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite") -> None:
+        """Write every episode as ``"hdf5"`` or a ``"zarr"`` episode buffer."""
+        from ..formats import dump
+
+        dump(self, path, format=format, mode=mode)
 
     def export(self, path: str, format: str | None = None) -> int:
         """Write RLinf 0.3's on-disk layout (``trajectory_{id}_{weights}.pt|.pkl``,
