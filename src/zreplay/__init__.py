@@ -13,6 +13,7 @@ Public names:
 """
 
 from . import errors
+from .data import ClipDataset, ReplayDataset
 from .errors import (
     BufferClosedError,
     CapacityError,
@@ -26,7 +27,6 @@ from .errors import (
     WriteFailedError,
     WriterLockedError,
 )
-from .data import ClipDataset, ReplayDataset
 from .formats import dump, iter_hdf5, load_hdf5
 from .rlinf.buffer import TrajectoryReplayBuffer
 from .rlinf.files import import_rlinf
