@@ -186,15 +186,16 @@ def hdf5_info(path: str | Path) -> dict[str, Any]:
         }
 
 
-def load_hdf5(path: str | Path, max_steps: int | None = None, **kw):
+def load_hdf5(h5_path: str | Path, max_steps: int | None = None, **kw):
     """A :class:`zreplay.ReplayBuffer` holding the episodes of a zreplay HDF5 file
-    (``max_steps`` defaults to the file's total steps; ``kw`` go to ``ReplayBuffer``)."""
+    (``max_steps`` defaults to the file's total steps; ``kw`` go to ``ReplayBuffer``,
+    e.g. ``path=`` for a persistent buffer)."""
     from .swm import ReplayBuffer
 
-    info = hdf5_info(path)
+    info = hdf5_info(h5_path)
     rb = ReplayBuffer(max(1, max_steps or info["steps"]), **kw)
     try:
-        rb.write_episodes(iter_hdf5(path))
+        rb.write_episodes(iter_hdf5(h5_path))
         rb.flush()
     except BaseException:
         rb.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import tensorstore as ts
 import zarr
 
 from ..episodes import PIECE_COLUMNS
-from ..errors import CorruptBufferError
+from ..errors import CorruptBufferError, ZReplayError
 from ..schema import KeySpec, Schema
 from .commit import Commit, read_commit
 from .layout import KeyLayout
@@ -38,6 +39,48 @@ TRAJ_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     "model_weights_id": ("uint8", (WEIGHTS_ID_BYTES,)),
     "piece_end": ("int64", ()),  # episode pieces [piece_end[i-1], piece_end[i]) are its
 }
+
+
+# TensorStore aborts a forked child that touches it ("fork() use detected"); zarr-python
+# resets its event loop after a fork.  So a process forked from another (DataLoader workers
+# under the default "fork" start method) reads through zarr-python instead: same files,
+# same checksums, slower per call.
+_FORKED = False
+_WARNED_FORK = False
+
+
+def _mark_forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+class _ZarrArray:
+    """The read subset of a TensorStore handle (``shape``, ``[sel].read().result()``)
+    over zarr-python, for forked processes."""
+
+    def __init__(self, path: Path):
+        self._arr = zarr.open_array(str(path), mode="r")
+        self.shape = self._arr.shape
+
+    def __getitem__(self, sel) -> _ZarrRead:
+        return _ZarrRead(self._arr, sel)
+
+
+class _ZarrRead:
+    def __init__(self, arr, sel):
+        self._arr, self._sel = arr, sel
+
+    def read(self) -> _ZarrRead:
+        return self
+
+    def result(self) -> np.ndarray:
+        if isinstance(self._sel, np.ndarray):
+            return self._arr.get_orthogonal_selection((self._sel,))
+        return self._arr[self._sel]
 
 
 def _grow(current: int, needed: int, unit: int) -> int:
@@ -57,10 +100,33 @@ class ArrayHandle:
         self.store = self._open()
 
     def _open(self) -> ts.TensorStore:
+        if _FORKED:
+            return self._open_forked()
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
         try:
             return ts.open(spec, read=True, write=self._writable, context=self._context).result()
         except Exception as e:  # TensorStore raises ValueError/OSError variants
+            raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
+
+    def _open_forked(self) -> _ZarrArray:
+        global _WARNED_FORK
+        if self._writable:
+            raise ZReplayError(
+                "a buffer cannot be written from a forked child process (TensorStore does "
+                "not survive fork); start writer processes with the 'spawn' or "
+                "'forkserver' multiprocessing context"
+            )
+        if not _WARNED_FORK:
+            _WARNED_FORK = True
+            warnings.warn(
+                "zreplay: reading in a forked process through zarr-python (slower); pass "
+                "multiprocessing_context='spawn' or 'forkserver' to DataLoader for "
+                "TensorStore-speed reads in workers",
+                stacklevel=4,
+            )
+        try:
+            return _ZarrArray(self.path)
+        except Exception as e:  # noqa: BLE001 - zarr raises many kinds
             raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
 
     @property

@@ -1,0 +1,329 @@
+"""zreplay.ReplayBuffer against stable-worldmodel's ReplayBuffer edge cases, plus
+persistence, dumps and DataLoader workers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import zreplay
+from zreplay.errors import SchemaError
+
+
+def episode(L, base=0, adim=2):
+    """Columns whose values encode (base, step): pixels[t] = base + t."""
+    t = np.arange(L)
+    return {
+        "pixels": (base + t).astype(np.int64)[:, None, None] * np.ones((1, 2, 2), np.int64),
+        "action": ((base + t)[:, None] * 10 + np.arange(adim)).astype(np.float32),
+        "reward": np.full(L, 0.5, np.float32),
+        "terminated": t == L - 1,
+    }
+
+
+def fill(rb, lengths):
+    for i, L in enumerate(lengths):
+        rb.write_episode(episode(L, base=1000 * (i + 1)))
+
+
+@pytest.fixture
+def rb(tmp_path):
+    b = zreplay.ReplayBuffer(100, path=tmp_path / "rb", seed=0)
+    yield b
+    b.close()
+
+
+def test_empty_and_zero_length_episodes_are_no_ops(rb):
+    rb.write_episode({})
+    rb.write_episode({"pixels": np.zeros((0, 2, 2)), "action": np.zeros((0, 2))})
+    rb.write_episode({"pixels": []})
+    assert rb.num_episodes == 0 and rb.column_names == [] and len(rb) == 0
+    with pytest.raises(IndexError, match="empty"):
+        rb[0]
+    with pytest.raises(RuntimeError, match="no clips of history_len=1"):
+        rb.sample(4)
+
+
+def test_key_filter_can_make_a_no_op(tmp_path):
+    b = zreplay.ReplayBuffer(10, key_filter=zreplay.swm.classic_filter)
+    b.write_episode({"state": np.zeros(3)})
+    assert b.num_episodes == 0
+    b.write_episode({"pixels": np.zeros((3, 2)), "state": np.zeros(3)})
+    assert b.column_names == ["pixels"]
+    b.close()
+
+
+def test_rejections_raise_value_errors_before_writing(rb):
+    with pytest.raises(ValueError, match="'reward' is scalar; expected a per-step array"):
+        rb.write_episode({"reward": np.float32(1.0)})
+    with pytest.raises(ValueError, match="has length 3, expected 4"):
+        rb.write_episode({"a": np.zeros(4), "b": np.zeros(3)})
+    with pytest.raises(ValueError, match="episode length 101 exceeds max_steps=100"):
+        rb.write_episode(episode(101))
+    fill(rb, [5])
+    with pytest.raises(ValueError, match=r"schema mismatch. missing=\['reward'\], extra=\[\]"):
+        rb.write_episode({k: v for k, v in episode(3).items() if k != "reward"})
+    with pytest.raises(ValueError, match=r"missing=\[\], extra=\['x'\]"):
+        rb.write_episode({**episode(3), "x": np.zeros(3)})
+    with pytest.raises(ValueError, match=r"'action' per-step shape \(3,\) mismatches expected"):
+        rb.write_episode(episode(3, adim=3))
+    bad = episode(3)
+    bad["reward"] = bad["reward"].astype(np.float64)
+    with pytest.raises(SchemaError, match="'reward' dtype float64 mismatches expected float32"):
+        rb.write_episode(bad)
+    assert rb.num_episodes == 1 and rb.num_steps_stored == 5
+
+
+def test_lists_of_per_step_arrays_and_tensors_are_accepted(rb):
+    ep = episode(4)
+    rb.write_episode({k: [torch.as_tensor(x) for x in v] for k, v in ep.items()})
+    got = next(rb.episodes())
+    assert isinstance(got["pixels"], list) and len(got["pixels"]) == 4
+    for k in ep:
+        assert np.array_equal(np.stack(got[k]), ep[k])
+
+
+def test_fifo_eviction_of_whole_episodes(rb):
+    fill(rb, [40, 30, 30])  # exactly 100: no eviction
+    assert rb.num_episodes == 3 and rb.num_steps_stored == 100
+    rb.write_episode(episode(10, base=9000))  # evicts one
+    assert list(rb.lengths) == [30, 30, 10]
+    rb.write_episode(episode(90, base=8000))  # evicts many
+    assert list(rb.lengths) == [10, 90]
+    seen = {int(x) // 1000 for x in rb.sample(500, history_len=1)["pixels"][:, 0, 0, 0]}
+    assert seen == {8, 9}  # evicted data never comes back
+    assert list(rb.offsets) == [0, 10]
+
+
+def test_many_wraps_keep_episodes_intact(rb):
+    for i in range(60):
+        L = 7 + i % 13
+        rb.write_episode(episode(L, base=1000 * (i + 1)))
+        assert rb.num_steps_stored <= 100
+    for ep, L in zip(rb.episodes(), rb.lengths, strict=True):
+        pix = np.stack(ep["pixels"])[:, 0, 0]
+        assert len(pix) == L and np.all(np.diff(pix) == 1) and pix[0] % 1000 == 0
+
+
+def test_clips_never_cross_episodes_and_counts_follow_the_span(rb):
+    fill(rb, [10, 3, 7])
+    assert rb.num_valid_ends(1) == 20 and rb.num_valid_ends(4) == 7 + 0 + 4
+    b = rb.sample(256, history_len=4)
+    pix = b["pixels"][:, :, 0, 0]
+    assert pix.shape == (256, 4)
+    assert np.all(np.diff(pix, axis=1) == 1) and np.all(pix // 1000 == pix[:, :1] // 1000)
+    assert not np.any(pix // 1000 == 2)  # the 3-step episode is too short
+
+
+def test_frameskip_strides_observations_and_keeps_actions_dense(tmp_path):
+    b = zreplay.ReplayBuffer(100, history_len=4, frameskip=2)
+    b.write_episode(episode(10, base=1000))
+    assert len(b) == 3  # length 10, span 8
+    clip = b[1]
+    assert list(clip["pixels"][:, 0, 0]) == [1001, 1003, 1005, 1007]
+    assert clip["action"].shape == (4, 4)  # (history_len, frameskip * action_dim)
+    want = np.array(
+        [[(1001 + s) * 10 + a for s in (2 * i, 2 * i + 1) for a in (0, 1)] for i in range(4)],
+        np.float32,
+    )
+    assert np.array_equal(clip["action"], want)
+    assert list(clip["reward"]) == [0.5] * 4
+    b.close()
+
+
+def test_padding_uses_short_episodes_and_marks_pads(tmp_path):
+    b = zreplay.ReplayBuffer(100, history_len=3, pad="repeat")
+    b.write_episode(episode(2, base=1000))
+    assert len(b) == 2
+    assert list(b[0]["pixels"][:, 0, 0]) == [1000, 1000, 1000]
+    assert list(b[0]["is_pad"]) == [True, True, False]
+    assert list(b[1]["pixels"][:, 0, 0]) == [1000, 1000, 1001]
+    z = zreplay.ReplayBuffer(100, history_len=3, pad="zero")
+    z.write_episode(episode(2, base=1000))
+    assert list(z[-1]["pixels"][:, 0, 0]) == [0, 1000, 1001]
+    b.close(), z.close()
+
+
+def test_sampler_hook_shape_range_and_step_counter(rb):
+    fill(rb, [10, 10])
+    calls = []
+
+    def sampler(step, buf, batch, h):
+        calls.append((step, batch, h))
+        return np.arange(batch) % buf.num_valid_ends(h)
+
+    rb.sampler = sampler
+    rb.sample(3)
+    rb.sample(3, history_len=2)
+    rb.sample(3, step=100)  # explicit step: passed through, counter unchanged
+    rb.sample(3)
+    assert calls == [(0, 3, 1), (1, 3, 2), (100, 3, 1), (2, 3, 1)]
+    rb.sampler = lambda step, buf, batch, h: np.zeros((batch, 1), np.int64)
+    with pytest.raises(ValueError, match=r"returned shape \(3, 1\), expected \(3,\)"):
+        rb.sample(3)
+    rb.sampler = lambda step, buf, batch, h: np.full(batch, 10**6)
+    with pytest.raises(IndexError, match=r"clip index out of range \[0, 20\)"):
+        rb.sample(3)
+    with pytest.raises(ValueError):
+        rb.sample(0)
+    with pytest.raises(ValueError):
+        rb.sample(2, history_len=0)
+
+
+def test_negative_and_out_of_range_indices(rb):
+    fill(rb, [5])
+    assert rb[-1]["pixels"][0, 0, 0] == 1004
+    with pytest.raises(IndexError):
+        rb[5]
+    with pytest.raises(IndexError):
+        rb[-6]
+
+
+def test_transform_applies_to_getitem_only(tmp_path):
+    b = zreplay.ReplayBuffer(50, transform=lambda c: {"px": c["pixels"] * 0})
+    b.write_episode(episode(3))
+    assert set(b[0]) == {"px"} and "pixels" in b.sample(1)
+    b.close()
+
+
+def test_clear_keeps_schema_and_refill_works(rb):
+    fill(rb, [5, 5])
+    rb.clear()
+    assert rb.num_episodes == 0 and rb.column_names == ["action", "pixels", "reward", "terminated"]
+    with pytest.raises(ValueError, match="schema mismatch"):
+        rb.write_episode({"other": np.zeros(3)})
+    fill(rb, [4])
+    assert list(rb.lengths) == [4]
+
+
+def test_reopen_resumes_episodes_step_counter_and_random_stream(tmp_path):
+    path = tmp_path / "p"
+    a = zreplay.ReplayBuffer(100, path=path, seed=5)
+    fill(a, [10, 20])
+    a.sample(4), a.sample(4)
+    a.close()
+    b = zreplay.ReplayBuffer(100, path=path, seed=5)
+    assert list(b.lengths) == [10, 20] and b.step == 2
+    nxt = b.sample(8)
+    b.close()
+    # the same continuation as an uninterrupted run
+    c = zreplay.ReplayBuffer(100, path=tmp_path / "q", seed=5)
+    fill(c, [10, 20])
+    c.sample(4), c.sample(4)
+    assert np.array_equal(c.sample(8)["pixels"], nxt["pixels"])
+    c.close()
+
+
+def test_dump_hdf5_round_trip_overwrite_append_error(rb, tmp_path):
+    fill(rb, [6, 4])
+    f = tmp_path / "d.h5"
+    rb.dump(f)
+    with h5py.File(f) as h:
+        assert list(h["ep_len"][:]) == [6, 4] and list(h["ep_offset"][:]) == [0, 6]
+        assert h["pixels"].compression == "gzip" and h["pixels"].chunks is not None
+    rb.dump(f)  # overwrite is the default
+    rb.dump(f, mode="append")
+    with pytest.raises(FileExistsError):
+        rb.dump(f, mode="error")
+    eps = list(zreplay.iter_hdf5(f))
+    assert [len(e["reward"]) for e in eps] == [6, 4, 6, 4]
+    orig = [{k: np.stack(v) for k, v in e.items()} for e in rb.episodes()]
+    for got, want in zip(eps, orig + orig, strict=True):
+        for k in want:
+            assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
+    back = zreplay.load_hdf5(f, path=tmp_path / "back")
+    assert list(back.lengths) == [6, 4, 6, 4]
+    back.close()
+
+
+def test_dump_zarr_round_trip_and_dump_after_clear_writes_nothing(rb, tmp_path):
+    fill(rb, [6, 4])
+    rb.dump(tmp_path / "z", format="zarr")
+    v = zreplay.open(tmp_path / "z")
+    assert v.num_episodes == 2
+    assert np.array_equal(v.episode(1)["pixels"], np.stack(list(rb.episodes())[1]["pixels"]))
+    rb.clear()
+    rb.dump(tmp_path / "e.h5")
+    assert list(zreplay.iter_hdf5(tmp_path / "e.h5")) == []
+    with pytest.raises(ValueError, match="format"):
+        rb.dump(tmp_path / "x", format="lance")
+
+
+def _collect(loader):
+    out = []
+    for batch in loader:
+        out.extend(batch["pixels"][:, :, 0, 0].tolist())
+    return out
+
+
+def test_dataloader_workers_cover_every_clip_once(tmp_path):
+    b = zreplay.ReplayBuffer(500, history_len=3, path=tmp_path / "dl")
+    fill(b, [10, 7, 2, 30])
+    b.flush()
+    loader = DataLoader(b, batch_size=8, shuffle=True, num_workers=2)
+    clips = _collect(loader)
+    assert len(clips) == len(b) == 8 + 5 + 0 + 28
+    assert len({tuple(c) for c in clips}) == len(b)
+    b.close()
+
+
+def test_dataloader_workers_see_episodes_written_after_they_started(tmp_path):
+    b = zreplay.ReplayBuffer(500, path=tmp_path / "dl2")
+    fill(b, [5])
+    b.flush()
+    loader = DataLoader(b, batch_size=5, num_workers=1, persistent_workers=True)
+    assert len(_collect(loader)) == 5
+    b.write_episode(episode(5, base=7000))
+    got = _collect(loader)  # same worker process, reopened store picks it up
+    assert len(got) == 10 and any(c[0] >= 7000 for c in got)
+    b.close()
+
+
+def test_views_and_clip_datasets_in_spawned_workers(tmp_path):
+    b = zreplay.ReplayBuffer(500, path=tmp_path / "sp")
+    fill(b, [4, 6])
+    b.flush()
+    view = zreplay.open(tmp_path / "sp")
+    ctx = mp.get_context("spawn")
+    rows = DataLoader(view, batch_size=4, num_workers=2, multiprocessing_context=ctx)
+    assert sorted(int(x) for bt in rows for x in bt["pixels"][:, 0, 0]) == sorted(
+        [1000 + i for i in range(4)] + [2000 + i for i in range(6)]
+    )
+    ds = zreplay.ClipDataset(tmp_path / "sp", history_len=2)
+    clips = DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context=ctx)
+    assert len(_collect(clips)) == 3 + 5
+    b.close()
+
+
+def test_replay_dataset_mixes_demo_batches_and_prefetches(tmp_path):
+    online = zreplay.ReplayBuffer(500, seed=1)
+    demo = zreplay.ReplayBuffer(500, seed=2)
+    fill(online, [20])
+    demo.write_episode(episode(20, base=5000))
+    ds = zreplay.ReplayDataset(online, batch_size=8, demo=demo, demo_ratio=0.25, prefetch=3)
+    it = iter(DataLoader(ds, batch_size=None, num_workers=0))
+    for _ in range(5):
+        batch = next(it)
+        pix = batch["pixels"][:, 0, 0, 0]
+        assert pix.shape == (8,)
+        assert (pix >= 5000).sum() == 2 and (pix < 5000).sum() == 6
+    online.close(), demo.close()
+
+
+def test_worker_replica_refuses_writes(tmp_path):
+    import pickle
+
+    b = zreplay.ReplayBuffer(50, path=tmp_path / "r")
+    fill(b, [3])
+    clone = pickle.loads(pickle.dumps(b))
+    assert clone.path == b.path
+    with pytest.raises(RuntimeError, match="read-only replica"):
+        clone.write_episode(episode(3))
+    assert os.getpid() != clone._pid
+    b.close()
