@@ -22,7 +22,7 @@ import torch
 import torch.utils.data
 
 from .prefetch import Prefetcher
-from .view import BufferView
+from .view import BufferView, index_tree
 
 
 class ClipDataset(torch.utils.data.Dataset):
@@ -57,8 +57,11 @@ class ClipDataset(torch.utils.data.Dataset):
             n = len(self)
             if not -n <= i < n:
                 raise IndexError(i)
-        clip = self.view.clips([int(i) % n], *self.args, self.keys, self.action_keys)
-        clip = _index(clip, 0)
+        h, fs, pad = self.args
+        clip = self.view.clips(
+            [int(i) % n], h, frameskip=fs, pad=pad, keys=self.keys, action_keys=self.action_keys
+        )
+        clip = index_tree(clip, 0)
         return self.transform(clip) if self.transform is not None else clip
 
 
@@ -130,9 +133,3 @@ def concat_batches(parts: list[Any]) -> Any:
     if isinstance(first, torch.Tensor):
         return torch.cat(parts, 0)
     return np.concatenate(parts, 0)
-
-
-def _index(tree: Any, i: int) -> Any:
-    if isinstance(tree, dict):
-        return {k: _index(v, i) for k, v in tree.items()}
-    return tree[i]

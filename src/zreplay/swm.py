@@ -35,6 +35,7 @@ from .engine.ramtier import RamPolicy
 from .episodes import ClipSpec, NStepSpec
 from .errors import SchemaError
 from .schema import as_numpy, flatten, unflatten
+from .view import index_tree as _index
 
 EPISODE_DATA_KEY = "_episode_data"
 DEFAULT_RAM_BYTES = 1 << 30
@@ -367,10 +368,9 @@ class ReplayBuffer(torch.utils.data.Dataset):
                 raise IndexError(idx)
             time.sleep(0.01)  # the parent has not committed that episode yet
             view.refresh()
-        clip = view.clips(
-            [idx % n], *self._spec_args(), keys=None, action_keys=self.spec.action_keys
-        )
-        clip = _first(clip)
+        h, fs, pad = self._spec_args()
+        clip = view.clips([idx % n], h, frameskip=fs, pad=pad, action_keys=self.spec.action_keys)
+        clip = _index(clip, 0)
         return self.transform(clip) if self.transform is not None else clip
 
     def refresh(self) -> bool:
@@ -428,12 +428,6 @@ def _per_step(key: str, value: Any) -> np.ndarray:
     if arr.ndim == 0:
         raise SchemaError(f"column {key!r} is scalar; expected a per-step array")
     return np.ascontiguousarray(arr)
-
-
-def _first(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _first(v) for k, v in tree.items()}
-    return tree[0]
 
 
 def _weak(method):

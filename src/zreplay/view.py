@@ -207,37 +207,33 @@ class BufferView:
         """Valid clips of ``history_len`` frames ``frameskip`` apart (see sample_clips)."""
         return ClipSpec(history_len, frameskip, pad).num_clips(self.episodes())
 
-    def sample_clips(
-        self,
-        batch_size: int,
-        history_len: int = 1,
-        frameskip: int = 1,
-        pad: str | None = None,
-        keys: list[str] | None = None,
-        action_keys: tuple[str, ...] = ("action",),
-    ) -> dict[str, Any]:
+    def sample_clips(self, batch_size: int, history_len: int = 1, **kw) -> dict[str, Any]:
         """``batch_size`` clips ``[batch, history_len, ...]`` drawn uniformly over all valid
-        clips; never across an episode boundary (see ``zreplay.ReplayBuffer``)."""
-        spec = ClipSpec(history_len, frameskip, pad, action_keys)
-        return sampling.as_nested(
-            sampling.gather_clips(
-                self._gather, spec, keys or self.keys(), sampling.uniform(self._rng, batch_size)
-            )
-        )
+        clips; never across an episode boundary.  ``kw``: ``frameskip``, ``pad``,
+        ``keys``, ``action_keys`` (see :meth:`clips`)."""
+        return self._clips(sampling.uniform(self._rng, batch_size), history_len, **kw)
 
-    def clips(
+    def clips(self, indices, history_len: int = 1, **kw) -> dict[str, Any]:
+        """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first.
+
+        ``frameskip``: frames ``frameskip`` steps apart, ``action_keys`` kept dense and
+        reshaped to ``(history_len, frameskip * action_dim)``; ``pad``: ``None``,
+        ``"zero"`` or ``"repeat"`` (clips may start before an episode, ``is_pad`` marks
+        the padded frames); ``keys``: stored keys to return (default all)."""
+        return self._clips(sampling.fixed(indices), history_len, **kw)
+
+    def _clips(
         self,
-        indices,
-        history_len: int = 1,
+        pick,
+        history_len: int,
         frameskip: int = 1,
         pad: str | None = None,
         keys: list[str] | None = None,
         action_keys: tuple[str, ...] = ("action",),
     ) -> dict[str, Any]:
-        """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first."""
         spec = ClipSpec(history_len, frameskip, pad, action_keys)
         return sampling.as_nested(
-            sampling.gather_clips(self._gather, spec, keys or self.keys(), sampling.fixed(indices))
+            sampling.gather_clips(self._gather, spec, keys or self.keys(), pick)
         )
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
@@ -348,6 +344,11 @@ def _map(tree: Any, fn) -> Any:
     if isinstance(tree, dict):
         return {k: _map(v, fn) for k, v in tree.items()}
     return fn(tree)
+
+
+def index_tree(tree: Any, i: int) -> Any:
+    """Item ``i`` of every array in a nested dict."""
+    return _map(tree, lambda a: a[i])
 
 
 def open(path: str | Path, seed: int | None = None) -> BufferView:  # noqa: A001
