@@ -327,3 +327,22 @@ def test_worker_replica_refuses_writes(tmp_path):
         clone.write_episode(episode(3))
     assert os.getpid() != clone._pid
     b.close()
+
+
+def test_clip_count_cache_is_lazy_reused_rekeyed_and_invalidated(rb):
+    fill(rb, [10, 10])
+    idx = rb._engine.index
+    view = idx.episodes()
+    assert view._cum == {}  # lazy: nothing counted before a clip is asked for
+    assert rb.num_valid_ends(2) == 18 and len(view._cum) == 1
+    cached = next(iter(view._cum.values()))
+    assert rb.num_valid_ends(2) == 18 and next(iter(view._cum.values())) is cached  # reused
+    assert rb.num_valid_ends(3) == 16 and len(view._cum) == 2  # re-keyed by span
+    fill(rb, [5])  # write
+    assert idx.episodes() is not view and rb.num_valid_ends(3) == 19
+    view = idx.episodes()
+    rb.write_episode(episode(90, base=9000))  # evicts
+    assert idx.episodes() is not view and rb.num_valid_ends(3) == 3 + 88  # [5, 90] left
+    view = rb._engine.index.episodes()
+    rb.clear()
+    assert rb._engine.index.episodes() is not view and rb.num_valid_ends(3) == 0
