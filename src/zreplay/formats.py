@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ EPISODE_DATASETS = ("ep_len", "ep_offset", "ep_terminated", "ep_truncated")
 CHUNK_BYTES = 1 << 20
 
 
-def episode_items(src) -> Iterator[tuple[dict[str, np.ndarray], bool, bool]]:
+def episode_items(src, progress=None) -> Iterator[tuple[dict[str, np.ndarray], bool, bool]]:
     """``(columns [L, ...], terminated, truncated)`` per visible episode of a
     ``ReplayBuffer``, ``TrajectoryReplayBuffer`` or view, oldest first."""
     from . import sampling
@@ -43,6 +43,8 @@ def episode_items(src) -> Iterator[tuple[dict[str, np.ndarray], bool, bool]]:
     table = sampling.episode_table(_episode_view(src))
     for e in range(len(table["length"])):
         cols = sampling.gather_episode(gather, keys, e)
+        if progress is not None:
+            progress(1)
         yield cols, bool(table["terminated"][e]), bool(table["truncated"][e])
 
 
@@ -50,8 +52,17 @@ def _episode_view(src):
     return src.episodes() if hasattr(src, "_segs") else src._view()
 
 
-def dump(src, path: str | Path, format: str = "hdf5", mode: str = "overwrite", **kw) -> None:
-    """Write every visible episode of ``src`` to ``path`` (see module docstring)."""
+def dump(
+    src,
+    path: str | Path,
+    format: str = "hdf5",
+    mode: str = "overwrite",
+    *,
+    progress: Callable[[int], None] | None = None,
+    **kw,
+) -> None:
+    """Write every visible episode of ``src`` to ``path`` (see module docstring);
+    ``progress(1)`` is called after each episode is read (for progress bars)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     path = Path(path)
@@ -60,9 +71,9 @@ def dump(src, path: str | Path, format: str = "hdf5", mode: str = "overwrite", *
     if hasattr(src, "flush"):
         src.flush()
     if format == "hdf5":
-        _dump_hdf5(episode_items(src), path, mode, **kw)
+        _dump_hdf5(episode_items(src, progress), path, mode, **kw)
     elif format == "zarr":
-        _dump_zarr(src, path, mode, **kw)
+        _dump_zarr(src, path, mode, progress, **kw)
     else:
         raise ValueError(f"format must be 'hdf5' or 'zarr', got {format!r}")
 
@@ -206,7 +217,7 @@ def load_hdf5(h5_path: str | Path, max_steps: int | None = None, **kw):
 # -- Zarr (a zreplay buffer directory) -------------------------------------------------
 
 
-def _dump_zarr(src, path: Path, mode: str, **kw) -> None:
+def _dump_zarr(src, path: Path, mode: str, progress=None, **kw) -> None:
     from .store.root import is_buffer
     from .swm import ReplayBuffer
 
@@ -223,7 +234,7 @@ def _dump_zarr(src, path: Path, mode: str, **kw) -> None:
     need = existing + sum(items)
     dst = ReplayBuffer(max(1, need), path=path, **kw)
     try:
-        for cols, _term, _trunc in episode_items(src):
+        for cols, _term, _trunc in episode_items(src, progress):
             dst.write_episode(unflatten(cols))
     finally:
         dst.close()

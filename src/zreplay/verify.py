@@ -8,6 +8,7 @@ live writer (rows committed after it read a segment's commit are not checked).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,9 +45,15 @@ class VerifyReport:
         return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
 
 
-def verify(path: str | Path, *, data: bool = True) -> VerifyReport:
+def verify(
+    path: str | Path,
+    *,
+    data: bool = True,
+    progress: Callable[[str, str, int], None] | None = None,
+) -> VerifyReport:
     """Check a buffer directory; returns a :class:`VerifyReport` (never raises for damage
-    it can describe)."""
+    it can describe).  ``progress(writer_id, key, rows)`` is called after each shard's
+    rows of a key were checked (for progress bars)."""
     root = BufferRoot(path)
     report = VerifyReport(str(root.path))
     try:
@@ -93,12 +100,14 @@ def verify(path: str | Path, *, data: bool = True) -> VerifyReport:
             first = max(commit.low_row, commit.reclaimed_below)
             for key, lay in layouts.items():
                 report.rows_checked += _check_rows(
-                    seg, key, lay.shard_rows, first, commit.n_rows, report
+                    seg, key, lay.shard_rows, first, commit.n_rows, report, progress
                 )
     return report
 
 
-def _check_rows(seg: Segment, key: str, step: int, first: int, stop: int, report) -> int:
+def _check_rows(
+    seg: Segment, key: str, step: int, first: int, stop: int, report, progress=None
+) -> int:
     start = (first // step) * step
     for a in range(start, stop, step):
         lo, hi = max(a, first), min(a + step, stop)
@@ -106,4 +115,6 @@ def _check_rows(seg: Segment, key: str, step: int, first: int, stop: int, report
             seg.read_range(key, lo, hi).result()
         except CorruptBufferError as e:
             report.problems.append(str(e))
+        if progress is not None:
+            progress(seg.writer_id, key, hi - lo)
     return stop - first

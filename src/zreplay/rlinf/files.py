@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -170,12 +171,14 @@ def rlinf_files(
     return out
 
 
-def iter_rlinf(files: list[tuple[int, dict, Path]], allow_pickle: bool):
+def iter_rlinf(files: list[tuple[int, dict, Path]], allow_pickle: bool, progress=None):
     for tid, entry, path in files:
         item = prepare(load_rlinf_file(path, allow_pickle))
         item.trajectory_id = tid
         if "max_episode_length" in entry and not item.max_episode_length:
             item.max_episode_length = int(entry["max_episode_length"])
+        if progress is not None:
+            progress(1)
         yield item
 
 
@@ -196,6 +199,7 @@ def load_into(
     world: int,
     distributed: bool,
     allow_pickle: bool = False,
+    progress=None,
 ) -> None:
     """Fill ``buf`` with rank ``rank``'s block of the trajectories at ``src``."""
     from .buffer import checkpoint_kind
@@ -210,7 +214,7 @@ def load_into(
         seed = int(meta.get("seed", buf.seed))
         buf._set_rank_stream(seed, rank if distributed else None)
         buf._engine.clear(reset_schema=True)
-        _add_batched(buf, iter_rlinf(files, allow_pickle))
+        _add_batched(buf, iter_rlinf(files, allow_pickle, progress))
         buf._engine.next_trajectory_id = max(
             buf._engine.next_trajectory_id,
             int(meta.get("trajectory_counter", 0)),
@@ -254,13 +258,19 @@ def load_into(
 
 
 def import_rlinf(
-    src_dir: str, dst_path: str, *, allow_pickle: bool = False, **buffer_kwargs
+    src_dir: str,
+    dst_path: str,
+    *,
+    allow_pickle: bool = False,
+    progress: Callable[[int], None] | None = None,
+    **buffer_kwargs,
 ) -> int:
     """Read an RLinf buffer directory into a new zreplay buffer at ``dst_path``.
 
     Trajectory ids, order, ``max_episode_length`` and ``model_weights_id`` are kept;
     ``.pt`` files load with ``torch.load(weights_only=True)``; ``.pkl`` files only with
-    ``allow_pickle=True``.  Returns the number of trajectories imported.
+    ``allow_pickle=True``.  ``progress(1)`` is called after each trajectory file is read
+    (for progress bars).  Returns the number of trajectories imported.
     """
     from .buffer import TrajectoryReplayBuffer
 
@@ -274,7 +284,7 @@ def import_rlinf(
         **buffer_kwargs,
     )
     try:
-        load_into(buf, src, 0, 1, False, allow_pickle=allow_pickle)
+        load_into(buf, src, 0, 1, False, allow_pickle=allow_pickle, progress=progress)
         return len(buf)
     finally:
         buf.close()
