@@ -1,0 +1,107 @@
+"""The ``zreplay`` command line: ``demo``, ``info``, ``verify``, ``export``, ``import``, ``plot``.
+
+Each command is a function ``run(args) -> (exit status, JSON object, text)`` in its own
+module; :func:`main` parses, runs, prints the text (or, with ``--json``, one JSON object
+for scripts) and turns every expected failure into one line on stderr.
+
+Every command but ``demo`` takes ``--json`` and ``--quiet`` (no progress bars; bars are
+also off when stderr is not a terminal).  Exit status: 0 on success; 1 when a command
+fails (``zreplay: error: <message>``: a missing path, a directory that is not a buffer, a
+damaged buffer) or ``verify`` found problems; 2 for usage errors (argparse's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .output import EXIT_FAILED, EXIT_OK, one_line
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+    from . import convert, info, plot, verify
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+    ap = argparse.ArgumentParser(
+        prog="zreplay",
+        description="Inspect, check, convert and plot zreplay buffers.",
+        epilog="Exit status: 0 ok, 1 failed (or verify found problems), 2 usage error.",
+    )
+    ap.add_argument("--version", action="version", version=f"zreplay {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    # Listed for --help only: main() hands `demo ...` to zreplay.demo before parsing.
+    sub.add_parser(
+        "demo", add_help=False, help="fill, sample, close, reopen and sample a buffer on disk"
+    )
+
+    p = sub.add_parser("info", parents=[common], help="schema, counts, sizes, last commit")
+    p.add_argument("path", help="buffer directory or zreplay HDF5 file")
+    p.set_defaults(run=info.run)
+
+    p = sub.add_parser("verify", parents=[common], help="check commit records, index, checksums")
+    p.add_argument("path", help="buffer directory")
+    p.add_argument("--index-only", action="store_true", help="skip decoding the data chunks")
+    p.set_defaults(run=verify.run)
+
+    p = sub.add_parser("export", parents=[common], help="write RLinf .pt/.pkl files or HDF5")
+    p.add_argument("path", help="buffer directory")
+    p.add_argument("out", help="output directory (pt, pkl) or file (hdf5)")
+    p.add_argument("--format", choices=("pt", "pkl", "hdf5"), required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at OUT")
+    p.set_defaults(run=convert.run_export)
+
+    p = sub.add_parser("import", parents=[common], help="read RLinf files or HDF5 into a buffer")
+    p.add_argument("src", help="RLinf buffer directory or zreplay HDF5 file")
+    p.add_argument("dst", help="new buffer directory")
+    p.add_argument(
+        "--allow-pickle", action="store_true", help="load RLinf .pkl files (trusted sources only)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a zreplay buffer at DST")
+    p.set_defaults(run=convert.run_import)
+
+    p = sub.add_parser("plot", parents=[common], help="episode returns, lengths, frames (PNG)")
+    p.add_argument("path", help="buffer directory")
+    p.add_argument("--out", required=True, help="image file to write, e.g. buffer.png")
+    p.add_argument("--dpi", type=int, default=100)
+    p.set_defaults(run=plot.run)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":  # the README's demo parses its own options
+        from ..demo import main as demo
+
+        return demo(argv[1:])
+    parser = _parser()
+    if not argv:
+        parser.print_help()
+        return EXIT_OK
+    args = parser.parse_args(argv)  # exits 2 on a usage error
+
+    from ..errors import ZReplayError
+
+    try:
+        status, result, text = args.run(args)
+    except (ZReplayError, OSError, ValueError, KeyError) as e:  # OSError, KeyError: also h5py
+        message = one_line(e)
+        print(f"zreplay: error: {message}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "error": message}))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("zreplay: interrupted", file=sys.stderr)
+        return 130
+    try:
+        print(json.dumps({"ok": status == EXIT_OK, **result}) if args.json else text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `zreplay info ... | head`: the reader left, not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return status

@@ -1,0 +1,163 @@
+"""``zreplay info PATH``: schema, counts, bytes on disk per key, last commit.
+
+For a buffer directory: per key its dtype, row shape, raw bytes (visible rows x row
+bytes) and the bytes of the files under ``segments/*/data/<key>/``; their quotient is the
+compression ratio (approximate: files may still hold evicted, not yet reclaimed rows).
+The last commit time is the newest ``commit.json`` ``time`` over the segments.  For a
+zreplay HDF5 episode file the same per column, from h5py's storage sizes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+from .output import EXIT_OK, Result, ratio, size, table, when
+from .paths import buffer_dir, du, existing, is_hdf5
+
+
+def run(args) -> Result:
+    path = existing(args.path)
+    if path.is_file() and not is_hdf5(path):
+        raise FormatError(f"{path} is neither a zreplay buffer directory nor an HDF5 file")
+    info = hdf5_file_info(path) if is_hdf5(path) else buffer_info(buffer_dir(path))
+    return EXIT_OK, info, text(info)
+
+
+def buffer_info(path: Path) -> dict[str, Any]:
+    import zreplay
+    from zreplay.store.commit import read_commit
+
+    view = zreplay.open(path)
+    segments = []
+    for wid in view.root.writer_ids():
+        seg_dir = view.root.segment_dir(wid)
+        c = read_commit(seg_dir)
+        segments.append(
+            {
+                "writer_id": wid,
+                "trajectories": 0 if c is None else c.n_traj - c.low_traj,
+                "rows": 0 if c is None else c.n_rows - c.low_row,
+                "last_commit": None if c is None else c.time,
+                "writer_lock": (seg_dir / "writer.lock").exists(),
+            }
+        )
+    keys = {}
+    for key in view.keys():
+        spec = view.schema.specs[key]
+        raw = view.num_rows * spec.row_bytes
+        disk = sum(du(view.root.segment_dir(s["writer_id"]) / "data" / key) for s in segments)
+        keys[key] = _key(str(spec.dtype), spec.row_shape, raw, disk)
+    episodes = view.episode_table()
+    times = [s["last_commit"] for s in segments if s["last_commit"] is not None]
+    return {
+        "path": str(path),
+        "kind": "zreplay",
+        "format": view.root.read_meta()["format"],
+        "keys": keys,
+        "trajectories": view.num_trajectories,
+        **_episodes(episodes["length"], episodes["terminated"], episodes["truncated"]),
+        "rows": view.num_rows,
+        "segments": segments,
+        **_totals(keys, du(path)),
+        "last_commit": max(times, default=None),
+    }
+
+
+def hdf5_file_info(path: Path) -> dict[str, Any]:
+    import h5py
+
+    from ..formats import hdf5_info
+
+    meta = hdf5_info(path)
+    keys = {}
+    with h5py.File(path, "r") as f:
+        for c in meta["columns"]:
+            ds = f[c]
+            raw = int(ds.size) * ds.dtype.itemsize
+            keys[c] = _key(str(ds.dtype), ds.shape[1:], raw, int(ds.id.get_storage_size()))
+        cols = [
+            f[n][:] if meta["columns"] else np.zeros(0)
+            for n in ("ep_len", "ep_terminated", "ep_truncated")
+        ]
+    return {
+        "path": str(path),
+        "kind": "hdf5",
+        "keys": keys,
+        **_episodes(*cols),
+        "rows": meta["steps"],
+        **_totals(keys, du(path)),
+    }
+
+
+def _key(dtype: str, row_shape, raw: int, disk: int) -> dict[str, Any]:
+    return {
+        "dtype": dtype,
+        "row_shape": [int(d) for d in row_shape],
+        "raw_bytes": int(raw),
+        "disk_bytes": int(disk),
+        "compression_ratio": ratio(raw, disk),
+    }
+
+
+def _episodes(length, terminated, truncated) -> dict[str, int]:
+    return {
+        "episodes": len(length),
+        "episodes_terminated": int(np.sum(terminated)),
+        "episodes_truncated": int(np.sum(truncated)),
+        "max_episode_length": int(np.max(length, initial=0)),
+    }
+
+
+def _totals(keys: dict, disk: int) -> dict[str, Any]:
+    raw = sum(k["raw_bytes"] for k in keys.values())
+    return {"raw_bytes": raw, "disk_bytes": disk, "compression_ratio": ratio(raw, disk)}
+
+
+def text(info: dict[str, Any]) -> str:
+    """``info`` for a human: a header, then one line per key."""
+    episodes = (
+        f"episodes {info['episodes']} ({info['episodes_terminated']} terminated, "
+        f"{info['episodes_truncated']} truncated, longest {info['max_episode_length']})"
+    )
+    if info["kind"] == "zreplay":
+        segs = ", ".join(
+            f"{s['writer_id']} ({s['trajectories']} trajectories, {s['rows']} rows"
+            + (", writer lock present)" if s["writer_lock"] else ")")
+            for s in info["segments"]
+        )
+        lines = [
+            f"{info['path']}: zreplay buffer (format {info['format']})",
+            f"  trajectories {info['trajectories']}, {episodes}, rows {info['rows']}",
+            f"  segments {len(info['segments'])}: {segs or '-'}",
+            f"  last commit {when(info['last_commit'])}",
+        ]
+    else:
+        lines = [
+            f"{info['path']}: zreplay HDF5 episode file",
+            f"  {episodes}, steps {info['rows']}",
+        ]
+    r = info["compression_ratio"]
+    lines.append(
+        f"  {size(info['disk_bytes'])} on disk for {size(info['raw_bytes'])} of rows"
+        + (f" ({r:.1f}x)" if r else "")
+    )
+    if not info["keys"]:
+        return "\n".join([*lines, "  no schema yet (nothing written)"])
+    rows = [["key", "dtype", "row shape", "on disk", "raw", "ratio"]]
+    for k, v in info["keys"].items():
+        r = v["compression_ratio"]
+        rows.append(
+            [
+                k,
+                v["dtype"],
+                str(v["row_shape"]),
+                size(v["disk_bytes"]),
+                size(v["raw_bytes"]),
+                f"{r:.1f}x" if r else "-",
+            ]
+        )
+    return "\n".join([*lines, "", *("  " + line for line in table(rows, right={3, 4, 5}))])

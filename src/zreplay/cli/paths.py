@@ -1,0 +1,68 @@
+"""What a path on the command line is (buffer, HDF5 file, RLinf directory), its size on
+disk, and refusing to clobber one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import FormatError
+
+
+def existing(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    return p
+
+
+def buffer_dir(path: str | Path) -> Path:
+    """``path`` if it looks like a buffer directory (the rest is checked on opening)."""
+    p = existing(path)
+    if not p.is_dir():
+        raise FormatError(f"{p} is a file, not a zreplay buffer directory")
+    if not (p / "zarr.json").is_file():
+        raise FormatError(f"{p} is not a zreplay buffer (no zarr.json)")
+    return p
+
+
+def is_hdf5(path: Path) -> bool:
+    import h5py
+
+    return path.is_file() and h5py.is_hdf5(path)
+
+
+def is_rlinf_dir(path: Path) -> bool:
+    """RLinf 0.3's buffer directory: ``metadata.json`` + ``trajectory_index.json``."""
+    return (path / "metadata.json").is_file() and (path / "trajectory_index.json").is_file()
+
+
+def du(path: Path) -> int:
+    """Bytes of the files under ``path`` (a file's own size for a file)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def writer_locks(path: Path) -> list[Path]:
+    """``writer.lock`` files of a buffer's segments (a writer may be running)."""
+    return sorted((path / "segments").glob("*/writer.lock"))
+
+
+def clear_for_output(
+    out: Path, overwrite: bool, replaceable: Callable[[Path], bool], what: str
+) -> None:
+    """Make ``out`` free for a new output: absent or an empty directory are fine; anything
+    else needs ``--overwrite`` and must be ``what`` (``replaceable``), and is removed."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out} exists; pick a new path or pass --overwrite")
+    if not replaceable(out):
+        raise FileExistsError(f"{out} exists and is not {what}; refusing to overwrite it")
+    if out.is_dir():
+        shutil.rmtree(out)
+    else:
+        out.unlink()

@@ -1,0 +1,335 @@
+"""The ``zreplay`` command line: output, ``--json``, exit codes, damage, round trips.
+
+Most commands run in-process through ``zreplay.cli.main`` (fast); a few run as
+``python -m zreplay.cli`` subprocesses to check what a shell sees: exit statuses, one
+error line on stderr and no traceback, no progress-bar noise when stderr is not a TTY.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_traj
+
+import zreplay
+from zreplay.cli import main
+from zreplay.schema import flatten
+from zreplay.store.commit import read_commit
+
+SRC = str(Path(zreplay.__file__).resolve().parents[1])
+
+
+def zreplay_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """Run ``python -m zreplay.cli`` on this checkout's code, as a shell would."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "zreplay.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_json(capsys, *args: str) -> tuple[int, dict]:
+    status, out, _ = run(capsys, *args, "--json")
+    return status, json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def rlinf_buffer(tmp_path_factory) -> Path:
+    """RLinf-style trajectories [T=6, B=3]: nested keys, 8x8 RGB frames, rewards [C]."""
+    path = tmp_path_factory.mktemp("cli") / "rlinf.zarr"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(3)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def episode_buffer(tmp_path_factory) -> Path:
+    """stable-worldmodel-style episodes: grayscale (H, W, 1) pixels, scalar reward."""
+    path = tmp_path_factory.mktemp("cli") / "episodes.zarr"
+    rng = np.random.default_rng(0)
+    rb = zreplay.ReplayBuffer(1000, path=path)
+    try:
+        for length in (5, 9, 7, 4):
+            rb.write_episode(
+                {
+                    "pixels": rng.integers(0, 255, (length, 12, 12, 1), dtype=np.uint8),
+                    "action": rng.standard_normal((length, 2)).astype(np.float32),
+                    "reward": np.full(length, 0.5, np.float32),
+                    "terminated": np.arange(length) == length - 1,
+                }
+            )
+    finally:
+        rb.close()  # a `with` block only flushes: close() releases the writer lock
+    return path
+
+
+def damaged_copy(src: Path, dst: Path, key: str) -> Path:
+    """A copy of ``src`` with one byte flipped inside a compressed chunk of ``key``."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    d = dst / "segments" / "default" / "data" / key / "c"
+    f = next(Path(r) / n for r, _, ns in os.walk(d) for n in ns)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    f.write_bytes(bytes(data))
+    return dst
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zreplay: error: "), err
+    assert "Traceback" not in err
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+
+
+# -- info --------------------------------------------------------------------------
+
+
+def test_info_reports_schema_counts_sizes_and_last_commit(capsys, rlinf_buffer):
+    view = zreplay.open(rlinf_buffer)
+    status, info = run_json(capsys, "info", str(rlinf_buffer))
+    assert status == 0 and info["ok"] and info["kind"] == "zreplay"
+    assert (info["trajectories"], info["rows"]) == (3, 3 * 18)
+    assert info["episodes"] == view.num_episodes > 3
+    assert [s["writer_id"] for s in info["segments"]] == ["default"]
+    assert info["last_commit"] == read_commit(rlinf_buffer / "segments" / "default").time
+    assert set(info["keys"]) == set(view.keys())
+    img = info["keys"]["curr_obs/main_images"]
+    assert (img["dtype"], img["row_shape"]) == ("uint8", [8, 8, 3])
+    assert img["raw_bytes"] == 54 * 8 * 8 * 3
+    data_dir = rlinf_buffer / "segments" / "default" / "data" / "curr_obs" / "main_images"
+    assert img["disk_bytes"] == sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file())
+    assert img["compression_ratio"] == round(img["raw_bytes"] / img["disk_bytes"], 2)
+    assert info["keys"]["rewards"]["row_shape"] == [2]
+
+    status, out, err = run(capsys, "info", str(rlinf_buffer))
+    assert status == 0 and err == ""
+    assert "trajectories 3" in out and "rows 54" in out and "last commit" in out
+    assert any(
+        line.split()[:3] == ["curr_obs/main_images", "uint8", "[8,"] for line in out.splitlines()
+    )
+
+
+def test_info_of_an_hdf5_dump(capsys, episode_buffer, tmp_path):
+    h5 = tmp_path / "episodes.h5"
+    assert main(["export", str(episode_buffer), str(h5), "--format", "hdf5", "-q"]) == 0
+    capsys.readouterr()
+    status, info = run_json(capsys, "info", str(h5))
+    assert status == 0 and info["kind"] == "hdf5"
+    assert (info["episodes"], info["rows"], info["max_episode_length"]) == (4, 25, 9)
+    assert info["episodes_terminated"] == 4
+    assert info["keys"]["pixels"]["row_shape"] == [12, 12, 1]
+
+
+# -- verify and damage ---------------------------------------------------------------
+
+
+def test_verify_exit_codes_on_healthy_and_damaged_buffers(rlinf_buffer, tmp_path):
+    ok = zreplay_cli("verify", str(rlinf_buffer))
+    assert ok.returncode == 0, ok.stderr
+    assert "OK" in ok.stdout and ok.stderr == ""  # no progress bar: stderr is not a TTY
+
+    bad = damaged_copy(rlinf_buffer, tmp_path / "bad.zarr", "rewards")
+    got = zreplay_cli("verify", str(bad), "--json")
+    assert got.returncode == 1
+    report = json.loads(got.stdout)
+    assert not report["ok"] and len(report["problems"]) == 1
+    assert "key 'rewards'" in report["problems"][0]
+
+
+def test_damaged_chunk_fails_reads_with_one_line(capsys, rlinf_buffer, tmp_path):
+    bad = damaged_copy(rlinf_buffer, tmp_path / "bad.zarr", "rewards")
+    assert run(capsys, "info", str(bad))[0] == 0  # metadata only: still readable
+    status, out, err = run(capsys, "export", str(bad), str(tmp_path / "x.h5"), "--format", "hdf5")
+    assert status == 1 and out == ""
+    assert_one_line_error(err, "key 'rewards'", "damaged")
+    assert not (tmp_path / "x.h5").exists()
+    status, out, _ = run(capsys, "verify", str(bad))
+    assert status == 1 and "1 problem(s)" in out and "key 'rewards'" in out
+
+
+def test_truncated_commit_record(capsys, rlinf_buffer, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(rlinf_buffer, bad)
+    commit = bad / "segments" / "default" / "commit.json"
+    commit.write_text(commit.read_text()[:40])
+    got = zreplay_cli("info", str(bad))
+    assert got.returncode == 1 and got.stdout == ""
+    assert_one_line_error(got.stderr, "commit record is unreadable")
+    status, report = run_json(capsys, "verify", str(bad))
+    assert status == 1 and "commit record is unreadable" in report["problems"][0]
+    status, out, err = run(capsys, "plot", str(bad), "--out", str(tmp_path / "p.png"), "--json")
+    assert status == 1 and json.loads(out) == {"ok": False, "error": err.strip()[16:]}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["info", "{missing}"],
+        ["verify", "{missing}"],
+        ["export", "{missing}", "{tmp}/o.h5", "--format", "hdf5"],
+        ["import", "{missing}", "{tmp}/dst.zarr"],
+        ["plot", "{missing}", "--out", "{tmp}/p.png"],
+    ],
+)
+def test_missing_path_is_a_one_line_error(capsys, tmp_path, argv):
+    argv = [a.format(missing=tmp_path / "nope", tmp=tmp_path) for a in argv]
+    status, out, err = run(capsys, *argv)
+    assert status == 1 and out == ""
+    assert_one_line_error(err, "nope: no such file or directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_non_buffers_and_usage_errors(capsys, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    status, _, err = run(capsys, "info", str(tmp_path))
+    assert status == 1
+    assert_one_line_error(err, "not a zreplay buffer")
+    status, _, err = run(capsys, "info", str(tmp_path / "notes.txt"))
+    assert status == 1
+    assert_one_line_error(err, "neither a zreplay buffer directory nor an HDF5 file")
+    status, _, err = run(capsys, "import", str(tmp_path / "notes.txt"), str(tmp_path / "d"))
+    assert status == 1
+    assert_one_line_error(err, "neither an RLinf buffer directory")
+
+    got = zreplay_cli("export", str(tmp_path), str(tmp_path / "o"), "--format", "zip")
+    assert got.returncode == 2 and "invalid choice: 'zip'" in got.stderr
+    for argv in (["info"], ["frobnicate"], ["plot", str(tmp_path)]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+    status, out, _ = run(capsys)  # no command: the help, listing every command
+    assert status == 0 and all(c in out for c in ("demo", "info", "verify", "export", "plot"))
+
+
+# -- export / import -----------------------------------------------------------------
+
+
+def assert_same_episodes(a: Path, b: Path) -> None:
+    va, vb = zreplay.open(a), zreplay.open(b)
+    assert va.num_episodes == vb.num_episodes > 0
+    ta, tb = va.episode_table(), vb.episode_table()
+    for col in ("length", "terminated", "truncated"):
+        np.testing.assert_array_equal(ta[col], tb[col], err_msg=col)
+    for e in range(va.num_episodes):
+        ea, eb = flatten(va.episode(e)), flatten(vb.episode(e))
+        assert ea.keys() == eb.keys()
+        for k in ea:
+            assert ea[k].dtype == eb[k].dtype
+            np.testing.assert_array_equal(ea[k], eb[k], err_msg=f"episode {e} {k}")
+
+
+def test_hdf5_export_import_round_trip(capsys, rlinf_buffer, tmp_path):
+    h5, dst = tmp_path / "eps.h5", tmp_path / "back.zarr"
+    status, exported = run_json(capsys, "export", str(rlinf_buffer), str(h5), "--format", "hdf5")
+    assert status == 0 and exported["episodes"] == zreplay.open(rlinf_buffer).num_episodes
+    status, imported = run_json(capsys, "import", str(h5), str(dst))
+    assert status == 0 and imported["kind"] == "hdf5" and imported["rows"] == 54
+    assert_same_episodes(rlinf_buffer, dst)
+
+
+@pytest.mark.parametrize("fmt", ["pt", "pkl"])
+def test_rlinf_export_import_round_trip(capsys, rlinf_buffer, tmp_path, fmt):
+    out, dst = tmp_path / "rlinf", tmp_path / "back.zarr"
+    status, exported = run_json(capsys, "export", str(rlinf_buffer), str(out), "--format", fmt)
+    assert status == 0 and exported["trajectories"] == 3
+    assert len(list(out.glob(f"trajectory_*.{fmt}"))) == 3
+    meta = json.loads((out / "metadata.json").read_text())
+    assert (meta["size"], meta["total_samples"], meta["trajectory_format"]) == (3, 54, fmt)
+    if fmt == "pkl":  # pickles run code on load: refused unless asked for
+        status, _, err = run(capsys, "import", str(out), str(dst))
+        assert status == 1 and not dst.exists()
+        assert_one_line_error(err, "--allow-pickle")
+    args = ["--allow-pickle"] if fmt == "pkl" else []
+    status, imported = run_json(capsys, "import", str(out), str(dst), *args)
+    assert status == 0 and (imported["kind"], imported["trajectories"]) == ("rlinf", 3)
+    va, vb = zreplay.open(rlinf_buffer), zreplay.open(dst)
+    for i in range(3):
+        ta, tb = va.trajectory(i), vb.trajectory(i)
+        for k in ("trajectory_id", "max_episode_length", "model_weights_id"):
+            assert ta.pop(k) == tb.pop(k), k
+        fa, fb = flatten(ta), flatten(tb)
+        assert fa.keys() == fb.keys()
+        for k in fa:
+            np.testing.assert_array_equal(fa[k], fb[k], err_msg=f"trajectory {i} {k}")
+    assert_same_episodes(rlinf_buffer, dst)
+
+
+def test_outputs_are_not_clobbered_without_overwrite(capsys, episode_buffer, tmp_path):
+    h5 = tmp_path / "eps.h5"
+    h5.write_text("precious")
+    status, _, err = run(capsys, "export", str(episode_buffer), str(h5), "--format", "hdf5")
+    assert status == 1 and h5.read_text() == "precious"
+    assert_one_line_error(err, "--overwrite")
+    status, _, err = run(
+        capsys, "export", str(episode_buffer), str(h5), "--format", "hdf5", "--overwrite"
+    )
+    assert status == 1 and h5.read_text() == "precious"  # not an HDF5 file: never replaced
+    assert_one_line_error(err, "is not an HDF5 file")
+    h5.unlink()
+    assert main(["export", str(episode_buffer), str(h5), "--format", "hdf5"]) == 0
+    dst = tmp_path / "dst.zarr"
+    assert main(["import", str(h5), str(dst)]) == 0
+    assert main(["import", str(h5), str(dst)]) == 1
+    assert main(["import", str(h5), str(dst), "--overwrite"]) == 0
+    capsys.readouterr()
+    assert_same_episodes(episode_buffer, dst)
+
+
+def test_progress_callbacks_count_the_work(rlinf_buffer, tmp_path):
+    seen = []
+    report = zreplay.verify(rlinf_buffer, progress=lambda w, k, n: seen.append((w, k, n)))
+    assert sum(n for _, _, n in seen) == report.rows_checked > 0
+    assert {k for _, k, _ in seen} == set(zreplay.open(rlinf_buffer).keys())
+    view, ticks = zreplay.open(rlinf_buffer), []
+    zreplay.dump(view, tmp_path / "e.h5", progress=ticks.append)
+    assert ticks == [1] * view.num_episodes
+    assert main(["export", str(rlinf_buffer), str(tmp_path / "r"), "--format", "pt", "-q"]) == 0
+    ticks = []
+    zreplay.import_rlinf(str(tmp_path / "r"), str(tmp_path / "b.zarr"), progress=ticks.append)
+    assert ticks == [1] * 3
+
+
+# -- plot and demo -------------------------------------------------------------------
+
+
+def test_plot_writes_a_png(capsys, rlinf_buffer, episode_buffer, tmp_path):
+    png = tmp_path / "rlinf.png"
+    status, got = run_json(capsys, "plot", str(rlinf_buffer), "--out", str(png), "--dpi", "40")
+    assert status == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert got["reward_key"] == "rewards"
+    assert got["image_keys"] == ["curr_obs/main_images", "next_obs/main_images"]
+    view = zreplay.open(rlinf_buffer)
+    returns = [view.episode(e, keys=["rewards"])["rewards"].sum() for e in range(view.num_episodes)]
+    assert got["episodes"] == view.num_episodes
+    assert got["mean_return"] == pytest.approx(np.mean(returns))
+
+    status, out, _ = run(capsys, "plot", str(episode_buffer), "--out", str(tmp_path / "e.png"))
+    assert status == 0 and "4 episodes" in out and "mean return 3.12" in out and "pixels" in out
+
+
+def test_demo_still_runs(capsys, tmp_path):
+    status, out, _ = run(
+        capsys, "demo", "--path", str(tmp_path / "demo.zarr"), "--trajectories", "2"
+    )
+    assert status == 0 and "round trip of trajectory 0 bit-exact: True" in out
