@@ -237,3 +237,21 @@ def test_non_buffer_directory_is_not_overwritten(tmp_path):
     with pytest.raises(zreplay.FormatError):
         zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(d), overwrite=True)
     assert (d / "notes.txt").read_text() == "keep me"
+
+
+def test_overwrite_refuses_a_buffer_with_a_live_writer(tmp_path):
+    import zreplay
+
+    path = str(tmp_path / "live")
+    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    a.add_trajectories([{"rewards": np.ones((2, 2, 1), np.float32)}])
+    a.flush()
+    with pytest.raises(zreplay.WriterLockedError, match="overwrite=True refused"):
+        zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=path, overwrite=True, writer_id="other"
+        )
+    assert zreplay.open(path).num_rows == 4
+    a.close()
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, overwrite=True)
+    assert len(b) == 0
+    b.close()

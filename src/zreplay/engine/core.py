@@ -148,6 +148,17 @@ class Engine:
         from ..store.root import is_buffer
 
         if is_buffer(self.path):
+            root = BufferRoot(self.path)
+            for wid in root.writer_ids():
+                info = WriterLock(root.segment_dir(wid)).live_holder()
+                if info is not None:
+                    from ..errors import WriterLockedError
+
+                    raise WriterLockedError(
+                        f"overwrite=True refused: segment {wid!r} of {self.path} is being "
+                        f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
+                        "close that writer first"
+                    )
             shutil.rmtree(self.path)
         elif any(self.path.iterdir()):
             from ..errors import FormatError

@@ -87,6 +87,13 @@ class WriterLock:
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
 
+    def live_holder(self) -> dict | None:
+        """The holder of this lock if it may still be writing (not stale), else None."""
+        info = self.holder()
+        if info is None or self._is_stale(info):
+            return None
+        return info
+
     def release(self) -> None:
         if not self.held:
             return
