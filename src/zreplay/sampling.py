@@ -12,17 +12,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .episodes import (
-    ClipSpec,
-    EpisodeView,
-    NStepSpec,
-    finish_clips,
-    finish_nstep,
-    num_nstep,
-    plan_clips,
-    plan_nstep,
-)
+from .clips import ClipSpec, finish_clips, plan_clips
+from .episodes import EpisodeView
 from .errors import EmptyBufferError
+from .nstep import NStepSpec, finish_nstep, num_nstep, plan_nstep
 
 Gather = Callable[[Callable[[EpisodeView], dict]], dict]
 Pick = Callable[[EpisodeView, int], np.ndarray]

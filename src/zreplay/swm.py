@@ -30,10 +30,11 @@ import numpy as np
 import torch.utils.data
 
 from . import sampling
+from .clips import ClipSpec
 from .engine.core import Engine, Prepared
 from .engine.ramtier import RamPolicy
-from .episodes import ClipSpec, NStepSpec
 from .errors import SchemaError
+from .nstep import NStepSpec
 from .schema import as_numpy, flatten, unflatten
 from .view import index_tree as _index
 

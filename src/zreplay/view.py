@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from . import sampling
+from .clips import ClipSpec
 from .engine.core import Prepared
-from .episodes import ClipSpec, EpisodeView, NStepSpec, concat_pieces
+from .episodes import EpisodeView, concat_pieces
 from .errors import EmptyBufferError
 from .index import TrajectoryIndex, time_major
+from .nstep import NStepSpec
 from .schema import unflatten
 from .store.commit import Commit, read_commit
 from .store.root import BufferRoot
@@ -237,7 +239,7 @@ class BufferView:
         )
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
-        """n-step transitions (see :class:`zreplay.episodes.NStepSpec` for ``kw``)."""
+        """n-step transitions (see :class:`zreplay.nstep.NStepSpec` for ``kw``)."""
         keys = kw.pop("keys", None) or self.keys()
         spec = NStepSpec(n, gamma, **kw)
         return sampling.as_nested(

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from .. import sampling
+from ..clips import ClipSpec
 from ..engine.core import Engine, RamPolicy
-from ..episodes import ClipSpec, NStepSpec
 from ..errors import EmptyBufferError, FormatError
+from ..nstep import NStepSpec
 from ..prefetch import Prefetcher
 from ..schema import unflatten
 from ..store.root import BufferRoot, is_buffer
@@ -390,7 +391,7 @@ class TrajectoryReplayBuffer:
 
     def sample_nstep(self, num_chunks: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """Transitions with n-step returns (tensors); ``next_obs`` n steps ahead from the
-        stored ``next_obs`` (see :class:`zreplay.episodes.NStepSpec` for ``kw``)."""
+        stored ``next_obs`` (see :class:`zreplay.nstep.NStepSpec` for ``kw``)."""
         kw.setdefault(
             "obs_key", "curr_obs" if "curr_obs" in {k.split("/")[0] for k in self._keys()} else None
         )
