@@ -346,3 +346,30 @@ def test_clip_count_cache_is_lazy_reused_rekeyed_and_invalidated(rb):
     view = rb._engine.index.episodes()
     rb.clear()
     assert rb._engine.index.episodes() is not view and rb.num_valid_ends(3) == 0
+
+
+def test_state_dict_round_trips_the_sampler(rb):
+    fill(rb, [10, 10])
+    rb.sample(2)
+    state = rb.state_dict()
+    a = rb.sample(8)
+    rb.load_state_dict(state)
+    assert rb.step == 1 and np.array_equal(rb.sample(8)["pixels"], a["pixels"])
+
+
+def test_nstep_keys_subset_keeps_the_stored_next_column():
+    rb = zreplay.ReplayBuffer(100, seed=0)
+    L = 4
+    rb.write_episode(
+        {
+            "obs": np.arange(L, dtype=np.float32)[:, None],
+            "next_obs": np.arange(1, L + 1, dtype=np.float32)[:, None],
+            "reward": np.ones(L, np.float32),
+            "truncated": np.arange(L) == L - 1,
+        }
+    )
+    b = rb.sample_nstep(200, n=1, keys=["obs", "reward"])
+    assert set(b) == {"obs", "reward", "next_obs", "return", "discount", "n_steps", "terminated_n"}
+    assert 3 in b["obs"][:, 0]  # the truncated last step bootstraps from the stored next obs
+    assert np.array_equal(b["next_obs"], b["obs"] + 1)
+    rb.close()

@@ -68,14 +68,18 @@ def gather_clips(
 
 
 def gather_nstep(
-    gather: Gather, spec: NStepSpec, keys: list[str], pick: Pick
+    gather: Gather, spec: NStepSpec, stored: list[str], pick: Pick, keys: list[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """n-step transitions: data keys at ``t`` (stacked for observations if
-    ``frame_stack``), ``next_obs`` (mirroring the observation key or group), ``return``,
-    ``discount`` (gamma^steps, 0 when the window ends in a termination), ``n_steps`` and
-    ``terminated_n``."""
-    reward, obs, nxt = spec.resolve(keys)
+    """n-step transitions: data ``keys`` (default all ``stored`` keys) at ``t`` (stacked
+    for observations if ``frame_stack``), ``next_obs`` (mirroring the observation key or
+    group), ``return``, ``discount`` (gamma^steps, 0 when the window ends in a
+    termination), ``n_steps`` and ``terminated_n``.  Reward, observation and stored next
+    columns are found among all ``stored`` keys, whatever ``keys`` asks for."""
+    reward, obs, nxt = spec.resolve(stored)
     obs_root = spec.obs_key or _common_root(obs)
+    # stored one-step next observations are replaced by the n-step ones: not gathered
+    replaced = {"next_obs" + k[len(obs_root) :] for k in obs}
+    keys = [k for k in (stored if keys is None else keys) if k not in replaced]
     box = {}
 
     def fn(view: EpisodeView) -> dict:

@@ -120,9 +120,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
         self.path = self._engine.path
         state = self._engine.commit.sampler
         if state.get("kind") == "swm":
-            self._step = int(state["step"])
-            self._rng.bit_generator.state = dict(state["rng"])
-            self._seed = int(state["seed"])
+            self.load_state_dict(state)
 
     def _sampler_state(self) -> dict:
         return {
@@ -131,6 +129,18 @@ class ReplayBuffer(torch.utils.data.Dataset):
             "seed": self._seed,
             "rng": self._rng.bit_generator.state,
         }
+
+    def state_dict(self) -> dict:
+        """The sampler's state (step counter, seed, random generator) at this instant,
+        for a training checkpoint: the store also saves it with every commit, but a
+        commit's timing is the writer thread's."""
+        return self._sampler_state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._step = int(state["step"])
+        self._seed = int(state["seed"])
+        self._rng.bit_generator.state = dict(state["rng"])
 
     # -- Writer protocol --------------------------------------------------------------
 
@@ -300,10 +310,10 @@ class ReplayBuffer(torch.utils.data.Dataset):
         ``n_steps``, ``terminated_n``."""
         if int(batch_size) <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        keys = kw.pop("keys", None) or self._keys()
+        keys = kw.pop("keys", None)
         spec = NStepSpec(n, gamma, **kw)
         pick = sampling.uniform(self._rng, int(batch_size))
-        return unflatten(sampling.gather_nstep(self._gather, spec, keys, pick))
+        return unflatten(sampling.gather_nstep(self._gather, spec, self._keys(), pick, keys))
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
         """Stored episodes, oldest first, as ``{column: [per-step arrays]}`` (what

@@ -240,10 +240,12 @@ class BufferView:
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """n-step transitions (see :class:`zreplay.nstep.NStepSpec` for ``kw``)."""
-        keys = kw.pop("keys", None) or self.keys()
+        keys = kw.pop("keys", None)
         spec = NStepSpec(n, gamma, **kw)
         return sampling.as_nested(
-            sampling.gather_nstep(self._gather, spec, keys, sampling.uniform(self._rng, batch_size))
+            sampling.gather_nstep(
+                self._gather, spec, self.keys(), sampling.uniform(self._rng, batch_size), keys
+            )
         )
 
     def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
