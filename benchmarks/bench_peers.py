@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata
 import json
 import os
 import shutil
@@ -44,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (
+    describe_machine,
     dir_bytes,
     files_under,
     minor_faults,
@@ -1462,19 +1462,8 @@ def main(argv=None) -> int:
     mode = "quick" if args.quick else "default"
     cfg = CONFIGS[mode]
     t_start = time.perf_counter()
-    from bench_foundation import machine_info
-
-    info = machine_info()
-    for pkg in EXTRA_PACKAGES:
-        try:
-            info["versions"][pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            info["versions"][pkg] = None
-    print(
-        f"zreplay peer benchmark ({mode}, workloads {','.join(only)}) on {info['cpu_model']}, "
-        f"{info['cores']} cores, {info['mem_total_gib']} GiB, python {info['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
-        flush=True,
+    info = describe_machine(
+        f"zreplay peer benchmark ({mode}, workloads {','.join(only)})", EXTRA_PACKAGES
     )
     sections: dict = {}
     idle0 = wait_idle(args.wait_idle) if args.wait_idle > 0 else None

@@ -130,3 +130,24 @@ def nest(flat: dict) -> dict:
             node = node.setdefault(p, {})
         node[leaf] = value
     return out
+
+
+def describe_machine(title: str, extra_packages) -> dict:
+    """Machine facts plus versions of ``extra_packages``; prints a one-line header."""
+    import importlib.metadata
+
+    from bench_foundation import machine_info
+
+    info = machine_info()
+    for pkg in extra_packages:
+        try:
+            info["versions"][pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            info["versions"][pkg] = None
+    print(
+        f"{title} on {info['cpu_model']}, {info['cores']} cores, "
+        f"{info['mem_total_gib']} GiB, python {info['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
+        flush=True,
+    )
+    return info
