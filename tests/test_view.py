@@ -87,3 +87,45 @@ def test_plain_zarr_reads_every_trajectory(written):
     assert seg["traj/trajectory_id"][: commit["n_traj"]].tolist() == [0, 1, 2, 3]
     wid = bytes(seg["traj/model_weights_id"][0]).rstrip(b"\0").decode()
     assert wid == zreplay.open(path).trajectory(0)["model_weights_id"]
+
+
+def test_zarr_fallback_reads_never_fail_while_the_writer_replaces_shards(tmp_path):
+    """Forked readers use zarr-python, which opens a shard twice per read (index, chunk):
+    a read straddling the writer's atomic shard replacement is retried, never an error."""
+    import threading
+    import time
+
+    from zreplay.store import segment as S
+
+    rb = zreplay.ReplayBuffer(100_000, path=tmp_path / "s", durable=False)
+
+    def ep(i):
+        return {
+            "pixels": np.full((5, 8, 8), i % 250, np.uint8),
+            "reward": np.full(5, i, np.float32),
+        }
+
+    rb.write_episode(ep(0))
+    rb.flush()
+    stop = threading.Event()
+
+    def writer():
+        i = 1
+        while not stop.is_set():
+            rb.write_episode(ep(i))
+            rb.flush()
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    arr = S._ZarrArray(rb.path / "segments" / "default" / "data" / "pixels")
+    reads, t0 = 0, time.monotonic()
+    try:
+        while time.monotonic() - t0 < 3:
+            assert (S._ZarrRead(arr._arr, np.arange(5)).result() == 0).all()
+            reads += 1
+    finally:
+        stop.set()
+        t.join()
+        rb.close()
+    assert reads > 50

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,7 @@ TRAJ_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
 # same checksums, slower per call.
 _FORKED = False
 _WARNED_FORK = False
+_ZARR_RETRIES = 8
 
 
 def _mark_forked() -> None:
@@ -78,9 +80,20 @@ class _ZarrRead:
         return self
 
     def result(self) -> np.ndarray:
-        if isinstance(self._sel, np.ndarray):
-            return self._arr.get_orthogonal_selection((self._sel,))
-        return self._arr[self._sel]
+        # zarr-python reads a shard's index and then its chunks with separate opens: if the
+        # writer replaces the shard file in between (it rewrites the shard holding the
+        # newest rows), the old index meets the new file and the checksum fails.  The
+        # replacement is atomic, so a re-read sees one consistent file; damage persists.
+        for attempt in range(_ZARR_RETRIES):
+            try:
+                if isinstance(self._sel, np.ndarray):
+                    return self._arr.get_orthogonal_selection((self._sel,))
+                return self._arr[self._sel]
+            except Exception:  # noqa: BLE001 - re-raised on the last attempt
+                if attempt == _ZARR_RETRIES - 1:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
+        raise AssertionError("unreachable")
 
 
 def _grow(current: int, needed: int, unit: int) -> int:
