@@ -356,3 +356,22 @@ def test_plain_zarr_reads_every_episode(tmp_path):
         for e in range(view.num_episodes)
     ]
     assert sorted(got) == sorted(want) and len(got) > 3
+
+
+def test_nstep_next_obs_mirrors_a_one_key_observation_group():
+    """obs group with a single key: next_obs keeps the group's structure (it used to be
+    collapsed to one array, clashing with the stored next_obs/<key> column)."""
+    rb = zreplay.ReplayBuffer(100, seed=0)
+    L = 4
+    rb.write_episode(
+        {
+            "obs": {"state": np.arange(L, dtype=np.float32)[:, None]},
+            "next_obs": {"state": np.arange(1, L + 1, dtype=np.float32)[:, None]},
+            "reward": np.ones(L, np.float32),
+            "truncated": np.arange(L) == L - 1,
+        }
+    )
+    b = rb.sample_nstep(64, n=2, gamma=0.5)
+    assert set(b["next_obs"]) == {"state"}
+    assert np.array_equal(b["next_obs"]["state"], b["obs"]["state"] + b["n_steps"][:, None])
+    rb.close()

@@ -42,8 +42,9 @@ class NStepSpec:
             raise ValueError(f"pad must be 'zero' or 'repeat', got {self.pad!r}")
         self.n, self.gamma, self.frame_stack = int(self.n), float(self.gamma), int(self.frame_stack)
 
-    def resolve(self, keys: list[str]) -> tuple[str, list[str], dict[str, str]]:
-        """(reward key, observation keys, obs key -> next key) for a stored key set."""
+    def resolve(self, keys: list[str]) -> tuple[str, str, list[str], dict[str, str]]:
+        """(reward key, observation root, observation keys under it, obs key -> stored
+        next key) for a stored key set."""
         reward = self.reward_key or next((k for k in REWARD_KEYS if k in keys), None)
         if reward is None or reward not in keys:
             raise SchemaError(f"n-step needs a reward column; pass reward_key= (keys: {keys})")
@@ -70,7 +71,14 @@ class NStepSpec:
                     nxt = {}
                     break
                 nxt[k] = cand
-        return reward, obs, nxt
+        return reward, obs_root, obs, nxt
+
+
+def next_name(obs_root: str, key: str) -> str:
+    """Output name of the n-step next observation of ``key`` (under ``obs_root``): it
+    mirrors the observation group under ``next_obs`` (``obs/pixels`` -> ``next_obs/pixels``
+    for root ``obs``; ``obs`` -> ``next_obs``)."""
+    return "next_obs" + key[len(obs_root) :]
 
 
 @dataclass
@@ -180,11 +188,8 @@ def finish_nstep(
         if name.startswith("@last/"):
             key = name[len("@last/") :]
             out["@next/" + key] = np.concatenate([out["@next/" + key], arr[:, None]], 1)
-    # rename next_obs/<obs_root>/rest -> next_obs/rest (mirrors the observation group)
     for name in [n for n in out if n.startswith("@next/")]:
-        key = name[len("@next/") :]
-        rest = key[len(obs_root) :]
-        out["next_obs" + rest] = out.pop(name)
+        out[next_name(obs_root, name[len("@next/") :])] = out.pop(name)
     r = got["@reward"].astype(np.float64).reshape(len(plan.discount), spec.n, -1)
     if r.shape[2] != 1:
         raise SchemaError(

@@ -15,7 +15,7 @@ import numpy as np
 from .clips import ClipSpec, finish_clips, plan_clips
 from .episodes import EpisodeView
 from .errors import EmptyBufferError
-from .nstep import NStepSpec, finish_nstep, num_nstep, plan_nstep
+from .nstep import NStepSpec, finish_nstep, next_name, num_nstep, plan_nstep
 
 Gather = Callable[[Callable[[EpisodeView], dict]], dict]
 Pick = Callable[[EpisodeView, int], np.ndarray]
@@ -75,10 +75,9 @@ def gather_nstep(
     group), ``return``, ``discount`` (gamma^steps, 0 when the window ends in a
     termination), ``n_steps`` and ``terminated_n``.  Reward, observation and stored next
     columns are found among all ``stored`` keys, whatever ``keys`` asks for."""
-    reward, obs, nxt = spec.resolve(stored)
-    obs_root = spec.obs_key or _common_root(obs)
+    reward, obs_root, obs, nxt = spec.resolve(stored)
     # stored one-step next observations are replaced by the n-step ones: not gathered
-    replaced = {"next_obs" + k[len(obs_root) :] for k in obs}
+    replaced = {next_name(obs_root, k) for k in obs}
     keys = [k for k in (stored if keys is None else keys) if k not in replaced]
     box = {}
 
@@ -91,22 +90,6 @@ def gather_nstep(
 
     got = gather(fn)
     return finish_nstep(box["plan"], got, spec, obs_root)
-
-
-def _common_root(obs: list[str]) -> str:
-    if len(obs) == 1:
-        return obs[0]
-    parts = [k.split("/") for k in obs]
-    common = []
-    for level in zip(*parts, strict=False):
-        if len(set(level)) != 1:
-            break
-        common.append(level[0])
-    return "/".join(common)
-
-
-def num_clips(view: EpisodeView, spec: ClipSpec) -> int:
-    return spec.num_clips(view)
 
 
 def episode_table(view: EpisodeView) -> dict[str, np.ndarray]:
