@@ -201,22 +201,25 @@ class EpisodeView:
     def __init__(self, pieces: Mapping[str, np.ndarray]):
         ep = np.asarray(pieces["episode"], np.int64)
         n = len(ep)
-        self.num_pieces = n
         if n and not np.all(ep[1:] > ep[:-1]):
             order = np.argsort(ep, kind="stable")  # pieces of one episode stay in step order
             p = {k: np.asarray(v)[order] for k, v in pieces.items()}
         else:
             p = {k: np.asarray(v) for k, v in pieces.items()}
         ep = p["episode"]
-        first = np.flatnonzero(np.concatenate([[True], ep[1:] != ep[:-1]])) if n else ep
-        last = np.concatenate([first[1:], [n]]) - 1 if n else ep
+        if n:
+            first = np.flatnonzero(np.concatenate([[True], ep[1:] != ep[:-1]]))
+            last = np.concatenate([first[1:], [n]]) - 1
+            self.length = np.add.reduceat(p["length"], first)
+        else:
+            first = last = np.zeros(0, np.int64)
+            self.length = np.zeros(0, np.int64)
         self.ids = ep[first]
-        self.length = np.add.reduceat(p["length"], first) if n else np.zeros(0, np.int64)
-        self.first_step = p["step"][first] if n else np.zeros(0, np.int64)
-        self.terminated = p["terminated"][last] if n else np.zeros(0, bool)
-        self.truncated = p["truncated"][last] if n else np.zeros(0, bool)
+        self.first_step = p["step"][first]
+        self.terminated = p["terminated"][last]
+        self.truncated = p["truncated"][last]
         self.multi = len(first) != n
-        self._row0 = p["start"][first] if n else np.zeros(0, np.int64)
+        self._row0 = p["start"][first]
         if self.multi:
             self._vbase = np.concatenate([[0], np.cumsum(self.length)[:-1]])
             self._p_vstart = np.concatenate([[0], np.cumsum(p["length"])[:-1]])
@@ -225,10 +228,6 @@ class EpisodeView:
 
     def __len__(self) -> int:
         return len(self.length)
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.length.sum())
 
     def rows(self, episode: np.ndarray, step: np.ndarray) -> np.ndarray:
         """Rows of ``step`` (each inside ``[0, length[episode])``) of ``episode``."""

@@ -21,6 +21,15 @@ Gather = Callable[[Callable[[EpisodeView], dict]], dict]
 Pick = Callable[[EpisodeView, int], np.ndarray]
 
 
+def group_requests(requests: Mapping[str, tuple[str, np.ndarray]]) -> list[tuple]:
+    """Requests that share one rows array (by identity): ``[(rows, [(name, key), ...])]``,
+    so a source locates and reads those rows once for all their keys."""
+    groups: dict[int, tuple] = {}
+    for name, (key, rows) in requests.items():
+        groups.setdefault(id(rows), (rows, []))[1].append((name, key))
+    return list(groups.values())
+
+
 def uniform(rng: np.random.Generator, n: int) -> Pick:
     """Pick ``n`` units uniformly with replacement among ``total``."""
 

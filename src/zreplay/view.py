@@ -189,12 +189,9 @@ class BufferView:
         self._check_process()
         for _ in range(_RETRIES):
             requests = fn(self.episodes())
-            groups: dict[int, tuple] = {}
-            for name, (key, r) in requests.items():
-                groups.setdefault(id(r), (r, []))[1].append((name, key))
             out = {}
             try:
-                for r, members in groups.values():
+                for r, members in sampling.group_requests(requests):
                     got = self._read_positions(
                         np.asarray(r, np.int64).reshape(-1), sorted({k for _, k in members})
                     )

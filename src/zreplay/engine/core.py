@@ -35,6 +35,7 @@ from ..errors import (
     SchemaError,
 )
 from ..index import TrajectoryIndex, time_major
+from ..sampling import group_requests
 from ..schema import Schema
 from ..store.commit import Commit, read_commit, remove_orphans, write_commit
 from ..store.layout import layouts_for
@@ -358,33 +359,27 @@ class Engine:
             else:
                 drawn = np.asarray(drawn, np.int64)
                 requests = {k: (k, drawn) for k in (self.schema.keys if keys is None else keys)}
-            out, groups = {}, {}
+            out, dst = {}, {}  # dst: each output viewed as [rows, *row_shape]
             for name, (key, r) in requests.items():
                 spec = self.schema.specs[key]
                 out[name] = alloc(name, (*r.shape, *spec.row_shape), spec.dtype)
-                groups.setdefault(id(r), (r, []))[1].append((name, key))
+                dst[name] = out[name].reshape(r.size, *spec.row_shape)
             tier = self.tier
             tier_lo = tier.lo if tier is not None else self.index.n_rows
             disk = []
-            for r, members in groups.values():
+            for r, members in group_requests(requests):
                 flat = np.asarray(r, np.int64).reshape(-1)
                 in_tier = flat >= tier_lo
                 if in_tier.all():
                     slots = tier.slots(flat)
                     for name, key in members:
-                        tier.gather(
-                            key,
-                            slots,
-                            out=out[name].reshape(len(flat), *self.schema.specs[key].row_shape),
-                        )
+                        tier.gather(key, slots, out=dst[name])
                     continue
                 if in_tier.any():
                     sel = np.nonzero(in_tier)[0]
                     slots = tier.slots(flat[sel])
                     for name, key in members:
-                        out[name].reshape(len(flat), *self.schema.specs[key].row_shape)[sel] = (
-                            tier.gather(key, slots)
-                        )
+                        dst[name][sel] = tier.gather(key, slots)
                 disk.append((flat, np.nonzero(~in_tier)[0], members))
             if not disk:
                 return drawn, out
@@ -397,11 +392,10 @@ class Engine:
                 pending.append((flat, miss, inv, members, futs))
             for flat, miss, inv, members, futs in pending:
                 for name, key in members:
-                    dst = out[name].reshape(len(flat), *self.schema.specs[key].row_shape)
                     if len(miss) == len(flat):
-                        np.take(futs[key].result(), inv, axis=0, out=dst, mode="clip")
+                        np.take(futs[key].result(), inv, axis=0, out=dst[name], mode="clip")
                     else:
-                        dst[miss] = futs[key].result()[inv]
+                        dst[name][miss] = futs[key].result()[inv]
         finally:
             self._committer.end_disk_read()
         return drawn, out
