@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .columns import GrowingColumns
 from .errors import SchemaError
 
 PIECE_COLUMNS: dict[str, str] = {
@@ -156,41 +157,20 @@ def lanes_after(pieces: Mapping[str, np.ndarray], row0: int, T: int, B: int) -> 
     return lanes
 
 
-class PieceTable:
-    """Append-only piece columns with amortised growth; ``low`` = first visible piece."""
+class PieceTable(GrowingColumns):
+    """Append-only piece columns; ``low`` = first visible piece."""
 
     def __init__(self, columns: Mapping[str, np.ndarray] | None = None, low: int = 0):
-        columns = columns or {}
-        self.n = len(columns.get("start", ()))
+        n = len(columns["start"]) if columns else 0
+        spec = {name: (dtype, ()) for name, dtype in PIECE_COLUMNS.items()}
+        super().__init__(spec, columns, n, min_capacity=64)
         self.low = low
-        cap = max(64, 2 * self.n)
-        self._cols = {}
-        for name, dtype in PIECE_COLUMNS.items():
-            arr = np.zeros(cap, dtype)
-            if self.n:
-                arr[: self.n] = columns[name]
-            self._cols[name] = arr
-
-    def column(self, name: str) -> np.ndarray:
-        return self._cols[name][: self.n]
 
     def visible(self) -> dict[str, np.ndarray]:
         return {k: v[self.low : self.n] for k, v in self._cols.items()}
 
-    def columns_range(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        return {k: v[start:stop].copy() for k, v in self._cols.items()}
-
     def append(self, pieces: Mapping[str, np.ndarray]) -> None:
-        k = len(pieces["start"])
-        if self.n + k > len(self._cols["start"]):
-            cap = max(2 * len(self._cols["start"]), self.n + k)
-            for name, arr in self._cols.items():
-                new = np.zeros(cap, arr.dtype)
-                new[: self.n] = arr[: self.n]
-                self._cols[name] = new
-        for name, arr in self._cols.items():
-            arr[self.n : self.n + k] = pieces[name]
-        self.n += k
+        super().append(pieces, len(pieces["start"]))
 
 
 class EpisodeView:

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .columns import GrowingColumns
 from .episodes import EpisodeView, PieceTable
-from .store.segment import TRAJ_COLUMNS
+from .store.segment import TRAJ_COLUMNS, WEIGHTS_ID_BYTES
 
 
 def time_major(rows: np.ndarray, T: int, B: int) -> np.ndarray:
@@ -32,15 +33,9 @@ class TrajectoryIndex:
         self._view: EpisodeView | None = None
         self.n = len(off) - 1
         self.low = low
-        cap = max(16, 2 * self.n)
-        self._offsets = np.zeros(cap + 1, np.int64)
+        self._cols = GrowingColumns(TRAJ_COLUMNS, columns, self.n)
+        self._offsets = np.zeros(self._cols.capacity + 1, np.int64)
         self._offsets[: self.n + 1] = off
-        self._cols: dict[str, np.ndarray] = {}
-        for name, (dtype, row) in TRAJ_COLUMNS.items():
-            arr = np.zeros((cap, *row), dtype)
-            if name in columns:
-                arr[: self.n] = columns[name]
-            self._cols[name] = arr
         self._set_low(low)
 
     # -- views ----------------------------------------------------------------------
@@ -51,7 +46,7 @@ class TrajectoryIndex:
         return self._offsets[: self.n + 1]
 
     def column(self, name: str) -> np.ndarray:
-        return self._cols[name][: self.n]
+        return self._cols.column(name)
 
     @property
     def n_rows(self) -> int:
@@ -97,32 +92,27 @@ class TrajectoryIndex:
         pieces: Mapping[str, np.ndarray],
     ) -> int:
         """Add one trajectory of ``T * B`` rows and its episode pieces; returns its index."""
-        if self.n + 1 >= len(self._offsets) - 1:
-            self._reserve(2 * (self.n + 1))
         i = self.n
+        if i + 2 > len(self._offsets):  # grows like the columns (new array, old rows copied)
+            off = np.zeros(2 * len(self._offsets), np.int64)
+            off[: i + 1] = self._offsets[: i + 1]
+            self._offsets = off
         self._offsets[i + 1] = self._offsets[i] + T * B
-        c = self._cols
-        c["trajectory_id"][i] = trajectory_id
-        c["T"][i] = T
-        c["B"][i] = B
-        c["max_episode_length"][i] = max_episode_length
-        wid = c["model_weights_id"][i]
-        wid[:] = 0
+        wid = np.zeros(WEIGHTS_ID_BYTES, np.uint8)
         wid[: len(weights_id)] = np.frombuffer(weights_id, np.uint8)
         self.pieces.append(pieces)
-        c["piece_end"][i] = self.pieces.n
+        row = {
+            "trajectory_id": trajectory_id,
+            "T": T,
+            "B": B,
+            "max_episode_length": max_episode_length,
+            "model_weights_id": wid,
+            "piece_end": self.pieces.n,
+        }
+        self._cols.append(row, 1)
         self.n = i + 1
         self._view = None
         return i
-
-    def _reserve(self, cap: int) -> None:
-        off = np.zeros(cap + 1, np.int64)
-        off[: self.n + 1] = self._offsets[: self.n + 1]
-        self._offsets = off
-        for name, arr in self._cols.items():
-            new = np.zeros((cap, *arr.shape[1:]), arr.dtype)
-            new[: self.n] = arr[: self.n]
-            self._cols[name] = new
 
     def evict_to(self, max_rows: int) -> None:
         """Advance ``low`` past whole oldest trajectories until at most ``max_rows`` remain."""
@@ -133,12 +123,12 @@ class TrajectoryIndex:
 
     def _set_low(self, low: int) -> None:
         self.low = low
-        self.pieces.low = int(self._cols["piece_end"][low - 1]) if low > 0 else 0
+        self.pieces.low = int(self._cols.column("piece_end")[low - 1]) if low > 0 else 0
         self._view = None
 
     def weights_id(self, i: int) -> str:
-        raw = self._cols["model_weights_id"][i].tobytes()
+        raw = self._cols.column("model_weights_id")[i].tobytes()
         return raw.rstrip(b"\0").decode("utf-8")
 
     def columns_range(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        return {name: arr[start:stop].copy() for name, arr in self._cols.items()}
+        return self._cols.columns_range(start, stop)

@@ -1,0 +1,54 @@
+"""Named append-only arrays with amortised growth (the in-RAM index tables)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class GrowingColumns:
+    """Arrays of one length ``n`` (name -> ``(dtype, row shape)``), appended in place.
+
+    Growth copies into new, larger arrays and never writes rows below ``n`` again, so a
+    slice handed out earlier stays valid.  ``initial`` holds the first ``n`` rows of some
+    or all columns (missing ones start as zeros).
+    """
+
+    def __init__(
+        self,
+        spec: Mapping[str, tuple[str, tuple[int, ...]]],
+        initial: Mapping[str, np.ndarray] | None = None,
+        n: int = 0,
+        min_capacity: int = 16,
+    ):
+        self.n = n
+        cap = max(min_capacity, 2 * n)
+        self._cols: dict[str, np.ndarray] = {}
+        for name, (dtype, row) in spec.items():
+            arr = np.zeros((cap, *row), dtype)
+            if initial is not None and name in initial and n:
+                arr[:n] = initial[name]
+            self._cols[name] = arr
+
+    @property
+    def capacity(self) -> int:
+        return len(next(iter(self._cols.values())))
+
+    def column(self, name: str) -> np.ndarray:
+        return self._cols[name][: self.n]
+
+    def columns_range(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        return {k: v[start:stop].copy() for k, v in self._cols.items()}
+
+    def append(self, rows: Mapping[str, np.ndarray], k: int) -> None:
+        """Append ``k`` rows (``rows[name]`` broadcastable to ``[k, *row]``)."""
+        if self.n + k > self.capacity:
+            cap = max(2 * self.capacity, self.n + k)
+            for name, arr in self._cols.items():
+                new = np.zeros((cap, *arr.shape[1:]), arr.dtype)
+                new[: self.n] = arr[: self.n]
+                self._cols[name] = new
+        for name, arr in self._cols.items():
+            arr[self.n : self.n + k] = rows[name]
+        self.n += k
