@@ -45,7 +45,6 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +64,16 @@ from bench_peers import (  # noqa: E402  (numpy-only module: children start fast
     wait_idle,
     warm_allocator,
 )
-from benchlib import describe_machine, dir_bytes, repeat, stats, warm_page_cache  # noqa: E402
+from benchlib import (  # noqa: E402
+    describe_machine,
+    dir_bytes,
+    repeat,
+    run_child_job,
+    run_undisturbed,
+    stats,
+    warm_page_cache,
+    write_json,
+)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "clips.json"
@@ -325,9 +333,20 @@ def _check_loop(chk: Checker, draw, n_batches: int, n_slices: int) -> np.ndarray
     return np.concatenate(eps)
 
 
+def _measure_static(res: dict, job: dict, chk, small, big) -> None:
+    """Check ``small``/``big`` clip batches, then time them (and profile on request)."""
+    cfg = job["cfg"]
+    eps = _check_loop(chk, small, cfg["check_batches"], SLICES)
+    _check_loop(chk, big, cfg["check_big_batches"], BIG_SLICES)
+    res["distribution"] = chk.distribution(eps)
+    res["sample"] = repeat(small, cfg["repeats"], warmup=3)
+    res["sample_big"] = repeat(big, cfg["big_repeats"], warmup=2)
+    if job.get("profile"):
+        res["profile"] = _profile(small, cfg["repeats"])
+
+
 def child_zreplay(job, wl: Workload, chk: Checker) -> dict:
     """RAM tier holding every row: ``rb.sample(n, history_len=32)``."""
-    cfg = job["cfg"]
     rb, build = _build_zreplay(wl, Path(job["wdir"]) / "zreplay")
     res = {"build": build}
 
@@ -337,13 +356,7 @@ def child_zreplay(job, wl: Workload, chk: Checker) -> dict:
     def big():
         return rb.sample(BIG_SLICES, history_len=L)
 
-    eps = _check_loop(chk, small, cfg["check_batches"], SLICES)
-    _check_loop(chk, big, cfg["check_big_batches"], BIG_SLICES)
-    res["distribution"] = chk.distribution(eps)
-    res["sample"] = repeat(small, cfg["repeats"], warmup=3)
-    res["sample_big"] = repeat(big, cfg["big_repeats"], warmup=2)
-    if job.get("profile"):
-        res["profile"] = _profile(small, cfg["repeats"])
+    _measure_static(res, job, chk, small, big)
     rb.close()
     res["bytes_dir"] = dir_bytes(Path(job["wdir"]) / "zreplay")
     return res
@@ -377,13 +390,7 @@ def child_zreplay_view(job, wl: Workload, chk: Checker) -> dict:
     def big():
         return view.sample_clips(BIG_SLICES, history_len=L)
 
-    eps = _check_loop(chk, small, cfg["check_batches"], SLICES)
-    _check_loop(chk, big, cfg["check_big_batches"], BIG_SLICES)
-    res["distribution"] = chk.distribution(eps)
-    res["sample"] = repeat(small, cfg["repeats"], warmup=3)
-    res["sample_big"] = repeat(big, cfg["big_repeats"], warmup=2)
-    if job.get("profile"):
-        res["profile"] = _profile(small, cfg["repeats"])
+    _measure_static(res, job, chk, small, big)
 
     # Raw TensorStore over zreplay's own arrays: same rule, sorted unique rows, every
     # key's read issued before waiting, then scattered back (what the view does, minus
@@ -742,29 +749,6 @@ def child_main(job_path: Path) -> int:
 # -- the parent -------------------------------------------------------------------------
 
 
-def run_system(system: str, wdir: Path, cfg: dict, profile: bool) -> tuple[dict, dict]:
-    from bench_foundation import CpuMeter
-
-    job_path, out = wdir / f"job_{system}.json", wdir / f"res_{system}.json"
-    job = {"system": system, "wdir": str(wdir), "cfg": cfg, "out": str(out), "profile": profile}
-    job_path.write_text(json.dumps(job))
-    out.unlink(missing_ok=True)
-    meter = CpuMeter().start()
-    r = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(job_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    section = meter.stop()
-    res = json.loads(out.read_text()) if out.exists() else {}
-    if r.returncode != 0 or not res or "error" in res:
-        res.setdefault("error", f"child exited {r.returncode} without a result")
-        res["stderr_tail"] = r.stderr[-3000:]
-        print(f"  {system}: ERROR {res['error']}\n{res.get('traceback', r.stderr[-1500:])}")
-    return res, section
-
-
 def med(d: dict | None, key: str = "median_s") -> float | None:
     return None if not d or key not in d else d[key]
 
@@ -1010,31 +994,24 @@ def main(argv=None) -> int:
             flush=True,
         )
         for system in only:
-            for attempt in (0, 1):
-                if args.wait_idle > 0:
-                    idle[system] = wait_idle(min(args.wait_idle, cfg["idle_each_s"]))
+
+            def run(system=system):
                 for name in SYSTEM_FILES.get(system, ()):
                     shutil.rmtree(tmp / name, ignore_errors=True)
-                t0 = time.perf_counter()
-                res, sec = run_system(system, tmp, cfg, args.profile)
-                sections[system] = sec
-                results[system] = res
-                print(
-                    f"  {system:<15} {time.perf_counter() - t0:6.1f}s  (other processes "
-                    f"{sec['foreign_cpu_cores']:.2f} cores, child peak RSS "
-                    f"{res.get('process_peak_rss_mb', 0):.0f} MB, "
-                    f"{res.get('clips_checked', 0)} clips checked)",
-                    flush=True,
-                )
-                if (
-                    attempt == 0
-                    and args.wait_idle > 0
-                    and sec["foreign_cpu_cores"] > cfg["retry_if_foreign_cores"]
-                ):
-                    disturbed[system] = sec
-                    print(f"  {system}: disturbed by other processes; running it again")
-                    continue
-                break
+                job = {"cfg": cfg, "profile": args.profile}
+                return run_child_job(__file__, system, job, tmp)
+
+            res, sec = run_undisturbed(
+                system,
+                run,
+                args,
+                cfg,
+                idle,
+                disturbed,
+                note=lambda r: f", {r.get('clips_checked', 0)} clips checked",
+            )
+            sections[system] = sec
+            results[system] = res
             if system == "zreplay_online":
                 shutil.rmtree(tmp / "zreplay_online", ignore_errors=True)
     finally:
@@ -1086,9 +1063,7 @@ def main(argv=None) -> int:
         "rows": table.rows,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=float))
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

@@ -30,7 +30,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import dir_bytes, repeat, stats, warm_page_cache, zarr_and_tensorstore_gathers
+from benchlib import (
+    dir_bytes,
+    repeat,
+    stats,
+    warm_page_cache,
+    write_json,
+    zarr_and_tensorstore_gathers,
+)
 
 import zreplay
 from zreplay import TrajectoryReplayBuffer
@@ -791,9 +798,7 @@ def main(argv=None) -> int:
         "table": table.text(),
         "rows": table.rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=float))
-    print(f"wrote {args.out}")
+    write_json(args.out, result, indent=2)
     return 0
 
 

@@ -49,8 +49,11 @@ from benchlib import (
     minor_faults,
     nest,
     repeat,
+    run_child_job,
+    run_undisturbed,
     stats,
     warm_page_cache,
+    write_json,
     zarr_and_tensorstore_gathers,
 )
 
@@ -935,31 +938,6 @@ def wait_idle(max_s: float) -> dict:
     return chk
 
 
-def run_system(system: str, w: str, wdir: Path, cfg: dict) -> tuple[dict, dict]:
-    from bench_foundation import CpuMeter
-
-    job_path, out = wdir / f"job_{system}.json", wdir / f"res_{system}.json"
-    job = {"system": system, "workload": w, "wdir": str(wdir), "cfg": cfg, "out": str(out)}
-    job_path.write_text(json.dumps(job))
-    meter = CpuMeter().start()
-    r = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(job_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    section = meter.stop()
-    if out.exists():
-        res = json.loads(out.read_text())
-    else:
-        res = {"error": f"child exited {r.returncode} without a result"}
-    if r.returncode != 0 or "error" in res:
-        res.setdefault("error", f"child exited {r.returncode}")
-        res["stderr_tail"] = r.stderr[-3000:]
-        print(f"  {system}: ERROR {res['error']}\n{res.get('traceback', r.stderr[-1500:])}")
-    return res, section
-
-
 def med(d: dict | None, key: str = "median_s") -> float | None:
     return None if not d or key not in d else d[key]
 
@@ -1366,31 +1344,16 @@ def run_workload(w: str, cfg: dict, tmp: Path, args, sections: dict) -> dict:
     )
     results, idle, disturbed = {}, {}, {}
     for system in SYSTEMS:
-        for attempt in (0, 1):
-            if args.wait_idle > 0:
-                idle[system] = wait_idle(min(args.wait_idle, cfg["idle_each_s"]))
+
+        def run(system=system):
             for name in SYSTEM_FILES.get(system, ()):
                 p = wdir / name
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-            t0 = time.perf_counter()
-            res, sec = run_system(system, w, wdir, cfg)
-            sections[f"{w}/{system}"] = sec
-            results[system] = res
-            print(
-                f"  {system:<15} {time.perf_counter() - t0:6.1f}s  (other processes "
-                f"{sec['foreign_cpu_cores']:.2f} cores, child peak RSS "
-                f"{res.get('process_peak_rss_mb', 0):.0f} MB)",
-                flush=True,
-            )
-            if (
-                attempt == 0
-                and args.wait_idle > 0
-                and sec["foreign_cpu_cores"] > cfg["retry_if_foreign_cores"]
-            ):
-                disturbed[system] = sec
-                print(f"  {system}: disturbed by other processes; running it again")
-                continue
-            break
+            return run_child_job(__file__, system, {"workload": w, "cfg": cfg}, wdir)
+
+        res, sec = run_undisturbed(system, run, args, cfg, idle, disturbed)
+        sections[f"{w}/{system}"] = sec
+        results[system] = res
         if system == "torchrl":  # one child, two systems
             for kind in ("tensor", "memmap"):
                 sub = res.pop(kind, None) or {"error": res.get("error", "no result")}
@@ -1509,9 +1472,7 @@ def main(argv=None) -> int:
         "targets": targets,
         "results": out,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=float))
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

@@ -37,7 +37,6 @@ import argparse
 import importlib.metadata
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_peers import fmt_time, wait_idle  # noqa: E402  (numpy-only module)
-from benchlib import stats  # noqa: E402
+from benchlib import run_child_job, stats, write_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "priority.json"
@@ -216,28 +215,6 @@ def child_main(job_path: Path) -> int:
 # -- parent -----------------------------------------------------------------------------
 
 
-def run_child(system: str, wdir: Path, cfg: dict, rnd: int) -> tuple[dict, dict]:
-    from bench_foundation import CpuMeter
-
-    job_path, out = wdir / f"job_{system}_{rnd}.json", wdir / f"res_{system}_{rnd}.json"
-    job = {"system": system, "wdir": str(wdir), "cfg": cfg, "out": str(out)}
-    job_path.write_text(json.dumps(job))
-    meter = CpuMeter().start()
-    r = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(job_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    section = meter.stop()
-    res = json.loads(out.read_text()) if out.exists() else {}
-    if r.returncode != 0 or not res or "error" in res:
-        res.setdefault("error", f"child exited {r.returncode}")
-        res["stderr_tail"] = r.stderr[-3000:]
-        print(f"  {system}: ERROR {res['error']}", flush=True)
-    return res, section
-
-
 ROWS = (  # (key, label)
     ("state", "zreplay PrioritizedState (i.i.d.)"),
     ("state_stratified", "zreplay PrioritizedState (stratified)"),
@@ -341,7 +318,8 @@ def main(argv=None) -> int:
         for rnd in range(cfg["rounds"]):
             got: dict = {}
             for system in SYSTEMS:
-                res, section = run_child(system, wdir, cfg, rnd)
+                job = {"cfg": cfg, "tag": f"{system}_{rnd}"}
+                res, section = run_child_job(__file__, system, job, wdir)
                 sections[f"{system}/{rnd}"] = section
                 if "error" in res:
                     errors[system] = res
@@ -384,9 +362,7 @@ def main(argv=None) -> int:
         "results": merged,
         "errors": errors,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=float))
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

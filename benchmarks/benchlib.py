@@ -6,6 +6,7 @@ Imports neither zreplay nor torch, so benchmark children that load it start fast
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
@@ -151,3 +152,67 @@ def describe_machine(title: str, extra_packages) -> dict:
         flush=True,
     )
     return info
+
+
+def run_child_job(script: str, system: str, job: dict, wdir) -> tuple[dict, dict]:
+    """Run ``python script --child job.json`` (the system measured in a fresh process);
+    returns its JSON result (``{"error", "stderr_tail"}`` on failure) and the CPU section
+    measured around it (``CpuMeter``: other processes' load meanwhile)."""
+    import subprocess
+    import sys
+
+    from bench_foundation import CpuMeter
+
+    tag = job.get("tag", system)
+    job_path, out = Path(wdir) / f"job_{tag}.json", Path(wdir) / f"res_{tag}.json"
+    job = {**job, "system": system, "wdir": str(wdir), "out": str(out)}
+    job_path.write_text(json.dumps(job))
+    out.unlink(missing_ok=True)
+    meter = CpuMeter().start()
+    r = subprocess.run(
+        [sys.executable, str(Path(script).resolve()), "--child", str(job_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    section = meter.stop()
+    res = json.loads(out.read_text()) if out.exists() else {}
+    if r.returncode != 0 or not res or "error" in res:
+        res.setdefault("error", f"child exited {r.returncode} without a result")
+        res["stderr_tail"] = r.stderr[-3000:]
+        print(f"  {system}: ERROR {res['error']}\n{res.get('traceback', r.stderr[-1500:])}")
+    return res, section
+
+
+def run_undisturbed(system: str, run, args, cfg: dict, idle: dict, disturbed: dict, note=None):
+    """``run() -> (result, section)`` after waiting for an idle machine; once more if other
+    processes used more than ``cfg["retry_if_foreign_cores"]`` cores meanwhile (the
+    disturbed first section is kept in ``disturbed``).  ``note(result)`` adds to the line."""
+    from bench_peers import wait_idle
+
+    for attempt in (0, 1):
+        if args.wait_idle > 0:
+            idle[system] = wait_idle(min(args.wait_idle, cfg["idle_each_s"]))
+        t0 = time.perf_counter()
+        res, sec = run()
+        print(
+            f"  {system:<15} {time.perf_counter() - t0:6.1f}s  (other processes "
+            f"{sec['foreign_cpu_cores']:.2f} cores, child peak RSS "
+            f"{res.get('process_peak_rss_mb', 0):.0f} MB{note(res) if note else ''})",
+            flush=True,
+        )
+        if (
+            attempt == 0
+            and args.wait_idle > 0
+            and sec["foreign_cpu_cores"] > cfg["retry_if_foreign_cores"]
+        ):
+            disturbed[system] = sec
+            print(f"  {system}: disturbed by other processes; running it again")
+            continue
+        return res, sec
+
+
+def write_json(path, result: dict, indent: int = 1) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=indent, default=float))
+    print(f"wrote {path}")
