@@ -39,17 +39,12 @@ def episode_items(src, progress=None) -> Iterator[tuple[dict[str, np.ndarray], b
     ``ReplayBuffer``, ``TrajectoryReplayBuffer`` or view, oldest first."""
     from . import sampling
 
-    gather, keys = src._gather, src._keys()
-    table = sampling.episode_table(_episode_view(src))
-    for e in range(len(table["length"])):
+    gather, keys, view = src._gather, src._keys(), src._view()
+    for e in range(len(view)):
         cols = sampling.gather_episode(gather, keys, e)
         if progress is not None:
             progress(1)
-        yield cols, bool(table["terminated"][e]), bool(table["truncated"][e])
-
-
-def _episode_view(src):
-    return src.episodes() if hasattr(src, "_segs") else src._view()
+        yield cols, bool(view.terminated[e]), bool(view.truncated[e])
 
 
 def dump(
@@ -230,15 +225,10 @@ def _dump_zarr(src, path: Path, mode: str, progress=None, **kw) -> None:
         from .view import BufferView
 
         existing = BufferView(path).num_rows
-    items = list(_lengths(src))
-    need = existing + sum(items)
+    need = existing + int(src._view().length.sum())
     dst = ReplayBuffer(max(1, need), path=path, **kw)
     try:
         for cols, _term, _trunc in episode_items(src, progress):
             dst.write_episode(unflatten(cols))
     finally:
         dst.close()
-
-
-def _lengths(src) -> list[int]:
-    return [int(x) for x in _episode_view(src).length]

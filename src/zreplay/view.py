@@ -148,6 +148,9 @@ class BufferView:
     def _keys(self) -> list[str]:
         return self.keys()
 
+    def _view(self) -> EpisodeView:
+        return self.episodes()
+
     def __len__(self) -> int:
         return self.num_rows
 
