@@ -101,6 +101,30 @@ def gather_nstep(
     return finish_nstep(box["plan"], got, spec, obs_root)
 
 
+class EngineEpisodes:
+    """Episode access shared by the facades over a writable engine (``self._engine``):
+    the gather, keys and episode view the sampling functions and dumps use."""
+
+    def _gather(self, fn, alloc=None) -> dict[str, np.ndarray]:
+        return self._engine.draw_and_gather(lambda index: fn(index.episodes()), alloc=alloc)[1]
+
+    def _keys(self) -> list[str]:
+        schema = self._engine.schema
+        return [] if schema is None else list(schema.keys)
+
+    def _view(self) -> EpisodeView:
+        return self._engine.index.episodes()
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes (whole or partly) in the visible data."""
+        return len(self._view())
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (id, length, first_step, terminated, truncated)."""
+        return episode_table(self._view())
+
+
 def episode_table(view: EpisodeView) -> dict[str, np.ndarray]:
     """Per-episode columns of the visible episodes, oldest first."""
     return {

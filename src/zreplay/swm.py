@@ -48,7 +48,7 @@ def classic_filter(ep: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ep.items() if k in keep}
 
 
-class ReplayBuffer(torch.utils.data.Dataset):
+class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
     """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
 
     Args (stable-worldmodel's):
@@ -228,13 +228,6 @@ class ReplayBuffer(torch.utils.data.Dataset):
 
     # -- shape of the contents --------------------------------------------------------
 
-    def _view(self):
-        return self._engine.index.episodes()
-
-    @property
-    def num_episodes(self) -> int:
-        return len(self._view())
-
     @property
     def num_steps_stored(self) -> int:
         return self._engine.index.visible_rows
@@ -252,8 +245,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
 
     @property
     def column_names(self) -> list[str]:
-        schema = self._engine.schema
-        return [] if schema is None else list(schema.keys)
+        return self._keys()
 
     @property
     def step(self) -> int:
@@ -270,17 +262,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
             return self.spec
         return ClipSpec(h, self.spec.frameskip, self.spec.pad, self.spec.action_keys)
 
-    def episode_table(self) -> dict[str, np.ndarray]:
-        """Per-episode columns (id, length, first_step, terminated, truncated)."""
-        return sampling.episode_table(self._view())
-
     # -- reading ----------------------------------------------------------------------
-
-    def _gather(self, fn, alloc=None) -> dict[str, np.ndarray]:
-        return self._engine.draw_and_gather(lambda index: fn(index.episodes()), alloc=alloc)[1]
-
-    def _keys(self) -> list[str]:
-        return self.column_names
 
     def sample(
         self, batch_size: int, history_len: int | None = None, step: int | None = None

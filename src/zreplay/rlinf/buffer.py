@@ -39,7 +39,7 @@ log = logging.getLogger("zreplay")
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
 
 
-class TrajectoryReplayBuffer:
+class TrajectoryReplayBuffer(sampling.EngineEpisodes):
     """Trajectory replay buffer with RLinf 0.3's API on a persistent Zarr v3 store.
 
     Args (RLinf's, same meaning):
@@ -353,25 +353,6 @@ class TrajectoryReplayBuffer:
     # -- RLinf files ----------------------------------------------------------------
 
     # -- episodes, clips and n-step (zreplay) -------------------------------------------
-
-    def _gather(self, fn, alloc=None) -> dict:
-        return self._engine.draw_and_gather(lambda index: fn(index.episodes()), alloc=alloc)[1]
-
-    def _keys(self) -> list[str]:
-        schema = self._engine.schema
-        return [] if schema is None else list(schema.keys)
-
-    def _view(self):
-        return self._engine.index.episodes()
-
-    @property
-    def num_episodes(self) -> int:
-        """Episodes (whole or partly) in the visible trajectories."""
-        return len(self._view())
-
-    def episode_table(self) -> dict[str, np.ndarray]:
-        """Per-episode columns (id, length, first_step, terminated, truncated)."""
-        return sampling.episode_table(self._view())
 
     def sample_clips(
         self,
