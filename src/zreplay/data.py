@@ -28,7 +28,8 @@ from .view import BufferView, index_tree
 class ClipDataset(torch.utils.data.Dataset):
     """Clips ``{key: [history_len, ...]}`` (plus ``is_pad`` when padded) of a buffer
     directory; ``len`` = valid clips at the last ``refresh()``.  Safe to hand to
-    DataLoader workers (each reopens the directory)."""
+    DataLoader workers (each reopens the directory).  An index past the end refreshes;
+    ``wait_s`` > 0 keeps refreshing that long for a commit the caller knows is coming."""
 
     def __init__(
         self,
@@ -39,10 +40,12 @@ class ClipDataset(torch.utils.data.Dataset):
         keys: list[str] | None = None,
         action_keys: tuple[str, ...] = ("action",),
         transform: Callable | None = None,
+        wait_s: float = 0.0,
     ):
         self.view = path if isinstance(path, BufferView) else BufferView(path)
         self.args = (history_len, frameskip, pad)
         self.keys, self.action_keys, self.transform = keys, tuple(action_keys), transform
+        self.wait_s = wait_s
 
     def refresh(self) -> bool:
         return self.view.refresh()
@@ -53,10 +56,15 @@ class ClipDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         n = len(self)
         if not -n <= i < n:
-            self.view.refresh()  # the parent may have seen newer commits
-            n = len(self)
-            if not -n <= i < n:
-                raise IndexError(i)
+            deadline = time.monotonic() + (self.wait_s if i >= 0 else 0.0)
+            while True:
+                self.view.refresh()  # the parent may have seen newer commits
+                n = len(self)
+                if -n <= i < n:
+                    break
+                if time.monotonic() >= deadline:
+                    raise IndexError(i)
+                time.sleep(0.01)
         h, fs, pad = self.args
         clip = self.view.clips(
             [int(i) % n], h, frameskip=fs, pad=pad, keys=self.keys, action_keys=self.action_keys

@@ -19,7 +19,6 @@ reshaped to ``(history_len, frameskip * action_dim)``), whole-episode FIFO evict
 from __future__ import annotations
 
 import os
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -36,10 +35,10 @@ from .engine.ramtier import RamPolicy
 from .errors import SchemaError
 from .nstep import NStepSpec
 from .schema import as_numpy, flatten, unflatten
-from .view import index_tree as _index
 
 EPISODE_DATA_KEY = "_episode_data"
 DEFAULT_RAM_BYTES = 1 << 30
+WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
 
 def classic_filter(ep: Mapping[str, Any]) -> dict[str, Any]:
@@ -320,15 +319,12 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         if os.getpid() != self._pid:
-            return self._worker_view().num_clips(*self._spec_args())
+            return len(self._worker_dataset())
         return self.num_valid_ends()
-
-    def _spec_args(self) -> tuple:
-        return (self.spec.history_len, self.spec.frameskip, self.spec.pad)
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         if os.getpid() != self._pid:
-            return self._worker_getitem(int(idx))
+            return self._worker_dataset()[int(idx)]
         n = len(self)
         if n == 0:
             raise IndexError("ReplayBuffer is empty")
@@ -341,35 +337,29 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         return self.transform(clip) if self.transform is not None else clip
 
     # DataLoader workers: never touch the parent's engine (its threads do not survive a
-    # fork); open the committed store read-only and follow it with refresh().
+    # fork); read the committed store through a ClipDataset of this process, which
+    # waits a little for an episode the parent has written but not yet committed.
 
-    def _worker_view(self):
+    def _worker_dataset(self):
         if self._replica is None or self._replica[0] != os.getpid():
-            from .view import BufferView
+            from .data import ClipDataset
 
-            self._replica = (os.getpid(), BufferView(self.path))
+            ds = ClipDataset(
+                self.path,
+                self.spec.history_len,
+                frameskip=self.spec.frameskip,
+                pad=self.spec.pad,
+                action_keys=self.spec.action_keys,
+                transform=self.transform,
+                wait_s=WORKER_WAIT_S,
+            )
+            self._replica = (os.getpid(), ds)
         return self._replica[1]
-
-    def _worker_getitem(self, idx: int) -> dict[str, Any]:
-        view = self._worker_view()
-        deadline = time.monotonic() + 10.0
-        while True:
-            n = view.num_clips(*self._spec_args())
-            if -n <= idx < n and n:
-                break
-            if idx < 0 or time.monotonic() > deadline:
-                raise IndexError(idx)
-            time.sleep(0.01)  # the parent has not committed that episode yet
-            view.refresh()
-        h, fs, pad = self._spec_args()
-        clip = view.clips([idx % n], h, frameskip=fs, pad=pad, action_keys=self.spec.action_keys)
-        clip = _index(clip, 0)
-        return self.transform(clip) if self.transform is not None else clip
 
     def refresh(self) -> bool:
         """In a DataLoader worker: pick up episodes committed since it started."""
         if os.getpid() != self._pid:
-            return self._worker_view().refresh()
+            return self._worker_dataset().refresh()
         return False
 
     def __getstate__(self) -> dict:
