@@ -148,9 +148,11 @@ class Committer:
         p_first = int(ends[first - 1]) if first else 0
         p_stop = int(ends[stop - 1]) if stop else 0
         p_low = int(ends[low - 1]) if low else 0
-        next_id = eng.next_trajectory_id
-        if stop < idx.n:  # ids of trajectories this commit does not cover stay unclaimed
-            next_id = max(old.next_trajectory_id, int(columns["trajectory_id"].max()) + 1)
+        pieces = idx.pieces.columns_range(p_first, p_stop)
+        next_id, next_episode = eng.next_trajectory_id, eng.next_episode
+        if stop < idx.n:  # ids of trajectories/episodes this commit does not cover stay unclaimed
+            next_id = _claimed(old.next_trajectory_id, columns["trajectory_id"])
+            next_episode = _claimed(old.next_episode, pieces["episode"])
         new = Commit(
             writer_id=eng.writer_id,
             gen=old.gen + 1,
@@ -162,9 +164,7 @@ class Committer:
             next_trajectory_id=next_id,
             n_pieces=p_stop,
             low_piece=p_low,
-            next_episode=int(idx.pieces.column("episode")[:p_stop].max(initial=-1)) + 1
-            if stop < idx.n
-            else eng.next_episode,
+            next_episode=next_episode,
             sampler=eng.sampler_state(),
         )
         return {
@@ -175,7 +175,7 @@ class Committer:
             "offsets": idx.offsets[first + 1 : stop + 1].copy(),
             "columns": columns,
             "first_piece": p_first,
-            "pieces": idx.pieces.columns_range(p_first, p_stop),
+            "pieces": pieces,
             "tier": eng.tier,
             "segment": eng.segment,
             "keys": eng.schema.keys if eng.schema is not None else [],
@@ -227,3 +227,8 @@ class Committer:
             with self.cond:
                 self._reclaiming = False
                 self.cond.notify_all()
+
+
+def _claimed(previous: int, ids: np.ndarray) -> int:
+    """The next unused id once ``ids`` are committed after ids below ``previous``."""
+    return max(previous, int(ids.max(initial=-1)) + 1)
