@@ -51,7 +51,19 @@ def _flag(columns: Mapping[str, np.ndarray], names: tuple, T: int, B: int) -> np
     for name in names:
         if name in columns:
             a = np.asarray(columns[name]).reshape(T, B, -1)
-            return a.any(axis=2) if a.shape[2] else np.zeros((T, B), bool)
+            k = a.shape[2]
+            if k == 0:
+                return np.zeros((T, B), bool)
+            if a.dtype != bool:
+                a = a != 0
+            if k > 16:
+                return a.any(axis=2)
+            # numpy's any() over a short trailing axis costs ~85 us per 10k rows (it was
+            # most of an add's episode split); k column ORs cost ~2 us each.
+            out = a[..., 0].copy()
+            for j in range(1, k):
+                out |= a[..., j]
+            return out
     return None
 
 
