@@ -12,7 +12,9 @@ class GrowingColumns:
 
     Growth copies into new, larger arrays and never writes rows below ``n`` again, so a
     slice handed out earlier stays valid.  ``initial`` holds the first ``n`` rows of some
-    or all columns (missing ones start as zeros).
+    or all columns (missing ones start as zeros); those arrays are adopted as they are
+    (no copy: an index read at open is often most of a buffer's metadata, and copying it
+    into fresh memory cost more than reading it), so the first append grows them.
     """
 
     def __init__(
@@ -23,13 +25,17 @@ class GrowingColumns:
         min_capacity: int = 16,
     ):
         self.n = n
-        cap = max(min_capacity, 2 * n)
+        cap = n if initial is not None and n else max(min_capacity, 2 * n)
         self._cols: dict[str, np.ndarray] = {}
         for name, (dtype, row) in spec.items():
-            arr = np.zeros((cap, *row), dtype)
-            if initial is not None and name in initial and n:
-                arr[:n] = initial[name]
-            self._cols[name] = arr
+            given = initial.get(name) if initial is not None and n else None
+            if given is not None and np.shape(given) == (n, *row):
+                self._cols[name] = np.ascontiguousarray(given, dtype)
+            else:
+                arr = np.zeros((cap, *row), dtype)
+                if given is not None:
+                    arr[:n] = given
+                self._cols[name] = arr
 
     @property
     def capacity(self) -> int:
@@ -44,7 +50,7 @@ class GrowingColumns:
     def append(self, rows: Mapping[str, np.ndarray], k: int) -> None:
         """Append ``k`` rows (``rows[name]`` broadcastable to ``[k, *row]``)."""
         if self.n + k > self.capacity:
-            cap = max(2 * self.capacity, self.n + k)
+            cap = max(2 * self.capacity, self.n + k, 16)
             for name, arr in self._cols.items():
                 new = np.zeros((cap, *arr.shape[1:]), arr.dtype)
                 new[: self.n] = arr[: self.n]
