@@ -106,11 +106,13 @@ def split_pieces(
     term = zeros if term is None else term
     trunc = zeros if trunc is None else trunc
     end = term | trunc if done is None else term | trunc | done
-    # env-major flat order = storage row order: row = b * T + t
-    term_f, trunc_f = term.T.reshape(-1), trunc.T.reshape(-1)
-    stop = end.T.reshape(-1).copy() if split else np.zeros(T * B, bool)
-    stop[T - 1 :: T] = True
-    stops = np.flatnonzero(stop)
+    # Pieces end at flagged steps and at each lane's last step, in env-major flat order
+    # (= storage row order: row = b * T + t); flags are sparse, so only they are visited.
+    stops = np.arange(T - 1, T * B, T)
+    if split:
+        f = np.flatnonzero(end)  # t * B + b (2-D np.nonzero is ~10x slower)
+        stops = np.union1d((f % B) * T + f // B, stops)
+    st_t, st_b = stops % T, stops // T
     starts = np.concatenate([[0], stops[:-1] + 1])
     length = stops - starts + 1
     lane = starts // T
@@ -136,7 +138,7 @@ def split_pieces(
         next_episode += int(fresh.sum())
     else:
         next_episode += n
-    ended = end.T.reshape(-1)[stops] | (not split)
+    ended = end[st_t, st_b] | (not split)
     last = np.flatnonzero(t0 + length == T)  # last piece of each lane
     still_open = ~ended[last]
     out_lanes = Lanes.closed(B)
@@ -147,8 +149,8 @@ def split_pieces(
         "length": length.astype(np.int64),
         "episode": episode,
         "step": step,
-        "terminated": term_f[stops],
-        "truncated": trunc_f[stops] & ~term_f[stops],
+        "terminated": term[st_t, st_b],
+        "truncated": trunc[st_t, st_b] & ~term[st_t, st_b],
     }
     return pieces, out_lanes, next_episode
 
