@@ -122,7 +122,7 @@ def test_zarr_fallback_reads_never_fail_while_the_writer_replaces_shards(tmp_pat
     reads, t0 = 0, time.monotonic()
     try:
         while time.monotonic() - t0 < 3:
-            assert (S._ZarrRead(arr._arr, np.arange(5)).result() == 0).all()
+            assert (S._ZarrIO(arr._arr, np.arange(5)).read().result() == 0).all()
             reads += 1
     finally:
         stop.set()

@@ -61,8 +61,8 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         key_filter: ``fn(episode_dict) -> episode_dict`` applied before writing.
 
     Args (zreplay's):
-        path: buffer directory (Zarr v3).  An existing buffer is resumed.  ``None``: a
-            private temporary store removed on ``close()``.
+        path: buffer directory (Zarr v3) or ``s3://bucket/prefix``.  An existing buffer is
+            resumed.  ``None``: a private temporary store removed on ``close()``.
         pad: ``None`` (clips lie inside episodes; shorter episodes give none), ``"zero"``
             or ``"repeat"``: clips may start before an episode's first step (their last
             frame is real), padded frames zeroed or repeated, ``is_pad`` marks them.
@@ -71,6 +71,7 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         ram_budget_bytes: RAM kept for decoded recent steps (the rest reads from disk).
         overwrite: start fresh even if ``path`` holds a buffer.
         durable: fsync before each commit is published.
+        storage_options: fsspec/s3fs options for an ``s3://`` path (``endpoint_url``...).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         writer_id: str = "default",
         durable: bool = True,
         break_lock: bool = False,
+        storage_options: Mapping | None = None,
     ):
         if int(max_steps) <= 0:
             raise ValueError(f"max_steps must be > 0, got {max_steps}")
@@ -114,6 +116,7 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
             durable=durable,
             overwrite=overwrite,
             break_lock=break_lock,
+            storage_options=storage_options,
             sampler_state=_weak(self._sampler_state),
         )
         self.path = self._engine.path

@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import CorruptBufferError, FormatError
 from .store.commit import _is_temp, read_commit
+from .store.location import walk_files
 from .store.root import BufferRoot
 from .store.segment import Segment
 
@@ -50,11 +51,12 @@ def verify(
     *,
     data: bool = True,
     progress: Callable[[str, str, int], None] | None = None,
+    storage_options: dict | None = None,
 ) -> VerifyReport:
     """Check a buffer directory; returns a :class:`VerifyReport` (never raises for damage
     it can describe).  ``progress(writer_id, key, rows)`` is called after each shard's
     rows of a key were checked (for progress bars)."""
-    root = BufferRoot(path)
+    root = BufferRoot(path, storage_options)
     report = VerifyReport(str(root.path))
     try:
         root.read_meta()
@@ -65,7 +67,7 @@ def verify(
     for wid in root.writer_ids():
         seg_dir = root.segment_dir(wid)
         report.segments += 1
-        temps = [p.name for p in seg_dir.rglob("*") if p.is_file() and _is_temp(p.name)]
+        temps = [rel for rel, _ in walk_files(seg_dir) if _is_temp(rel.rsplit("/", 1)[-1])]
         if temps:
             report.warnings.append(
                 f"segment {wid!r}: {len(temps)} temp file(s) of an interrupted write "

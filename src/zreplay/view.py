@@ -24,6 +24,7 @@ from .index import TrajectoryIndex, time_major
 from .nstep import NStepSpec
 from .schema import unflatten
 from .store.commit import Commit, read_commit
+from .store.location import options_of
 from .store.root import BufferRoot
 from .store.segment import Segment
 
@@ -38,8 +39,10 @@ class _SegmentState:
 class BufferView:
     """Read-only access to a zreplay buffer directory (numpy in, numpy out)."""
 
-    def __init__(self, path: str | Path, seed: int | None = None):
-        self.root = BufferRoot(path)
+    def __init__(
+        self, path: str | Path, seed: int | None = None, storage_options: dict | None = None
+    ):
+        self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
         self.root.read_meta()  # fails fast on a non-buffer
         self._seed = seed
@@ -61,10 +64,10 @@ class BufferView:
             self.refresh()
 
     def __getstate__(self) -> dict:
-        return {"path": str(self.path), "seed": self._seed}
+        return {"path": str(self.path), "seed": self._seed, "options": options_of(self.path)}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], seed=None)
+        self.__init__(state["path"], seed=None, storage_options=state.get("options"))
 
     # -- discovery ------------------------------------------------------------------
 
@@ -355,6 +358,10 @@ def index_tree(tree: Any, i: int) -> Any:
     return _map(tree, lambda a: a[i])
 
 
-def open(path: str | Path, seed: int | None = None) -> BufferView:  # noqa: A001
-    """Open a buffer directory read-only (see :class:`BufferView`)."""
-    return BufferView(path, seed=seed)
+def open(  # noqa: A001
+    path: str | Path, seed: int | None = None, *, storage_options: dict | None = None
+) -> BufferView:
+    """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
+    URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.
+    ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment)."""
+    return BufferView(path, seed=seed, storage_options=storage_options)

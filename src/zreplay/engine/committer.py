@@ -165,6 +165,7 @@ class Committer:
             n_pieces=p_stop,
             low_piece=p_low,
             next_episode=next_episode,
+            writer_number=old.writer_number,
             sampler=eng.sampler_state(),
         )
         return {

@@ -39,8 +39,9 @@ from ..sampling import group_requests
 from ..schema import Schema
 from ..store.commit import Commit, read_commit, remove_orphans, write_commit
 from ..store.layout import layouts_for
+from ..store.location import location, options_of, remove_tree
 from ..store.lock import WriterLock
-from ..store.root import BufferRoot
+from ..store.root import ID_BITS, BufferRoot
 from ..store.segment import WEIGHTS_ID_BYTES, Segment
 from .committer import Committer
 from .ramtier import RamPolicy, RamTier
@@ -105,13 +106,14 @@ class Engine:
         overwrite: bool = False,
         break_lock: bool = False,
         sampler_state: Callable[[], dict] | None = None,
+        storage_options: Mapping | None = None,
     ):
         self.temporary = path is None
         if self.temporary:
             path = tempfile.mkdtemp(prefix="zreplay-")
             # Removed on close(), or at interpreter exit if the owner never closed it.
             self._finalizer = weakref.finalize(self, shutil.rmtree, path, ignore_errors=True)
-        self.root = BufferRoot(path)
+        self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
         self.writer_id = writer_id
         self.capacity = capacity
@@ -160,8 +162,8 @@ class Engine:
                         f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
                         "close that writer first"
                     )
-            shutil.rmtree(self.path)
-        elif any(self.path.iterdir()):
+            remove_tree(self.path)
+        elif any(True for _ in self.path.iterdir()):
             from ..errors import FormatError
 
             raise FormatError(
@@ -171,6 +173,9 @@ class Engine:
     def _open_existing(self) -> None:
         self.schema, self.layouts = self.root.schema()
         self.commit = read_commit(self.seg_dir) or Commit(writer_id=self.writer_id)
+        if self.commit.writer_number < 0:
+            number = self.root.writer_number(self.writer_id)
+            self.commit = Commit(**{**vars(self.commit), "writer_number": number})
         committed = {
             str(self.seg_dir / "data" / k / "c"): self.commit.n_rows // lay.shard_rows
             for k, lay in (self.layouts or {}).items()
@@ -179,7 +184,9 @@ class Engine:
         self.segment: Segment | None = None
         self.tier: RamTier | None = None
         self.index = TrajectoryIndex()
-        self.next_trajectory_id = self.commit.next_trajectory_id
+        self.next_trajectory_id = max(
+            self.commit.next_trajectory_id, self.commit.writer_number << ID_BITS
+        )
         self.next_episode = self.commit.next_episode
         self.lanes: Lanes | None = None
         if self.schema is None:
@@ -456,6 +463,7 @@ class Engine:
             writer_id=self.writer_id,
             gen=self.commit.gen + 1,
             next_trajectory_id=self.next_trajectory_id,
+            writer_number=self.commit.writer_number,
             sampler=self.sampler_state(),
         )
         write_commit(self.seg_dir, self.commit, durable=self.durable)
@@ -471,9 +479,10 @@ class Engine:
             self.flush()
             with self._cond:
                 commit = Commit(**{**vars(self.commit), "sampler": self.sampler_state()})
-            write_snapshot(self.path, self.writer_id, commit, Path(dest), self.durable)
+            dest = location(dest, options_of(self.path))
+            write_snapshot(self.path, self.writer_id, commit, dest, self.durable)
 
-    def adopt(self, src_root: Path, src_writer: str, first: int, stop: int, sampler: dict) -> None:
+    def adopt(self, src_root, src_writer: str, first: int, stop: int, sampler: dict) -> None:
         """Replace this segment's contents with trajectories ``[first, stop)`` of a
         zreplay segment, by hard-linking its files (no data copy)."""
         from ..store.snapshot import link_tree
@@ -503,6 +512,7 @@ class Engine:
                     n_pieces=int(ends[stop - 1]) if stop else 0,
                     low_piece=int(ends[first - 1]) if first else 0,
                     next_episode=src_commit.next_episode,
+                    writer_number=self.commit.writer_number,
                     sampler=sampler,
                 )
                 write_commit(self.seg_dir, self.commit, durable=self.durable)

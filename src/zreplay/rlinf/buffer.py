@@ -31,6 +31,7 @@ from ..errors import EmptyBufferError, FormatError
 from ..nstep import NStepSpec
 from ..prefetch import Prefetcher
 from ..schema import unflatten
+from ..store.location import location, options_of
 from ..store.root import BufferRoot, is_buffer
 from .trajectory import prepare
 
@@ -67,6 +68,8 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         continue_episodes: default of ``add_trajectories(continues=)``: each trajectory's
             environment lanes continue the episodes the same lanes of the previous
             trajectory left running (consecutive rollout chunks of the same envs).
+        storage_options: for an ``s3://bucket/prefix`` ``auto_save_path``: fsspec/s3fs
+            options such as ``{"endpoint_url": ..., "key": ..., "secret": ...}``.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         durable: bool = True,
         break_lock: bool = False,
         continue_episodes: bool = False,
+        storage_options: Mapping | None = None,
     ):
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
@@ -119,6 +123,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
             durable=durable,
             overwrite=overwrite,
             break_lock=break_lock,
+            storage_options=storage_options,
             # Weak: the writer thread must not keep this facade alive (its __del__ closes).
             sampler_state=_weak_call(self._sampler_state),
         )
@@ -316,6 +321,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         world_size: int = 1,
         *,
         allow_pickle: bool = False,
+        storage_options: Mapping | None = None,
     ) -> None:
         """Replace this buffer's contents with a checkpoint's (RLinf semantics).
 
@@ -324,7 +330,8 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         ``is_distributed``, rank ``local_rank`` of ``world_size`` takes its contiguous block
         of trajectories (the first ``N % world_size`` ranks get one more), so ranks are
         disjoint and cover all.  Trajectory ids are kept.  A full load resumes the saved
-        random stream; a rank's load seeds a rank-specific stream.
+        random stream; a rank's load seeds a rank-specific stream.  ``load_path`` may be
+        an ``s3://`` URL (``storage_options`` default to this buffer's own).
         """
         from .files import load_into
 
@@ -332,16 +339,15 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
             raise ValueError(f"local_rank {local_rank} is outside [0, {world_size})")
         if not is_distributed:
             local_rank, world_size = 0, 1
-        if not self._engine.temporary and Path(load_path).resolve() == self.path.resolve():
+        src = location(load_path, storage_options or options_of(self.path))
+        if not self._engine.temporary and str(src.resolve()) == str(self.path.resolve()):
             if is_distributed and world_size > 1:
                 raise ValueError(
                     f"{load_path} is this buffer's own directory; a rank's share must be "
                     "loaded into another buffer (give each rank its own auto_save_path)"
                 )
             return  # already resumed from it by the constructor
-        load_into(
-            self, Path(load_path), local_rank, world_size, is_distributed, allow_pickle=allow_pickle
-        )
+        load_into(self, src, local_rank, world_size, is_distributed, allow_pickle=allow_pickle)
 
     def _set_rank_stream(self, seed: int, rank: int | None) -> None:
         """Restart the random stream: a fresh buffer's for ``rank=None``, else one per rank."""

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import CorruptBufferError, FormatError, PickleRefusedError
 from ..store.commit import read_commit
+from ..store.location import options_of
 from ..store.root import BufferRoot
 from .trajectory import prepare
 
@@ -249,7 +250,7 @@ def load_into(
     # Several writers' segments: copy the rank's block through the normal add path.
     from ..view import open as open_view
 
-    view = open_view(src)
+    view = open_view(src, storage_options=options_of(src))
     buf._set_rank_stream(buf.seed, rank if distributed else None)
     buf._engine.clear(reset_schema=True)
     _add_batched(buf, view.iter_prepared(start, stop))

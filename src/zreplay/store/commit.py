@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptBufferError
+from .location import Location, RemotePath, location
 
 COMMIT_NAME = "commit.json"
 FORMAT_VERSION = 2
@@ -41,6 +42,7 @@ class Commit:
     n_pieces: int = 0
     low_piece: int = 0
     next_episode: int = 0
+    writer_number: int = -1  # -1: not claimed yet (see BufferRoot.writer_number)
     format: int = FORMAT_VERSION
     time: float = 0.0
     sampler: dict = field(default_factory=dict)
@@ -72,13 +74,15 @@ class Commit:
         return c
 
 
-def read_commit(segment_dir: Path) -> Commit | None:
+def read_commit(segment_dir: Location) -> Commit | None:
     """The segment's last commit, or None if it never committed."""
-    path = Path(segment_dir) / COMMIT_NAME
+    path = location(segment_dir) / COMMIT_NAME
     try:
         text = path.read_text()
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as e:
+        raise CorruptBufferError(f"{path}: commit record is not text ({e})") from None
     return Commit.from_json(text, str(path))
 
 
@@ -95,10 +99,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_commit(segment_dir: Path, commit: Commit, durable: bool = True) -> None:
-    """Atomically publish ``commit`` (temp + fsync + rename [+ directory fsync])."""
-    segment_dir = Path(segment_dir)
+def write_commit(segment_dir: Location, commit: Commit, durable: bool = True) -> None:
+    """Atomically publish ``commit`` (temp + fsync + rename [+ directory fsync]; one PUT,
+    atomic by itself, in an object store)."""
+    segment_dir = location(segment_dir)
     commit.time = time.time()
+    if isinstance(segment_dir, RemotePath):
+        (segment_dir / COMMIT_NAME).write_bytes(commit.to_json().encode())
+        return
     tmp = segment_dir / f"{COMMIT_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     data = commit.to_json().encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -113,7 +121,7 @@ def write_commit(segment_dir: Path, commit: Commit, durable: bool = True) -> Non
         _fsync_dir(segment_dir)
 
 
-def remove_orphans(root: Path, committed_shards: Mapping[str, int] | None = None) -> list[Path]:
+def remove_orphans(root: Location, committed_shards: Mapping[str, int] | None = None) -> list[Path]:
     """Delete temp files a killed writer left behind (zarr ``*.partial``, TensorStore
     ``*.__lock``, commit temps).  Only called by the segment's writer, under its lock.
 
@@ -121,6 +129,8 @@ def remove_orphans(root: Path, committed_shards: Mapping[str, int] | None = None
     number of leading shards that hold only committed rows: no writer touches those again,
     so they are not searched (opening a large buffer stays fast).
     """
+    if isinstance(root, RemotePath):
+        return []  # object stores publish whole objects: no temp files are ever left
     skip = {os.path.normpath(k): v for k, v in (committed_shards or {}).items()}
     removed = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -139,6 +149,5 @@ def remove_orphans(root: Path, committed_shards: Mapping[str, int] | None = None
 
 
 def _is_temp(name: str) -> bool:
-    return name.endswith((".partial", ".__lock")) or (
-        name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp")
-    )
+    # *.tmp: commit and exclusive-create temps (location.create_exclusive).
+    return name.endswith((".partial", ".__lock", ".tmp"))

@@ -1,7 +1,7 @@
 """The writer lock of a segment: one writer per segment, failing fast for a second one.
 
-The lock is a file created with O_EXCL (atomic on local filesystems and NFSv3+), holding
-``{host, pid, token, time}``.  A lock whose holder is a dead process on this host is
+The lock is a file created with O_EXCL (atomic on local filesystems and NFSv3+; a
+conditional PUT in an object store), holding ``{host, pid, token, time}``.  A lock whose holder is a dead process on this host is
 stale and is taken over; a lock held from another host is never broken automatically
 (pass ``break_lock=True`` once you know that writer is gone).
 """
@@ -13,9 +13,9 @@ import os
 import socket
 import time
 import uuid
-from pathlib import Path
 
 from ..errors import WriterLockedError
+from .location import Location, RemotePath, create_exclusive
 
 LOCK_NAME = "writer.lock"
 
@@ -33,8 +33,8 @@ def _pid_alive(pid: int) -> bool:
 class WriterLock:
     """An exclusive, stale-aware lock file in a segment directory."""
 
-    def __init__(self, segment_dir: Path):
-        self.path = Path(segment_dir) / LOCK_NAME
+    def __init__(self, segment_dir: Location):
+        self.path = segment_dir / LOCK_NAME
         self.token = uuid.uuid4().hex
         self.held = False
 
@@ -44,7 +44,7 @@ class WriterLock:
         except FileNotFoundError:
             return None
         except ValueError:
-            # A writer killed between O_EXCL-create and write leaves an empty file.
+            # Unreadable (an older zreplay could leave it empty): no live holder to name.
             return {"host": socket.gethostname(), "pid": -1, "token": "", "time": 0}
 
     def _is_stale(self, info: dict) -> bool:
@@ -56,21 +56,12 @@ class WriterLock:
     def acquire(self, break_lock: bool = False) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
         for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
+            if not create_exclusive(self.path, json.dumps({**me, "time": time.time()}).encode()):
                 info = self.holder()
                 if info is None:
                     continue
                 if break_lock or self._is_stale(info):
-                    # Rename first so two processes breaking the same stale lock cannot
-                    # both delete a fresh lock the other just created.
-                    grave = self.path.with_name(f"{LOCK_NAME}.stale.{self.token}")
-                    try:
-                        os.replace(self.path, grave)
-                        grave.unlink()
-                    except FileNotFoundError:
-                        pass
+                    self._remove_stale()
                     continue
                 raise WriterLockedError(
                     f"segment {self.path.parent} is being written by pid {info.get('pid')} on "
@@ -78,14 +69,25 @@ class WriterLock:
                     "open it read-only with zreplay.open(), or, if that writer is gone, "
                     "pass break_lock=True"
                 ) from None
-            try:
-                os.write(fd, json.dumps({**me, "time": time.time()}).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
             self.held = True
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
+
+    def _remove_stale(self) -> None:
+        if isinstance(self.path, RemotePath):
+            # No atomic rename in an object store.  Only a lock of a dead process on this
+            # host is stale, so racing breakers are both on this host; two of them starting
+            # at the same moment is the one case this cannot exclude.
+            self.path.unlink(missing_ok=True)
+            return
+        # Rename first so two processes breaking the same stale lock cannot both delete a
+        # fresh lock the other just created.
+        grave = self.path.with_name(f"{LOCK_NAME}.stale.{self.token}")
+        try:
+            os.replace(self.path, grave)
+            grave.unlink()
+        except FileNotFoundError:
+            pass
 
     def live_holder(self) -> dict | None:
         """The holder of this lock if it may still be writing (not stale), else None."""
@@ -99,8 +101,5 @@ class WriterLock:
             return
         info = self.holder()
         if info is not None and info.get("token") == self.token:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+            self.path.unlink(missing_ok=True)
         self.held = False

@@ -3,13 +3,13 @@
 ```
 <root>/zarr.json                 attrs["zreplay"] = {format, schema, layout, created, ...}
 <root>/segments/<writer_id>/     one per writer (see segment.py)
+<root>/writers/<n>               writer number n, claimed once by the writer id it holds
 ```
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,32 +20,35 @@ from ..errors import CorruptBufferError, FormatError, SchemaError
 from ..schema import Schema, check_key_component
 from .commit import FORMAT_VERSION
 from .layout import KeyLayout
+from .location import Location, create_exclusive, location, remove_tree, zarr_store
 
 ATTR = "zreplay"
+WRITERS = "writers"
+# Trajectory ids of writer number n start at n << ID_BITS: unique across writers without
+# any coordination after the one-time claim (2**40 ids per writer, 2**23 writers).
+ID_BITS = 40
 
 
-def is_buffer(path: str | Path) -> bool:
-    """True if ``path`` holds a zreplay buffer root."""
-    meta = Path(path) / "zarr.json"
-    if not meta.is_file():
-        return False
+def is_buffer(path: str | Path | Location, storage_options: Mapping | None = None) -> bool:
+    """True if ``path`` (a directory or an ``s3://`` URL) holds a zreplay buffer root."""
+    meta = location(path, storage_options) / "zarr.json"
     try:
         return ATTR in json.loads(meta.read_text()).get("attributes", {})
-    except ValueError:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
         return False
 
 
 class BufferRoot:
     """Read and write the root group's metadata; list segments."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path | Location, storage_options: Mapping | None = None):
+        self.path = location(path, storage_options)
 
     @property
-    def segments_dir(self) -> Path:
+    def segments_dir(self) -> Location:
         return self.path / "segments"
 
-    def segment_dir(self, writer_id: str) -> Path:
+    def segment_dir(self, writer_id: str) -> Location:
         check_key_component(writer_id, "segments")
         return self.segments_dir / writer_id
 
@@ -55,7 +58,7 @@ class BufferRoot:
         meta = self.path / "zarr.json"
         try:
             text = meta.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise FormatError(
                 f"{self.path} is not a zreplay buffer (no zarr.json); create one with "
                 "TrajectoryReplayBuffer(auto_save=True, auto_save_path=...)"
@@ -75,19 +78,26 @@ class BufferRoot:
         return info
 
     def create(self, extra: Mapping | None = None) -> dict:
-        """Create the root group if absent; returns its zreplay metadata."""
+        """Create the root group if absent; returns its zreplay metadata.
+
+        Several writers may create the same buffer at once (in other processes, on other
+        hosts): the root's ``zarr.json`` appears complete in one exclusive create, and
+        the losers of that race read the winner's.
+        """
         if is_buffer(self.path):
             return self.read_meta()
-        if self.path.exists() and any(self.path.iterdir()):
+        if self.path.exists() and any(True for _ in self.path.iterdir()):
             raise FormatError(
                 f"{self.path} exists, is not empty and is not a zreplay buffer; refusing to "
                 "write into it. Pick an empty or new directory"
             )
         info = {"format": FORMAT_VERSION, "created": time.time(), "schema": None, "layout": None}
         info.update(extra or {})
-        g = zarr.open_group(str(self.path), mode="a", zarr_format=3)
-        g.attrs[ATTR] = info
-        zarr.open_group(str(self.segments_dir), mode="a", zarr_format=3)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.segments_dir.mkdir(exist_ok=True)
+        create_exclusive(self.segments_dir / "zarr.json", _group_json({}))
+        if not create_exclusive(self.path / "zarr.json", _group_json({ATTR: info})):
+            return self.read_meta()
         return info
 
     def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
@@ -113,7 +123,7 @@ class BufferRoot:
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
     ) -> None:
         """Overwrite the schema (or reset it to None); only when no other segment has data."""
-        g = zarr.open_group(str(self.path), mode="r+", zarr_format=3)
+        g = zarr.open_group(zarr_store(self.path), mode="r+", zarr_format=3)
         info = dict(g.attrs[ATTR])
         info["schema"] = schema.to_json() if schema is not None else None
         info["layout"] = {k: vars(v) for k, v in layouts.items()} if layouts else None
@@ -129,13 +139,49 @@ class BufferRoot:
             return []
         return [p.name for p in entries if (p / "zarr.json").is_file()]
 
+    def writer_number(self, writer_id: str) -> int:
+        """The buffer-wide number of ``writer_id``, claimed on first use.
+
+        Claims are files ``writers/<n>`` created exclusively (``O_EXCL``, or a conditional
+        PUT in an object store) holding the writer id, so two writers starting at once
+        never get the same number, and a writer that crashed before its first commit finds
+        its claim again.
+        """
+        check_key_component(writer_id, "segments")
+        d = self.path / WRITERS
+        d.mkdir(exist_ok=True)
+        taken = set()
+        for p in d.iterdir():
+            if not p.name.isdigit():
+                continue
+            taken.add(int(p.name))
+            if _claim_holder(p) == writer_id:
+                return int(p.name)
+        n = 0
+        while True:
+            if n not in taken:
+                if create_exclusive(d / str(n), writer_id.encode()):
+                    return n
+                if _claim_holder(d / str(n)) == writer_id:
+                    return n
+            n += 1
+
     def remove_segment_data(self, writer_id: str) -> None:
         """Delete a segment's arrays and commit (its writer, under its lock, only)."""
         d = self.segment_dir(writer_id)
-        for child in ("commit.json",):
-            try:
-                (d / child).unlink()
-            except FileNotFoundError:
-                pass
+        (d / "commit.json").unlink(missing_ok=True)
         for child in ("data", "offsets", "traj", "episodes"):
-            shutil.rmtree(d / child, ignore_errors=True)
+            remove_tree(d / child)
+
+
+def _claim_holder(p: Location) -> str | None:
+    try:
+        return p.read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+
+
+def _group_json(attributes: Mapping) -> bytes:
+    """A Zarr v3 group's ``zarr.json`` (what ``zarr.open_group`` writes)."""
+    meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
+    return json.dumps(meta, indent=2).encode()

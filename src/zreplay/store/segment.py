@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import tensorstore as ts
@@ -27,6 +27,7 @@ from ..errors import CorruptBufferError, ZReplayError
 from ..schema import KeySpec, Schema
 from .commit import Commit, read_commit
 from .layout import KeyLayout
+from .location import Location, RemotePath, location, zarr_store
 
 WEIGHTS_ID_BYTES = 64
 INDEX_CHUNK = 4096
@@ -61,25 +62,61 @@ if hasattr(os, "register_at_fork"):
 
 
 class _ZarrArray:
-    """The read subset of a TensorStore handle (``shape``, ``[sel].read().result()``)
-    over zarr-python, for forked processes."""
+    """The subset of a TensorStore handle zreplay uses (``shape``, ``[sel].read()``,
+    ``[sel].write(v)``, ``resize``) over zarr-python: for forked processes (reads only)
+    and for object stores (through zarr's fsspec store).  Reads and writes run on a small
+    thread pool, so several keys are in flight at once as with TensorStore."""
 
-    def __init__(self, path: Path):
-        self._arr = zarr.open_array(str(path), mode="r")
+    def __init__(self, path: Location, writable: bool = False):
+        self._arr = zarr.open_array(
+            zarr_store(path, read_only=not writable), mode="r+" if writable else "r"
+        )
         self.shape = self._arr.shape
 
-    def __getitem__(self, sel) -> _ZarrRead:
-        return _ZarrRead(self._arr, sel)
+    def __getitem__(self, sel) -> _ZarrIO:
+        return _ZarrIO(self._arr, sel)
+
+    def resize(self, exclusive_max, **_ignored) -> Future:
+        self._arr.resize(tuple(exclusive_max))
+        self.shape = self._arr.shape
+        return _done(self)
 
 
-class _ZarrRead:
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL, _POOL_PID
+    if _POOL is None or _POOL_PID != os.getpid():  # threads do not survive a fork
+        _POOL, _POOL_PID = ThreadPoolExecutor(4, thread_name_prefix="zreplay-io"), os.getpid()
+    return _POOL
+
+
+def _submit(fn, *args) -> Future:
+    try:
+        return _pool().submit(fn, *args)
+    except RuntimeError:  # interpreter shutdown (buffers closed at exit): run inline
+        return _done(fn(*args))
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class _ZarrIO:
     def __init__(self, arr, sel):
         self._arr, self._sel = arr, sel
 
-    def read(self) -> _ZarrRead:
-        return self
+    def read(self) -> Future:
+        return _submit(self._read)
 
-    def result(self) -> np.ndarray:
+    def write(self, value: np.ndarray) -> Future:
+        return _submit(self._arr.__setitem__, self._sel, value)
+
+    def _read(self) -> np.ndarray:
         # zarr-python reads a shard's index and then its chunks with separate opens: if the
         # writer replaces the shard file in between (it rewrites the shard holding the
         # newest rows), the old index meets the new file and the checksum fails.  The
@@ -105,7 +142,7 @@ def _grow(current: int, needed: int, unit: int) -> int:
 class ArrayHandle:
     """A TensorStore handle on one Zarr array that can follow the array's growth."""
 
-    def __init__(self, path: Path, context: ts.Context, writable: bool):
+    def __init__(self, path: Location, context: ts.Context, writable: bool):
         self.path = path
         self._context = context
         self._writable = writable
@@ -115,6 +152,11 @@ class ArrayHandle:
     def _open(self) -> ts.TensorStore:
         if _FORKED:
             return self._open_forked()
+        if isinstance(self.path, RemotePath):
+            try:
+                return _ZarrArray(self.path, self._writable)
+            except Exception as e:  # noqa: BLE001 - zarr/fsspec raise many kinds
+                raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
         try:
             return ts.open(spec, read=True, write=self._writable, context=self._context).result()
@@ -174,13 +216,13 @@ class Segment:
 
     def __init__(
         self,
-        seg_dir: Path,
+        seg_dir: Location,
         schema: Schema,
         layouts: Mapping[str, KeyLayout],
         writable: bool,
         durable: bool = True,
     ):
-        self.dir = Path(seg_dir)
+        self.dir = location(seg_dir)
         self.writer_id = self.dir.name
         self.schema = schema
         self.layouts = dict(layouts)
@@ -204,14 +246,14 @@ class Segment:
     # -- creation -------------------------------------------------------------------
 
     @staticmethod
-    def create_arrays(seg_dir: Path, specs: Mapping[str, KeySpec], layouts: Mapping) -> None:
+    def create_arrays(seg_dir: Location, specs: Mapping[str, KeySpec], layouts: Mapping) -> None:
         """Create (or complete) the arrays of a segment with zarr-python."""
-        seg_dir = Path(seg_dir)
+        seg_dir = location(seg_dir)
         names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
         names += [f"episodes/{c}" for c in PIECE_COLUMNS]
         if all((seg_dir / n / "zarr.json").is_file() for n in names):
             return  # the common reopen: skip zarr-python's per-node round trips
-        g = zarr.open_group(str(seg_dir), mode="a", zarr_format=3)
+        g = zarr.open_group(zarr_store(seg_dir), mode="a", zarr_format=3)
         data = g.require_group("data")
         for path, spec in specs.items():
             lay = layouts[path]
@@ -298,10 +340,7 @@ class Segment:
                 p = self.dir / "data" / key / "c" / str(s)
                 for _ in range(nd - 1):
                     p = p / "0"
-                try:
-                    os.remove(p)
-                except FileNotFoundError:
-                    pass
+                p.unlink(missing_ok=True)
 
     # -- reads ----------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Every data, index and metadata file is replaced atomically when rewritten (a new inode),
 never modified in place, so a hard link taken now keeps today's bytes forever while the
-live buffer goes on.  Where linking is impossible (another filesystem) files are copied.
+live buffer goes on.  Where linking is impossible (another filesystem) files are copied;
+in an object store objects are copied server-side.
 """
 
 from __future__ import annotations
@@ -13,18 +14,21 @@ import uuid
 from pathlib import Path
 
 from ..errors import FormatError
-from .commit import COMMIT_NAME, Commit, write_commit
+from .commit import COMMIT_NAME, Commit, _is_temp, write_commit
+from .location import Location, RemotePath, copy_file, remove_tree, walk_files
 from .lock import LOCK_NAME
 from .root import is_buffer
 
 SKIP = {LOCK_NAME, COMMIT_NAME}
 
 
-def link_tree(src: Path, dst: Path) -> tuple[int, int]:
+def link_tree(src: Location, dst: Location) -> tuple[int, int]:
     """Hard-link (or copy) every file under ``src`` into ``dst``; returns (linked, copied).
 
     Lock and commit files are skipped: the caller writes the commit it means.
     """
+    if isinstance(src, RemotePath) or isinstance(dst, RemotePath):
+        return 0, _copy_tree(src, dst)
     linked = copied = 0
     for dirpath, _dirs, files in os.walk(src):
         rel = Path(dirpath).relative_to(src)
@@ -49,14 +53,51 @@ def link_tree(src: Path, dst: Path) -> tuple[int, int]:
     return linked, copied
 
 
-def write_snapshot(root: Path, writer_id: str, commit: Commit, dest: Path, durable: bool) -> None:
+def _copy_tree(src: Location, dst: Location) -> int:
+    copied = 0
+    for rel, s in walk_files(src):
+        name = rel.rsplit("/", 1)[-1]
+        if name in SKIP or _is_temp(name) or name.startswith(LOCK_NAME):
+            continue
+        try:
+            copy_file(s, dst / rel)
+        except FileNotFoundError:
+            continue  # an evicted shard deleted while we walked
+        copied += 1
+    return copied
+
+
+def _write_remote_snapshot(
+    root: Location, writer_id: str, commit: Commit, dest: Location, durable: bool
+) -> None:
+    """Object stores have no rename: write the segment, its commit, then the root's
+    ``zarr.json`` last, so an interrupted checkpoint is not a buffer at all."""
+    if is_buffer(dest):
+        remove_tree(dest)
+    elif dest.exists() and any(True for _ in walk_files(dest)):
+        raise FormatError(
+            f"checkpoint path {dest} is not empty and is not a zreplay buffer; refusing to "
+            "overwrite it"
+        )
+    seg_dst = dest / "segments" / writer_id
+    _copy_tree(root / "segments" / writer_id, seg_dst)
+    write_commit(seg_dst, commit, durable=durable)
+    copy_file(root / "segments" / "zarr.json", dest / "segments" / "zarr.json")
+    copy_file(root / "zarr.json", dest / "zarr.json")
+
+
+def write_snapshot(
+    root: Location, writer_id: str, commit: Commit, dest: Location, durable: bool
+) -> None:
     """Materialise ``root``'s segment ``writer_id`` at ``commit`` as a new buffer at ``dest``.
 
     Built beside ``dest`` and renamed into place, so a crash never leaves half a checkpoint
     under the final name.  An existing zreplay buffer (an older checkpoint) at ``dest`` is
     replaced; any other non-empty directory is refused.
     """
-    root, dest = Path(root), Path(dest)
+    if isinstance(root, RemotePath) or isinstance(dest, RemotePath):
+        _write_remote_snapshot(root, writer_id, commit, dest, durable)
+        return
     if dest.exists():
         if dest.is_dir() and not any(dest.iterdir()):
             dest.rmdir()
