@@ -24,7 +24,16 @@ def test_trajectory_ids_are_unique_across_writers_and_survive_reopen(bufpath):
     b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, writer_id="b")
     b.add_trajectories([make_traj(3)])
     assert b.trajectory(len(b) - 1)["trajectory_id"] == (1 << ID_BITS) + 1
+    # A checkpoint of writer b keeps b's number claimed: a new writer there gets another.
+    ckpt = bufpath + ".ckpt"
+    b.save_checkpoint(ckpt)
     b.close()
+    c = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=ckpt, writer_id="w3")
+    c.add_trajectories([make_traj(4)])
+    c.close()
+    view = zreplay.open(ckpt)
+    ids = [view.trajectory(i)["trajectory_id"] for i in range(view.num_trajectories)]
+    assert len(set(ids)) == 3 and ids[-1] == 0
 
 
 def test_writer_numbers_are_claimed_once_even_when_racing(tmp_path):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ..errors import FormatError
 from .commit import COMMIT_NAME, Commit, _is_temp, write_commit
-from .location import Location, RemotePath, copy_file, remove_tree, walk_files
+from .location import Location, RemotePath, copy_file, create_exclusive, remove_tree, walk_files
 from .lock import LOCK_NAME
-from .root import is_buffer
+from .root import WRITERS, is_buffer
 
 SKIP = {LOCK_NAME, COMMIT_NAME}
 
@@ -67,6 +67,14 @@ def _copy_tree(src: Location, dst: Location) -> int:
     return copied
 
 
+def _claim_number(dest: Location, writer_id: str, commit: Commit) -> None:
+    """The copy keeps its writer number (and so its trajectory-id range): claim it in the
+    new buffer too, so a later writer there never gets the same number."""
+    if commit.writer_number >= 0:
+        (dest / WRITERS).mkdir(exist_ok=True)
+        create_exclusive(dest / WRITERS / str(commit.writer_number), writer_id.encode())
+
+
 def _write_remote_snapshot(
     root: Location, writer_id: str, commit: Commit, dest: Location, durable: bool
 ) -> None:
@@ -82,6 +90,7 @@ def _write_remote_snapshot(
     seg_dst = dest / "segments" / writer_id
     _copy_tree(root / "segments" / writer_id, seg_dst)
     write_commit(seg_dst, commit, durable=durable)
+    _claim_number(dest, writer_id, commit)
     copy_file(root / "segments" / "zarr.json", dest / "segments" / "zarr.json")
     copy_file(root / "zarr.json", dest / "zarr.json")
 
@@ -117,6 +126,7 @@ def write_snapshot(
         seg_dst = tmp / "segments" / writer_id
         link_tree(seg_src, seg_dst)
         write_commit(seg_dst, commit, durable=durable)
+        _claim_number(tmp, writer_id, commit)
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
             os.replace(dest, old)
