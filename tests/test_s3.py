@@ -148,6 +148,14 @@ def test_episode_buffer_and_damage_reported(url, s3):
     rb = zreplay.ReplayBuffer(1000, history_len=3, path=url, storage_options=s3)
     assert rb.num_episodes == 4
     rb.close()
+    # DataLoader workers reopen the bucket from the pickled view (URL + storage options).
+    from torch.utils.data import DataLoader
+
+    ds = zreplay.ClipDataset(zreplay.open(url, storage_options=s3), history_len=3)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    frames = np.concatenate([b["obs"][:, :, 0].numpy() for b in loader])
+    assert len(frames) == len(ds) == sum(5 + e - 2 for e in range(4))
+    assert (frames == frames[:, :1]).all()
 
     # Flip one byte of a stored chunk in the bucket: reads fail loudly, verify names it.
     import s3fs
@@ -162,3 +170,30 @@ def test_episode_buffer_and_damage_reported(url, s3):
         view.episode(0)
     report = zreplay.verify(url, storage_options=s3)
     assert not report.ok and "'obs'" in report.problems[0]
+
+
+def test_command_line_reads_a_bucket_through_the_aws_environment(url, s3):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, storage_options=s3)
+    buf.add_trajectories([make_traj(0), make_traj(1)])
+    buf.close()
+    env = dict(
+        os.environ,
+        AWS_ENDPOINT_URL=s3["endpoint_url"],
+        AWS_ACCESS_KEY_ID=s3["key"],
+        AWS_SECRET_ACCESS_KEY=s3["secret"],
+    )
+    run = [sys.executable, "-m", "zreplay.cli"]
+    out = subprocess.run([*run, "info", url, "--json"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["trajectories"] == 2 and info["disk_bytes"] > 0
+    out = subprocess.run([*run, "verify", url], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
+    missing = url + "-missing"
+    out = subprocess.run([*run, "info", missing], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "no such file" in out.stderr

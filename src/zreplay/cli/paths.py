@@ -9,18 +9,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import FormatError
+from ..store.location import RemotePath, location
 
 
-def existing(path: str | Path) -> Path:
-    p = Path(path)
+def existing(path: str | Path):
+    """``path`` as a Path, or an object-store location for ``s3://...`` URLs (s3fs reads
+    the endpoint and credentials from the usual AWS environment variables)."""
+    p = location(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
     return p
 
 
-def buffer_dir(path: str | Path) -> Path:
+def buffer_dir(path: str | Path):
     """``path`` if it looks like a buffer directory (the rest is checked on opening)."""
     p = existing(path)
+    if isinstance(p, RemotePath):
+        if not (p / "zarr.json").is_file():
+            raise FormatError(f"{p} is not a zreplay buffer (no zarr.json)")
+        return p
     if not p.is_dir():
         raise FormatError(f"{p} is a file, not a zreplay buffer directory")
     if not (p / "zarr.json").is_file():
@@ -31,7 +38,7 @@ def buffer_dir(path: str | Path) -> Path:
 def is_hdf5(path: Path) -> bool:
     import h5py
 
-    return path.is_file() and h5py.is_hdf5(path)
+    return isinstance(path, Path) and path.is_file() and h5py.is_hdf5(path)
 
 
 def is_rlinf_dir(path: Path) -> bool:
@@ -41,6 +48,8 @@ def is_rlinf_dir(path: Path) -> bool:
 
 def du(path: Path) -> int:
     """Bytes of the files under ``path`` (a file's own size for a file)."""
+    if isinstance(path, RemotePath):
+        return int(path.fs.du(path.key)) if path.exists() else 0
     if path.is_file():
         return path.stat().st_size
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
