@@ -82,6 +82,15 @@ def test_dones_only_count_as_terminations_and_split_false_keeps_one_episode():
     assert list(lanes.episode) == [1, 2]  # both lanes left running
     p, lanes, _ = split_pieces({"dones": dones}, T, B, 0, 0, lanes=None, split=False)
     assert list(p["length"]) == [4, 4] and list(lanes.episode) == [-1, -1]
+    # With terminations/truncations present, a stop flagged only by `dones` is still an
+    # end: a termination of unknown cause, never an episode ending with neither flag.
+    trunc = np.zeros((T, B), bool)
+    trunc[2, 1] = True
+    cols = {"dones": dones, "terminations": np.zeros((T, B), bool), "truncations": trunc}
+    p, _, _ = split_pieces(cols, T, B, 0, 0, lanes=None)
+    assert list(p["length"]) == [2, 2, 3, 1]
+    assert list(p["terminated"]) == [True, False, False, False]
+    assert list(p["truncated"]) == [False, False, True, False]
 
 
 def test_continues_with_a_different_B_is_refused_before_anything_is_written(tmp_path):

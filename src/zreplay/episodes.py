@@ -144,13 +144,17 @@ def split_pieces(
     out_lanes = Lanes.closed(B)
     out_lanes.episode[still_open] = episode[last[still_open]]
     out_lanes.next_step[still_open] = step[last[still_open]] + length[last[still_open]]
+    p_trunc = trunc[st_t, st_b]
+    p_term = term[st_t, st_b]
+    if done is not None:  # a `dones` stop without either flag: a termination, as above
+        p_term = p_term | (done[st_t, st_b] & ~p_trunc)
     pieces = {
         "start": row0 + starts.astype(np.int64),
         "length": length.astype(np.int64),
         "episode": episode,
         "step": step,
-        "terminated": term[st_t, st_b],
-        "truncated": trunc[st_t, st_b] & ~term[st_t, st_b],
+        "terminated": p_term,
+        "truncated": p_trunc & ~p_term,
     }
     return pieces, out_lanes, next_episode
 
