@@ -137,5 +137,5 @@ class BufferRoot:
                 (d / child).unlink()
             except FileNotFoundError:
                 pass
-        for child in ("data", "offsets", "traj", "episodes"):
+        for child in ("data", "offsets", "traj", "episodes", "priority"):
             shutil.rmtree(d / child, ignore_errors=True)
