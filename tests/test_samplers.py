@@ -278,11 +278,14 @@ def test_priorities_are_a_zarr_array_beside_the_data(tmp_path):
     buf.update_priorities(np.arange(54), p)
     buf.close()
     # FORMAT.md's recipe, with zarr and json only
-    seg = tmp_path / "b" / "segments" / "default"
-    meta = json.loads((seg / "commit.json").read_text())["sampler"]["priority"]
-    leaves = zarr.open_array(str(seg / "priority" / str(meta["slot"])), mode="r")
-    got = leaves[meta["low"] : meta["high"]]
-    assert meta["high"] == 54 and np.array_equal(got, (p + eps) ** alpha)
+    path, wid = str(tmp_path / "b"), "default"
+    commit = json.loads((tmp_path / "b" / "segments" / wid / "commit.json").read_text())
+    meta = commit["sampler"].get("priority")
+    lo, hi = max(meta["low"], commit["low_row"]), min(meta["high"], commit["n_rows"])
+    leaves = zarr.open_array(f"{path}/segments/{wid}/priority/{meta['slot']}", mode="r")[lo:hi]
+    priority = leaves ** (1 / meta["alpha"]) - meta["eps"]
+    assert (lo, hi) == (0, 54) and np.array_equal(leaves, (p + eps) ** alpha)
+    np.testing.assert_allclose(priority, p, atol=1e-9)
     assert zreplay.verify(tmp_path / "b").ok
 
 
@@ -457,3 +460,62 @@ def test_empty_buffers_raise_for_every_sampler():
         with pytest.raises(EmptyBufferError):
             buf.sample(2)
         buf.close()
+
+
+def test_exact_path_when_valid_clip_starts_carry_almost_no_priority():
+    """Rejection keeps missing (valid starts hold ~1e-7 of the mass): the exact path
+    draws among valid starts only, still proportionally to their leaves."""
+    h = 18
+    rb = zreplay.ReplayBuffer(100, history_len=h, sampler=Prioritized(alpha=1.0, eps=0.0), seed=2)
+    rb.write_episode(episode(20))  # valid starts: steps 0, 1, 2
+    p = np.full(20, 1e3)
+    p[:3] = [1e-3, 2e-3, 4e-3]
+    rb.update_priorities(np.arange(20), p)
+    idx = np.concatenate([rb.sample(500)["index"] for _ in range(6)])
+    counts = np.bincount(idx, minlength=20)
+    assert counts[3:].sum() == 0
+    assert chi2_stat(counts[:3], np.array([1, 2, 4]) / 7) < chi2_critical_p001(2)
+    rb.close()
+
+
+def test_padded_clips_before_an_episode_share_its_first_rows_priority():
+    rb = zreplay.ReplayBuffer(
+        100, history_len=3, pad="zero", sampler=PrioritizedClips(3, pad="zero"), seed=5
+    )
+    rb.write_episode(episode(5, base=10))  # clips start at steps -2 .. 2
+    b = rb.sample(9000)
+    s0 = (b["obs"][:, 2, 0] - 10).astype(int) - 2  # the last frame is always real
+    assert np.array_equal(b["index"], np.maximum(s0, 0))
+    assert np.array_equal(b["is_pad"], (s0[:, None] + np.arange(3)) < 0)
+    # steps 0, 1, 2 key units with equal priority; step 0 is shared by 3 clips
+    counts = np.bincount(s0 + 2, minlength=5)
+    assert chi2_stat(counts, np.array([1, 1, 1, 3, 3]) / 9) < chi2_critical_p001(4)
+    rb.close()
+
+
+def test_verify_reports_damaged_saved_priorities(tmp_path):
+    buf = trb(tmp_path / "b", sampler=Prioritized())
+    buf.add_trajectories([make_traj(i) for i in range(2)])
+    buf.update_priorities(np.arange(36), np.arange(36.0))
+    buf.close()
+    assert zreplay.verify(tmp_path / "b").ok
+    seg = tmp_path / "b" / "segments" / "default"
+    slot = json.loads((seg / "commit.json").read_text())["sampler"]["priority"]["slot"]
+    chunk = seg / "priority" / str(slot) / "c" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    report = zreplay.verify(tmp_path / "b")
+    assert not report.ok and "priorities" in report.problems[0]
+
+
+def test_a_prioritized_sampler_serves_one_buffer():
+    shared = Prioritized()
+    a = trb(sampler=shared)
+    with pytest.raises(ValueError, match="its own sampler"):
+        trb(sampler=shared)
+    a.close()
+    b = trb(sampler=shared)  # free again once its buffer is closed
+    b.close()
+    plain = Uniform()  # stateless samplers may be shared
+    trb(sampler=plain).close(), trb(sampler=plain).close()

@@ -23,6 +23,7 @@ from .errors import EmptyBufferError
 from .index import TrajectoryIndex, time_major
 from .nstep import NStepSpec
 from .samplers import RowSpace, Sampler, as_sampler
+from .samplers.base import claim
 from .samplers.view import ViewSampling
 from .schema import unflatten
 from .store.commit import Commit, read_commit
@@ -72,6 +73,7 @@ class BufferView(ViewSampling):
         self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
         self._sampler_arg = sampler
         self.sampler: Sampler = as_sampler(sampler)
+        claim(self.sampler, self)
         self.step = 0  # batches drawn (a hook's step; a prioritized sampler's beta clock)
         self.schema = None
         self.refresh()

@@ -233,9 +233,8 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes, SamplerAccess):
     ) -> dict[str, Any]:
         clips = self.sampler.clips
         if clips is not None:
-            return self.sample_clips(
-                num_chunks, clips.history_len, clips.frameskip, clips.pad, clips.action_keys
-            )
+            got = sampling.gather_clips(self._gather, clips, self._keys(), self._pick(num_chunks))
+            return unflatten({k: torch.from_numpy(v).to(device or "cpu") for k, v in got.items()})
         pin = pin_memory and _can_pin()
         tensors: dict[str, torch.Tensor] = {}
         extra = {}

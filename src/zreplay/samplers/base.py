@@ -21,6 +21,7 @@ visible trajectories are contiguous there, oldest first.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,6 +209,21 @@ class Sampler:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({args})"
+
+
+def claim(sampler: Sampler, owner: object) -> None:
+    """Bind a stateful (prioritized) sampler to one buffer or view: its priorities are
+    those of one set of rows, so a second owner is refused while the first lives."""
+    if not sampler.prioritized:
+        return
+    ref = getattr(sampler, "_owner", None)
+    current = ref() if ref is not None else None
+    if current is not None and current is not owner and not getattr(current, "closed", False):
+        raise ValueError(
+            f"this {type(sampler).__name__} already samples {current!r}; give each buffer "
+            "or view its own sampler instance"
+        )
+    sampler._owner = weakref.ref(owner)
 
 
 def require_rows(space: RowSpace) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..store.priority import PriorityArrays
-from .base import Context, Drawn, Persisted, RowSpace, Sampler, SegmentRows, Units
+from .base import Context, Drawn, Persisted, RowSpace, Sampler, SegmentRows, Units, claim
 
 
 class EngineSampler:
@@ -36,6 +36,7 @@ class EngineSampler:
         self._last_save = -float("inf")
 
     def bind(self, engine) -> None:
+        claim(self.sampler, engine)
         self.engine = engine
 
     # -- under the engine's lock ----------------------------------------------------

@@ -257,6 +257,12 @@ class Prioritized(Sampler):
             )
         self.sync(space)
         keys = idx >> SEGMENT_SHIFT
+        if not keys.any():  # one writer's rows (a writable buffer's, always)
+            cur = self._segs.get(0)
+            if cur is None:
+                return 0
+            cur.changed = True
+            return cur.state.update(idx, p)
         applied = 0
         for key in np.unique(keys):
             cur = self._segs.get(int(key))
