@@ -519,3 +519,27 @@ def test_a_prioritized_sampler_serves_one_buffer():
     b.close()
     plain = Uniform()  # stateless samplers may be shared
     trb(sampler=plain).close(), trb(sampler=plain).close()
+
+
+def test_background_commits_save_priorities_at_most_every_save_every_s(tmp_path):
+    import time
+
+    def saved_seq():
+        commit = json.loads((tmp_path / "b" / "segments" / "default" / "commit.json").read_text())
+        return commit["sampler"]["priority"]["seq"], commit["n_traj"]
+
+    buf = trb(tmp_path / "b", sampler=Prioritized(save_every_s=3600))
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()
+    assert saved_seq() == (1, 1)
+    buf.update_priorities(np.arange(18), 5.0)
+    buf.add_trajectories([make_traj(1)])  # a background commit: too soon to save again
+    deadline = time.monotonic() + 30
+    while buf.get_stats()["pending_trajectories"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert saved_seq() == (1, 2)
+    buf.flush()  # flushes always save what changed
+    assert saved_seq() == (2, 2)
+    buf.flush()  # nothing changed: nothing written
+    assert saved_seq() == (2, 2)
+    buf.close()
