@@ -20,6 +20,11 @@ Systems (alpha 0.6, beta 0.4, eps 1e-6 everywhere; leaf = (p + eps) ** alpha):
   included); i.i.d. and ``stratified=True`` draws;
 * zreplay ``SumTree`` alone: ``sample`` leaf indices + ``update(leaf, (p + eps) ** alpha)``
   (no weights, no row mapping: the floor under ``PrioritizedState``);
+* zreplay ``TrajectoryReplayBuffer(sampler=Prioritized(...))``, the whole public path:
+  ``sample(256)`` (draw under the buffer's lock, gather the rows from the RAM tier into
+  torch tensors, ``index``/``weight`` beside them) + ``update_priorities(batch["index"],
+  new_p)``; one float32 per row (like cpprb's), 1M rows in 100 trajectories ``[1000, 10]``
+  in a temporary store, all of them in the RAM tier;
 * cpprb 11 ``PrioritizedReplayBuffer(N, {"x": {}})`` (one float per row, C++ sum/min
   segment trees, stratified draws): ``sample(256, beta)`` + ``update_priorities(indexes,
   new_p)``, with ``check_for_update`` off (its default) and on;
@@ -54,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "priority.json"
 BATCH = 256
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
-SYSTEMS = ("zreplay", "cpprb", "numpy")
+SYSTEMS = ("zreplay", "buffer", "cpprb", "numpy")
 EXTRA_PACKAGES = ("cpprb", "psutil")
 
 CONFIGS = {
@@ -140,6 +145,39 @@ def child_zreplay(cfg: dict, initial: np.ndarray, new_p: np.ndarray) -> dict:
     return out
 
 
+def child_buffer(cfg: dict, initial: np.ndarray, new_p: np.ndarray) -> dict:
+    import zreplay
+    from zreplay.samplers import Prioritized
+
+    n = initial.size
+    T, B = 1000, 10
+    t0 = time.perf_counter()
+    buf = zreplay.TrajectoryReplayBuffer(
+        seed=1, sample_window_size=0, sampler=Prioritized(alpha=ALPHA, beta=BETA, eps=EPS)
+    )
+    x = np.zeros((T, B, 1), np.float32)
+    for s in range(0, n, T * B):
+        buf.add_trajectories([{"x": x[: min(T, (n - s) // B)]}])
+    buf.update_priorities(np.arange(n), initial)
+    buf.flush()
+    build = time.perf_counter() - t0
+    assert buf.get_stats()["rows_in_ram"] == n, "the benchmark wants every row in the RAM tier"
+    drawn = np.concatenate([buf.sample(1000)["index"].numpy() for _ in range(100)])
+    check = chi_like_check(initial[drawn], initial)
+    box = {}
+
+    def sample():
+        batch = buf.sample(BATCH)
+        box["w"] = batch["weight"]
+        return batch["index"]
+
+    res = timed_loop(sample, buf.update_priorities, new_p, cfg["warmup"], cfg["iters"])
+    buf.close()
+    return {
+        "buffer": {**res, "build_s": build, "check": check, "max_weight": float(box["w"].max())}
+    }
+
+
 def child_cpprb(cfg: dict, initial: np.ndarray, new_p: np.ndarray) -> dict:
     import cpprb
 
@@ -195,7 +233,12 @@ def child_numpy(cfg: dict, initial: np.ndarray, new_p: np.ndarray) -> dict:
     return {"numpy": {**res, "check": check, "max_weight": float(box["w"].max())}}
 
 
-CHILDREN = {"zreplay": child_zreplay, "cpprb": child_cpprb, "numpy": child_numpy}
+CHILDREN = {
+    "zreplay": child_zreplay,
+    "buffer": child_buffer,
+    "cpprb": child_cpprb,
+    "numpy": child_numpy,
+}
 
 
 def child_main(job_path: Path) -> int:
@@ -219,6 +262,7 @@ ROWS = (  # (key, label)
     ("state", "zreplay PrioritizedState (i.i.d.)"),
     ("state_stratified", "zreplay PrioritizedState (stratified)"),
     ("tree", "zreplay SumTree only (no weights)"),
+    ("buffer", "zreplay TrajectoryReplayBuffer+Prioritized"),
     ("cpprb", "cpprb PrioritizedReplayBuffer"),
     ("cpprb_check", "cpprb, check_for_update=True"),
     ("numpy", "numpy cumsum + searchsorted"),

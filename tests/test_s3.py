@@ -104,10 +104,10 @@ def test_writer_processes_share_a_bucket_and_a_reader_refreshes(url, s3):
     ]
     for p in procs:
         p.start()
-    got = dict(q.get(timeout=120) for _ in procs)
     for p in procs:
-        p.join(60)
+        p.join(120)
         assert p.exitcode == 0
+    got = dict(q.get(timeout=10) for _ in procs)
     view = zreplay.open(url, storage_options=s3)
     assert view.writer_ids == ["w0", "w1"]
     assert view.num_trajectories == 6

@@ -9,10 +9,12 @@ Public names:
 * :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
+* :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
+  ``PrioritizedClips`` (``sampler=`` of every buffer and view).
 * :mod:`zreplay.errors`: the exception hierarchy.
 """
 
-from . import errors
+from . import errors, samplers
 from .data import ClipDataset, ReplayDataset
 from .errors import (
     BufferClosedError,
@@ -57,6 +59,7 @@ __all__ = [
     "WriteFailedError",
     "WriterLockedError",
     "errors",
+    "samplers",
     "dump",
     "import_rlinf",
     "iter_hdf5",

@@ -222,7 +222,10 @@ class EpisodeView:
             self._vbase = np.concatenate([[0], np.cumsum(self.length)[:-1]])
             self._p_vstart = np.concatenate([[0], np.cumsum(p["length"])[:-1]])
             self._p_row = p["start"]
+            self._p_len = p["length"]
+            self._p_episode = np.repeat(np.arange(len(first)), np.diff(np.append(first, n)))
         self._cum: dict[tuple, np.ndarray] = {}
+        self._derived: dict[tuple, object] = {}
 
     def __len__(self) -> int:
         return len(self.length)
@@ -234,6 +237,39 @@ class EpisodeView:
         v = self._vbase[episode] + step
         j = np.searchsorted(self._p_vstart, v, side="right") - 1
         return self._p_row[j] + (v - self._p_vstart[j])
+
+    def locate_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Inverse of :meth:`rows`: ``(episode, step)`` int64 of each row, episode -1 for
+        a row no visible episode holds.  One ``searchsorted`` over pieces sorted by row."""
+        rows = np.asarray(rows, np.int64)
+        start, length, episode, vstep = self.cached(("by_row",), self._pieces_by_row)
+        if not len(start):
+            return np.full(rows.shape, -1, np.int64), np.zeros(rows.shape, np.int64)
+        j = np.maximum(np.searchsorted(start, rows, side="right") - 1, 0)
+        within = rows - start[j]
+        inside = (within >= 0) & (within < length[j])
+        return np.where(inside, episode[j], -1), np.where(inside, vstep[j] + within, 0)
+
+    def _pieces_by_row(self) -> tuple[np.ndarray, ...]:
+        """Pieces as ``(start, length, episode, first visible step)``, sorted by row."""
+        if self.multi:
+            ep = self._p_episode
+            cols = (self._p_row, self._p_len, ep, self._p_vstart - self._vbase[ep])
+        else:
+            n = len(self.length)
+            cols = (self._row0, self.length, np.arange(n), np.zeros(n, np.int64))
+        start = cols[0]
+        if len(start) > 1 and not np.all(start[1:] > start[:-1]):
+            order = np.argsort(start, kind="stable")
+            cols = tuple(c[order] for c in cols)
+        return tuple(np.asarray(c, np.int64) for c in cols)
+
+    def cached(self, key: tuple, make):
+        """A value derived from this view, computed once (``make()``) and kept with it."""
+        got = self._derived.get(key)
+        if got is None:
+            got = self._derived[key] = make()
+        return got
 
     # -- counting and locating units (clips, transitions) ---------------------------
 

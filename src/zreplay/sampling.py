@@ -14,11 +14,13 @@ import numpy as np
 
 from .clips import ClipSpec, finish_clips, plan_clips
 from .episodes import EpisodeView
-from .errors import EmptyBufferError
-from .nstep import NStepSpec, finish_nstep, next_name, num_nstep, plan_nstep
+from .errors import EmptyBufferError, SchemaError
+from .nstep import NStepSpec, finish_nstep, next_name, nstep_counts, plan_nstep
+from .samplers.base import Units
 
 Gather = Callable[[Callable[[EpisodeView], dict]], dict]
-Pick = Callable[[EpisodeView, int], np.ndarray]
+# pick(units) -> flat unit indices, or (flat indices, extra outputs such as index/weight)
+Pick = Callable[[Units], object]
 
 
 def group_requests(requests: Mapping[str, tuple[str, np.ndarray]]) -> list[tuple]:
@@ -30,25 +32,53 @@ def group_requests(requests: Mapping[str, tuple[str, np.ndarray]]) -> list[tuple
     return list(groups.values())
 
 
+def clip_units(view: EpisodeView, spec: ClipSpec) -> Units:
+    """The clips of ``spec`` over ``view`` as sampling units (keyed by start row)."""
+    key = ("clip", spec.span, spec.pad_left)
+    counts = view.cached(("counts", *key), lambda: spec.counts(view))
+    return Units(view, counts, spec.cumulative(view), spec.pad_left, spec.history_len, "clip")
+
+
+def nstep_units(view: EpisodeView, has_next: bool) -> Units:
+    """The n-step transitions over ``view`` as sampling units (keyed by their step's row)."""
+    counts = view.cached(("counts", "nstep", has_next), lambda: nstep_counts(view, has_next))
+    cum = view.cumulative(("nstep", has_next), lambda: counts)
+    return Units(view, counts, cum, 0, 1, "transition")
+
+
 def uniform(rng: np.random.Generator, n: int) -> Pick:
-    """Pick ``n`` units uniformly with replacement among ``total``."""
-
-    def pick(_view: EpisodeView, total: int) -> np.ndarray:
-        return rng.integers(0, total, size=n)
-
-    return pick
+    """Pick ``n`` units uniformly with replacement."""
+    return lambda units: rng.integers(0, units.total, size=n)
 
 
 def fixed(indices) -> Pick:
-    """Pick the given flat unit indices (checked against ``total`` at gather time)."""
+    """Pick the given flat unit indices (checked against the unit count at gather time)."""
     idx = np.asarray(indices, np.int64).reshape(-1)
 
-    def pick(_view: EpisodeView, total: int) -> np.ndarray:
-        if len(idx) and (idx.min() < 0 or idx.max() >= total):
-            raise IndexError(f"clip index out of range [0, {total})")
+    def pick(units: Units) -> np.ndarray:
+        if len(idx) and (idx.min() < 0 or idx.max() >= units.total):
+            raise IndexError(f"{units.name} index out of range [0, {units.total})")
         return idx
 
     return pick
+
+
+def _picked(pick: Pick, units: Units, box: dict) -> np.ndarray:
+    got = pick(units)
+    flat, box["extra"] = got if isinstance(got, tuple) else (got, {})
+    return np.asarray(flat, np.int64)
+
+
+def add_extra(out: dict, extra: Mapping[str, np.ndarray]) -> dict:
+    """Put a sampler's outputs (``index``, ``weight``) beside the data keys of a batch."""
+    for name, arr in extra.items():
+        if name in out:
+            raise SchemaError(
+                f"the buffer stores a key {name!r}, which clashes with the sampler's "
+                f"{name!r} output; rename that key to use a prioritized sampler"
+            )
+        out[name] = arr
+    return out
 
 
 def gather_clips(
@@ -58,14 +88,14 @@ def gather_clips(
     box = {}
 
     def fn(view: EpisodeView) -> dict:
-        total = spec.num_clips(view)
-        if total == 0:
+        units = clip_units(view, spec)
+        if units.total == 0:
             raise EmptyBufferError(
                 f"no clips of history_len={spec.history_len} (frameskip={spec.frameskip}): "
                 f"{len(view)} stored episode(s), none long enough"
                 + ("" if spec.pad else "; pass pad='zero' or 'repeat' to use short ones")
             )
-        plan = box["plan"] = plan_clips(view, spec, pick(view, total), keys)
+        plan = box["plan"] = plan_clips(view, spec, _picked(pick, units, box), keys)
         return {k: (k, plan.rows[k]) for k in keys}
 
     got = gather(fn)
@@ -73,7 +103,7 @@ def gather_clips(
     out = finish_clips(plan, got, spec)
     if spec.pad:
         out["is_pad"] = plan.is_pad
-    return out
+    return add_extra(out, box["extra"])
 
 
 def gather_nstep(
@@ -91,14 +121,15 @@ def gather_nstep(
     box = {}
 
     def fn(view: EpisodeView) -> dict:
-        total = num_nstep(view, bool(nxt))
-        if total == 0:
+        units = nstep_units(view, bool(nxt))
+        if units.total == 0:
             raise EmptyBufferError("no transitions to sample (the buffer holds no usable steps)")
-        plan = box["plan"] = plan_nstep(view, spec, pick(view, total), keys, reward, obs, nxt)
+        flat = _picked(pick, units, box)
+        plan = box["plan"] = plan_nstep(view, spec, flat, keys, reward, obs, nxt)
         return plan.requests
 
     got = gather(fn)
-    return finish_nstep(box["plan"], got, spec, obs_root)
+    return add_extra(finish_nstep(box["plan"], got, spec, obs_root), box["extra"])
 
 
 class EngineEpisodes:

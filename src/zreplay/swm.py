@@ -34,6 +34,8 @@ from .engine.core import Engine, Prepared
 from .engine.ramtier import RamPolicy
 from .errors import SchemaError
 from .nstep import NStepSpec
+from .samplers import Sampler, as_sampler
+from .samplers.engine import EngineSampler, SamplerAccess
 from .schema import as_numpy, flatten, unflatten
 
 EPISODE_DATA_KEY = "_episode_data"
@@ -47,7 +49,7 @@ def classic_filter(ep: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ep.items() if k in keep}
 
 
-class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
+class ReplayBuffer(sampling.EngineEpisodes, SamplerAccess, torch.utils.data.Dataset):
     """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
 
     Args (stable-worldmodel's):
@@ -56,7 +58,10 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         history_len: frames per clip for ``__len__``/``__getitem__``/``sample``.
         frameskip: distance between a clip's frames; a clip spans
             ``history_len * frameskip`` steps and ``action`` is kept dense over it.
-        sampler: ``fn(step, buffer, batch_size, history_len) -> flat clip indices``.
+        sampler: ``fn(step, buffer, batch_size, history_len) -> flat clip indices``, or a
+            :mod:`zreplay.samplers` sampler (``Uniform`` (default), ``Window``,
+            ``Recency``, ``Prioritized``, ``PrioritizedClips``), used by ``sample`` and
+            ``sample_nstep``; its state and priorities are saved with the buffer.
         transform: applied to each clip returned by ``__getitem__`` (not by ``sample``).
         key_filter: ``fn(episode_dict) -> episode_dict`` applied before writing.
 
@@ -79,7 +84,7 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         max_steps: int,
         history_len: int = 1,
         frameskip: int = 1,
-        sampler: Callable | None = None,
+        sampler: Sampler | Callable | None = None,
         transform: Callable | None = None,
         key_filter: Callable | None = None,
         path: str | Path | None = None,
@@ -100,7 +105,9 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         self.max_steps = int(max_steps)
         self.spec = ClipSpec(history_len, frameskip, pad, tuple(action_keys))
         self.history_len, self.frameskip, self.pad = history_len, frameskip, pad
-        self.sampler, self.transform, self.key_filter = sampler, transform, key_filter
+        self.transform, self.key_filter = transform, key_filter
+        self._sampling = EngineSampler(as_sampler(sampler))
+        self._hook = sampler
         self._seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else seed
         self._rng = np.random.default_rng(self._seed)
         self._step = 0
@@ -118,13 +125,30 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
             break_lock=break_lock,
             storage_options=storage_options,
             sampler_state=_weak(self._sampler_state),
+            sampler_persist=self._sampling.persist,
         )
+        self._sampling.bind(self._engine)
         self.path = self._engine.path
         state = self._engine.commit.sampler
         if state.get("kind") == "swm":
-            self.load_state_dict(state)
+            self._load_stream(state)
+            self._sampling.load_state(state)
 
-    def _sampler_state(self) -> dict:
+    @property
+    def sampler(self) -> Sampler | Callable | None:
+        """What the buffer samples with: a ``fn(step, buffer, batch_size, history_len)``
+        hook or a :mod:`zreplay.samplers` sampler (``None``: uniform).  Assignable."""
+        return self._hook
+
+    @sampler.setter
+    def sampler(self, sampler: Sampler | Callable | None) -> None:
+        if getattr(self, "_engine", None) is not None and not self._engine.closed:
+            self._sampling = EngineSampler(as_sampler(sampler))
+            self._sampling.bind(self._engine)
+            self._engine.sampler_persist = self._sampling.persist
+        self._hook = sampler
+
+    def _stream_state(self) -> dict:
         return {
             "kind": "swm",
             "step": self._step,
@@ -132,17 +156,26 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
             "rng": self._rng.bit_generator.state,
         }
 
-    def state_dict(self) -> dict:
-        """The sampler's state (step counter, seed, random generator) at this instant,
-        for a training checkpoint: the store also saves it with every commit, but a
-        commit's timing is the writer thread's."""
-        return self._sampler_state()
+    def _sampler_state(self) -> dict:
+        return {**self._stream_state(), **self._sampling.state()}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+    def _load_stream(self, state: Mapping[str, Any]) -> None:
         self._step = int(state["step"])
         self._seed = int(state["seed"])
         self._rng.bit_generator.state = dict(state["rng"])
+
+    def state_dict(self) -> dict:
+        """The sampler's state at this instant (step counter, seed, random generator and,
+        for a prioritized sampler, every row's priority as arrays), for a training
+        checkpoint (``torch.save``): the store also saves it with commits, but a commit's
+        timing is the writer thread's."""
+        return {**self._stream_state(), **self._sampling.full_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (priorities of rows evicted since
+        are dropped)."""
+        self._load_stream(state)
+        self._sampling.load_full_state(state)
 
     # -- Writer protocol --------------------------------------------------------------
 
@@ -270,33 +303,28 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
         self, batch_size: int, history_len: int | None = None, step: int | None = None
     ) -> dict[str, np.ndarray]:
         """``batch_size`` clips ``{column: [batch, history_len, ...]}`` (numpy, no
-        transform), chosen by the sampler hook or uniformly over all valid clips."""
+        transform), chosen by the sampler (uniformly over all valid clips by default).
+        A prioritized sampler adds ``index`` (int64 ``[batch]``: each clip's start row)
+        and ``weight`` (float32 ``[batch]`` importance weights)."""
+        spec = self._clip_spec(history_len)
+        pick = self._pick(batch_size, step)
+        return unflatten(sampling.gather_clips(self._gather, spec, self._keys(), pick))
+
+    def _pick(self, batch_size: int, step: int | None):
         if int(batch_size) <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        spec = self._clip_spec(history_len)
         if step is None:
             step = self._step
             self._step += 1
-        if self.sampler is None:
-            pick = sampling.uniform(self._rng, int(batch_size))
-        else:
-            idx = np.asarray(self.sampler(step, self, int(batch_size), spec.history_len))
-            if idx.shape != (int(batch_size),):
-                raise ValueError(
-                    f"sampler returned shape {idx.shape}, expected ({int(batch_size)},)"
-                )
-            pick = sampling.fixed(idx)
-        return unflatten(sampling.gather_clips(self._gather, spec, self._keys(), pick))
+        return self._sampling.pick(self._rng, int(batch_size), step, self)
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
         ``t``, ``next_obs`` up to ``n`` steps ahead, ``return``, ``discount``,
         ``n_steps``, ``terminated_n``."""
-        if int(batch_size) <= 0:
-            raise ValueError(f"batch_size must be > 0, got {batch_size}")
         keys = kw.pop("keys", None)
         spec = NStepSpec(n, gamma, **kw)
-        pick = sampling.uniform(self._rng, int(batch_size))
+        pick = self._pick(batch_size, None)
         return unflatten(sampling.gather_nstep(self._gather, spec, self._keys(), pick, keys))
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
@@ -368,7 +396,8 @@ class ReplayBuffer(sampling.EngineEpisodes, torch.utils.data.Dataset):
     def __getstate__(self) -> dict:
         # Pickled for spawn-started workers: a read-only replica by path.
         self.flush()
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_engine", "_replica")}
+        skip = ("_engine", "_replica", "_sampling")
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_pid"] = -1
         return state
 

@@ -104,7 +104,25 @@ def verify(
                 report.rows_checked += _check_rows(
                     seg, key, lay.shard_rows, first, commit.n_rows, report, progress
                 )
+            _check_priorities(seg_dir, commit, report)
     return report
+
+
+def _check_priorities(seg_dir: Path, commit, report: VerifyReport) -> None:
+    """The saved priority copy the commit names decodes, and holds valid leaves."""
+    from .store.priority import PriorityArrays
+
+    meta = (commit.sampler or {}).get("priority")
+    if not meta:
+        return
+    lo, hi = max(meta["low"], commit.low_row), min(meta["high"], commit.n_rows)
+    try:
+        leaves = PriorityArrays(seg_dir, writable=False).read(meta["slot"], lo, hi)
+    except CorruptBufferError as e:
+        report.problems.append(str(e))
+        return
+    if leaves.size and not (np.isfinite(leaves).all() and leaves.min() >= 0):
+        report.problems.append(f"{seg_dir}: saved priorities hold negative or non-finite leaves")
 
 
 def _check_rows(

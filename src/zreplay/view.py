@@ -22,6 +22,9 @@ from .episodes import EpisodeView, concat_pieces
 from .errors import EmptyBufferError
 from .index import TrajectoryIndex, time_major
 from .nstep import NStepSpec
+from .samplers import RowSpace, Sampler, as_sampler
+from .samplers.base import claim
+from .samplers.view import ViewSampling
 from .schema import unflatten
 from .store.commit import Commit, read_commit
 from .store.location import options_of
@@ -32,15 +35,40 @@ _RETRIES = 5
 
 
 class _SegmentState:
-    def __init__(self, segment: Segment, commit: Commit, index: TrajectoryIndex):
+    def __init__(self, segment: Segment, commit: Commit, index: TrajectoryIndex, before=None):
         self.segment, self.commit, self.index = segment, commit, index
+        # Same rows as the state it follows (a sampler keeps what it knows of them), or
+        # rows renumbered from scratch (the writer cleared or replaced its segment).
+        self.epoch = before.epoch if before is not None and _continues(before, self) else object()
 
 
-class BufferView:
-    """Read-only access to a zreplay buffer directory (numpy in, numpy out)."""
+def _continues(old: _SegmentState, new: _SegmentState) -> bool:
+    j = old.index.n - 1
+    if j < 0:
+        return True
+    if new.index.n <= j or new.commit.n_rows < old.commit.n_rows:
+        return False
+    col = "trajectory_id"
+    return int(new.index.column(col)[j]) == int(old.index.column(col)[j])
+
+
+class BufferView(ViewSampling):
+    """Read-only access to a zreplay buffer directory (numpy in, numpy out).
+
+    ``sampler`` (a :mod:`zreplay.samplers` sampler or a ``fn(step, view, batch_size,
+    history_len)`` hook; default uniform) draws ``sample``, ``sample_clips`` and
+    ``sample_nstep``.  A prioritized sampler starts from the priorities each writer saved
+    with its last commit (as tree leaves; use the writer's ``alpha``/``eps``), follows
+    ``refresh()`` and keeps ``update_priorities`` in this process only: a view never
+    writes.
+    """
 
     def __init__(
-        self, path: str | Path, seed: int | None = None, storage_options: dict | None = None
+        self,
+        path: str | Path,
+        seed: int | None = None,
+        sampler=None,
+        storage_options: dict | None = None,
     ):
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
@@ -49,6 +77,11 @@ class BufferView:
         self._rng = np.random.default_rng(seed)
         self._pid = os.getpid()
         self._segs: dict[str, _SegmentState] = {}
+        self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
+        self._sampler_arg = sampler
+        self.sampler: Sampler = as_sampler(sampler)
+        claim(self.sampler, self)
+        self.step = 0  # batches drawn (a hook's step; a prioritized sampler's beta clock)
         self.schema = None
         self.refresh()
 
@@ -64,10 +97,20 @@ class BufferView:
             self.refresh()
 
     def __getstate__(self) -> dict:
-        return {"path": str(self.path), "seed": self._seed, "options": options_of(self.path)}
+        return {
+            "path": str(self.path),
+            "seed": self._seed,
+            "sampler": self._sampler_arg,
+            "options": options_of(self.path),
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], seed=None, storage_options=state.get("options"))
+        self.__init__(
+            state["path"],
+            seed=None,
+            sampler=state.get("sampler"),
+            storage_options=state.get("options"),
+        )
 
     # -- discovery ------------------------------------------------------------------
 
@@ -92,7 +135,8 @@ class BufferView:
                 continue
             seg = st.segment if st else Segment(seg_dir, self.schema, self._layouts, writable=False)
             index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
-            self._segs[wid] = _SegmentState(seg, commit, index)
+            self._segs[wid] = _SegmentState(seg, commit, index, before=st)
+            self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
         self._rebuild()
         return changed
@@ -105,6 +149,7 @@ class BufferView:
         self._cum_rows = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         self._cum_traj = np.concatenate([[0], np.cumsum(trajs, dtype=np.int64)])
         self._episodes: EpisodeView | None = None
+        self._rows: RowSpace | None = None
 
     def episodes(self) -> EpisodeView:
         """The visible episodes of every segment (rows as visible positions)."""
@@ -213,10 +258,10 @@ class BufferView:
         return ClipSpec(history_len, frameskip, pad).num_clips(self.episodes())
 
     def sample_clips(self, batch_size: int, history_len: int = 1, **kw) -> dict[str, Any]:
-        """``batch_size`` clips ``[batch, history_len, ...]`` drawn uniformly over all valid
-        clips; never across an episode boundary.  ``kw``: ``frameskip``, ``pad``,
-        ``keys``, ``action_keys`` (see :meth:`clips`)."""
-        return self._clips(sampling.uniform(self._rng, batch_size), history_len, **kw)
+        """``batch_size`` clips ``[batch, history_len, ...]`` drawn by the sampler over all
+        valid clips (uniformly by default); never across an episode boundary.  ``kw``:
+        ``frameskip``, ``pad``, ``keys``, ``action_keys`` (see :meth:`clips`)."""
+        return self._clips(self._pick(batch_size), history_len, **kw)
 
     def clips(self, indices, history_len: int = 1, **kw) -> dict[str, Any]:
         """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first.
@@ -246,9 +291,7 @@ class BufferView:
         keys = kw.pop("keys", None)
         spec = NStepSpec(n, gamma, **kw)
         return sampling.as_nested(
-            sampling.gather_nstep(
-                self._gather, spec, self.keys(), sampling.uniform(self._rng, batch_size), keys
-            )
+            sampling.gather_nstep(self._gather, spec, self.keys(), self._pick(batch_size), keys)
         )
 
     def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
@@ -269,15 +312,29 @@ class BufferView:
         raise EmptyBufferError("rows kept being evicted while reading; sample again")
 
     def sample(self, n: int, keys: list[str] | None = None) -> dict[str, Any]:
-        """``n`` rows drawn uniformly with replacement, as a nested dict of numpy arrays."""
+        """``n`` rows drawn with replacement by the sampler (uniformly by default), as a
+        nested dict of numpy arrays; a prioritized sampler adds ``index`` (int64 ``[n]``)
+        and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips."""
         if n <= 0:
             raise ValueError(f"n must be > 0, got {n}")
+        clips = self.sampler.clips
+        if clips is not None:
+            return self.sample_clips(
+                n,
+                clips.history_len,
+                frameskip=clips.frameskip,
+                pad=clips.pad,
+                keys=keys,
+                action_keys=clips.action_keys,
+            )
+        step, self.step = self.step, self.step + 1
         for _ in range(_RETRIES):
             if self.num_rows == 0:
                 raise EmptyBufferError(f"{self.path} holds no committed transitions")
-            pos = self._rng.integers(0, self.num_rows, size=n)
+            pos, extra = self.sampler.draw_rows(self._context(step), n)
             try:
-                return unflatten(self._read_positions(pos, keys or self.keys()))
+                got = self._read_positions(np.asarray(pos, np.int64), keys or self.keys())
+                return unflatten(sampling.add_extra(got, extra))
             except _Evicted:
                 self.refresh()
         raise EmptyBufferError("rows kept being evicted while sampling; sample again")
@@ -359,9 +416,15 @@ def index_tree(tree: Any, i: int) -> Any:
 
 
 def open(  # noqa: A001
-    path: str | Path, seed: int | None = None, *, storage_options: dict | None = None
+    path: str | Path,
+    seed: int | None = None,
+    sampler=None,
+    *,
+    storage_options: dict | None = None,
 ) -> BufferView:
     """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
     URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.
-    ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment)."""
-    return BufferView(path, seed=seed, storage_options=storage_options)
+    ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment).
+    ``sampler``: a :mod:`zreplay.samplers` sampler or hook for ``sample``/``sample_clips``/
+    ``sample_nstep``."""
+    return BufferView(path, seed=seed, sampler=sampler, storage_options=storage_options)

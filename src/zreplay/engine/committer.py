@@ -33,6 +33,7 @@ class Committer:
         self.eng = engine
         self.cond = engine._cond
         self.want = self.done = 0  # commit generations asked for / finished
+        self.explicit = 0  # the last generation asked for by flush()
         self.error: BaseException | None = None
         self.stopping = False
         self._disk_readers = 0
@@ -71,7 +72,7 @@ class Committer:
                 log.info("zreplay: retrying after writer error %r", self.error)
                 self.error = None  # retry the pending work
             self.request()
-            target = self.want
+            target = self.explicit = self.want
             while self.done < target:
                 self.raise_error()
                 if not self.thread.is_alive():
@@ -166,9 +167,12 @@ class Committer:
             low_piece=p_low,
             next_episode=next_episode,
             writer_number=old.writer_number,
-            sampler=eng.sampler_state(),
         )
+        # The sampler's saves (priorities) go with this commit; flushes always save.
+        entries, persist = eng.sampler_persist(new.n_rows, self.explicit > self.done)
+        new.sampler = {**eng.sampler_state(), **entries}
         return {
+            "persist": persist,
             "commit": new,
             "complete": stop == idx.n,
             "rows": (old.n_rows, new.n_rows),
@@ -197,6 +201,8 @@ class Committer:
             )
             for f in futs:
                 f.result()
+        if job["persist"] is not None:
+            job["persist"]()
         write_commit(self.eng.seg_dir, new, durable=self.eng.durable)
 
     def _reclaim(self, commit: Commit) -> None:

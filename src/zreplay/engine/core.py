@@ -107,6 +107,7 @@ class Engine:
         break_lock: bool = False,
         sampler_state: Callable[[], dict] | None = None,
         storage_options: Mapping | None = None,
+        sampler_persist: Callable[[int, bool], tuple[dict, Callable | None]] | None = None,
     ):
         self.temporary = path is None
         if self.temporary:
@@ -123,6 +124,9 @@ class Engine:
         self.durable = durable
         self._layout_overrides = dict(layout or {})
         self.sampler_state = sampler_state or (lambda: {})
+        # (commit n_rows, explicit flush) -> (entries for the commit's sampler state, a
+        # write run on the writer thread before the commit is published, or None).
+        self.sampler_persist = sampler_persist or (lambda _n, _explicit: ({}, None))
 
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -406,6 +410,12 @@ class Engine:
         finally:
             self._committer.end_disk_read()
         return drawn, out
+
+    def locked(self, fn: Callable[[TrajectoryIndex], object]) -> object:
+        """``fn(index)`` under the lock: nothing is added or evicted while it runs."""
+        with self._cond:
+            self._check_open()
+            return fn(self.index)
 
     def stats(self) -> dict:
         """Counts at one instant: visible trajectories/rows, what the RAM tier holds

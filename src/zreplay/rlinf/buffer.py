@@ -30,6 +30,8 @@ from ..engine.core import Engine, RamPolicy
 from ..errors import EmptyBufferError, FormatError
 from ..nstep import NStepSpec
 from ..prefetch import Prefetcher
+from ..samplers import Sampler, Window, as_sampler
+from ..samplers.engine import EngineSampler, SamplerAccess
 from ..schema import unflatten
 from ..store.location import location, options_of
 from ..store.root import BufferRoot, is_buffer
@@ -40,7 +42,7 @@ log = logging.getLogger("zreplay")
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
 
 
-class TrajectoryReplayBuffer(sampling.EngineEpisodes):
+class TrajectoryReplayBuffer(sampling.EngineEpisodes, SamplerAccess):
     """Trajectory replay buffer with RLinf 0.3's API on a persistent Zarr v3 store.
 
     Args (RLinf's, same meaning):
@@ -49,7 +51,8 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         enable_cache: keep recent rows decoded in RAM (the RAM tier). ``False``: every
             sample of committed data reads from disk.
         cache_size: number of newest trajectories the RAM tier holds.
-        sample_window_size: sample from the last N trajectories; 0 = all.
+        sample_window_size: sample from the last N trajectories; 0 = all (the default
+            sampler, ``zreplay.samplers.Window(sample_window_size)``; ``sampler=`` replaces it).
         auto_save: ``True`` = persistent buffer at ``auto_save_path``; ``False`` = a private
             temporary store deleted on ``close()`` (as in RLinf, the RAM tier then holds
             ``sample_window_size`` trajectories; older ones stay sampleable from the store).
@@ -70,6 +73,12 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
             trajectory left running (consecutive rollout chunks of the same envs).
         storage_options: for an ``s3://bucket/prefix`` ``auto_save_path``: fsspec/s3fs
             options such as ``{"endpoint_url": ..., "key": ..., "secret": ...}``.
+        sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
+            ``Prioritized``, ``PrioritizedClips``) or a callable ``fn(step, buffer,
+            batch_size, history_len)`` returning row positions ``[0, total_samples)``.
+            Used by ``sample``, ``sample_clips`` and ``sample_nstep``; its state (and
+            priorities) is saved with the buffer and restored when it is reopened with a
+            sampler of the same kind.
     """
 
     def __init__(
@@ -91,6 +100,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         break_lock: bool = False,
         continue_episodes: bool = False,
         storage_options: Mapping | None = None,
+        sampler: Sampler | Any | None = None,
     ):
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
@@ -99,7 +109,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         # seed=None: a fresh random seed (kept in the commit, so a resume continues it).
         self.seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else int(seed)
         self.enable_cache = enable_cache
-        self.sample_window_size = int(sample_window_size)
+        self._window = int(sample_window_size)
         self.auto_save = auto_save
         self.auto_save_path = auto_save_path
         self.trajectory_format = trajectory_format
@@ -112,6 +122,8 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         self.continue_episodes = continue_episodes
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._num_sampled = 0
+        self._step = 0  # sample calls: a hook's step, a prioritized sampler's beta clock
+        self._sampling = EngineSampler(as_sampler(sampler, Window(self._window)))
         self._engine = Engine(
             auto_save_path if auto_save else None,
             writer_id=writer_id,
@@ -126,24 +138,50 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
             storage_options=storage_options,
             # Weak: the writer thread must not keep this facade alive (its __del__ closes).
             sampler_state=_weak_call(self._sampler_state),
+            sampler_persist=self._sampling.persist,
         )
+        self._sampling.bind(self._engine)
         self._restore_sampler(self._engine.commit.sampler)
 
     # -- sampler state --------------------------------------------------------------
 
-    def _sampler_state(self) -> dict:
+    @property
+    def sample_window_size(self) -> int:
+        """RLinf's window (last N trajectories; 0 = all); setting it resizes a ``Window``
+        sampler (the default one)."""
+        return self._window
+
+    @sample_window_size.setter
+    def sample_window_size(self, n: int) -> None:
+        if isinstance(self.sampler, Window):
+            self.sampler.size = Window(n).size  # validates
+        self._window = int(n)
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler (``zreplay.samplers``) that ``sample`` and friends draw with."""
+        return self._sampling.sampler
+
+    def _stream_state(self) -> dict:
+        """The random stream and counters (what a rank's load replaces)."""
         return {
             "seed": self.seed,
             "rng": self._rng.bit_generator.state,
             "num_sampled": self._num_sampled,
+            "step": self._step,
         }
+
+    def _sampler_state(self) -> dict:
+        return {**self._stream_state(), **self._sampling.state()}
 
     def _restore_sampler(self, state: Mapping | None) -> None:
         if not state or "rng" not in state:
             return
         self._rng.bit_generator.state = dict(state["rng"])
         self._num_sampled = int(state.get("num_sampled", 0))
+        self._step = int(state.get("step", 0))
         self.seed = int(state.get("seed", self.seed))
+        self._sampling.load_state(state)
 
     # -- RLinf API ------------------------------------------------------------------
 
@@ -174,10 +212,14 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         device: str | torch.device | None = None,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
-        """``num_chunks`` transitions drawn uniformly with replacement from the window.
+        """``num_chunks`` transitions drawn with replacement by the sampler (by default
+        uniformly from the last ``sample_window_size`` trajectories, as RLinf does).
 
         Returns RLinf's nested dict of tensors ``[num_chunks, ...]`` (e.g.
         ``actions [n, C*A]``, ``rewards [n, C]``, ``curr_obs/main_images [n, H, W, 3] uint8``).
+        A prioritized sampler adds ``index`` (int64 ``[n]``, for :meth:`update_priorities`)
+        and ``weight`` (float32 ``[n]`` importance weights, max possible 1); with
+        ``PrioritizedClips`` the batch holds ``num_chunks`` clips ``[n, history_len, ...]``.
         Rows are gathered straight into the returned tensors' memory; with
         ``pin_memory=True`` that memory is page-locked, so a following ``device="cuda"``
         copy is asynchronous (``non_blocking``).  Without an accelerator, ``pin_memory`` is
@@ -194,16 +236,21 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         device: str | torch.device | None = None,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
-        window = self.sample_window_size
+        clips = self.sampler.clips
+        if clips is not None:
+            got = sampling.gather_clips(self._gather, clips, self._keys(), self._pick(num_chunks))
+            return unflatten({k: torch.from_numpy(v).to(device or "cpu") for k, v in got.items()})
         pin = pin_memory and _can_pin()
         tensors: dict[str, torch.Tensor] = {}
+        extra = {}
 
         def draw(index):
-            lo, hi = index.window(window)
-            if hi <= lo:
+            if index.visible_rows <= 0:
                 raise EmptyBufferError("Cannot sample from an empty buffer.")
-            rows = self._rng.integers(lo, hi, size=num_chunks)
+            rows, got = self._sampling.draw_rows(self._rng, num_chunks, self._step, self)
+            extra.update(got)
             self._num_sampled += num_chunks
+            self._step += 1
             return rows
 
         def alloc(key, shape, dtype):
@@ -212,6 +259,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
             return t.numpy()
 
         self._engine.draw_and_gather(draw, alloc=alloc)
+        sampling.add_extra(tensors, {k: torch.from_numpy(v) for k, v in extra.items()})
         if device is not None:
             tensors = {k: t.to(device, non_blocking=pin) for k, t in tensors.items()}
         return unflatten(tensors)
@@ -355,6 +403,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         bits = np.random.SeedSequence(seed, spawn_key=(rank,)) if rank is not None else seed
         self._rng = np.random.Generator(np.random.PCG64(bits))
         self._num_sampled = 0
+        self._step = 0
 
     # -- RLinf files ----------------------------------------------------------------
 
@@ -368,13 +417,18 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
         pad: str | None = None,
         action_keys: tuple[str, ...] = ("actions",),
     ) -> dict[str, Any]:
-        """Clips ``[num_clips, history_len, ...]`` (tensors) uniformly over every valid
-        window of every episode in the buffer; never across an episode boundary."""
+        """Clips ``[num_clips, history_len, ...]`` (tensors) drawn by the sampler over
+        every valid window of every episode (uniformly by default); never across an
+        episode boundary."""
         spec = ClipSpec(history_len, frameskip, pad, action_keys)
-        got = sampling.gather_clips(
-            self._gather, spec, self._keys(), sampling.uniform(self._rng, int(num_clips))
-        )
+        got = sampling.gather_clips(self._gather, spec, self._keys(), self._pick(num_clips))
         return unflatten({k: torch.from_numpy(v) for k, v in got.items()})
+
+    def _pick(self, n: int):
+        if int(n) <= 0:
+            raise ValueError(f"the number of samples must be > 0, got {n}")
+        step, self._step = self._step, self._step + 1
+        return self._sampling.pick(self._rng, int(n), step, self)
 
     def sample_nstep(self, num_chunks: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """Transitions with n-step returns (tensors); ``next_obs`` n steps ahead from the
@@ -383,9 +437,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes):
             "obs_key", "curr_obs" if "curr_obs" in {k.split("/")[0] for k in self._keys()} else None
         )
         spec = NStepSpec(n, gamma, **kw)
-        got = sampling.gather_nstep(
-            self._gather, spec, self._keys(), sampling.uniform(self._rng, int(num_chunks))
-        )
+        got = sampling.gather_nstep(self._gather, spec, self._keys(), self._pick(num_chunks))
         return unflatten({k: torch.from_numpy(v) for k, v in got.items()})
 
     def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite") -> None:

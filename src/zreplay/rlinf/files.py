@@ -243,7 +243,8 @@ def load_into(
         if distributed:
             seed = int(c.sampler.get("seed", buf.seed))
             buf._set_rank_stream(seed, rank)
-            sampler = buf._sampler_state()
+            # the block keeps the source's sampler state (priorities) with a rank's stream
+            sampler = {**c.sampler, **buf._stream_state()}
         buf._engine.adopt(src, wid, c.low_traj + start, c.low_traj + stop, sampler)
         buf._restore_sampler(sampler)
         return

@@ -86,19 +86,24 @@ class BufferRoot:
         """
         if is_buffer(self.path):
             return self.read_meta()
-        if self.path.exists() and any(True for _ in self.path.iterdir()):
+        if (
+            self.path.exists()
+            and any(True for _ in self.path.iterdir())
+            and not is_buffer(self.path)  # another writer may have created it just now
+        ):
             raise FormatError(
                 f"{self.path} exists, is not empty and is not a zreplay buffer; refusing to "
                 "write into it. Pick an empty or new directory"
             )
         info = {"format": FORMAT_VERSION, "created": time.time(), "schema": None, "layout": None}
         info.update(extra or {})
+        # The root's zarr.json is the first object, so whoever sees anything here sees a
+        # complete buffer root.
         self.path.mkdir(parents=True, exist_ok=True)
+        won = create_exclusive(self.path / "zarr.json", _group_json({ATTR: info}))
         self.segments_dir.mkdir(exist_ok=True)
         create_exclusive(self.segments_dir / "zarr.json", _group_json({}))
-        if not create_exclusive(self.path / "zarr.json", _group_json({ATTR: info})):
-            return self.read_meta()
-        return info
+        return info if won else self.read_meta()
 
     def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
         info = self.read_meta()
@@ -170,7 +175,7 @@ class BufferRoot:
         """Delete a segment's arrays and commit (its writer, under its lock, only)."""
         d = self.segment_dir(writer_id)
         (d / "commit.json").unlink(missing_ok=True)
-        for child in ("data", "offsets", "traj", "episodes"):
+        for child in ("data", "offsets", "traj", "episodes", "priority"):
             remove_tree(d / child)
 
 

@@ -1,0 +1,68 @@
+"""Uniform sampling, over everything or over each writer's newest trajectories."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import (
+    Context,
+    Drawn,
+    Sampler,
+    Units,
+    draw_episode_weighted,
+    draw_weighted,
+    episode_ages,
+    require_rows,
+    uniform_within,
+)
+
+
+class Uniform(Sampler):
+    """Every visible row (or clip, or n-step transition) equally likely, with replacement."""
+
+    def draw_rows(self, ctx: Context, n: int) -> Drawn:
+        require_rows(ctx.space)
+        return ctx.rng.integers(ctx.space.lo, ctx.space.hi, size=n), {}
+
+    def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
+        return ctx.rng.integers(0, units.total, size=n), {}
+
+
+class Window(Uniform):
+    """Uniform over the rows of the last ``size`` trajectories (RLinf's
+    ``sample_window_size``; ``size=0``: all of them, i.e. :class:`Uniform`).
+
+    Row draws are exactly RLinf's (``rng.integers(lo, hi, n)`` over the window's rows).
+    In a view over several writers' segments the window is the last ``size`` trajectories
+    of *each* segment.  Clips and n-step transitions: those of the episodes that reach
+    into the window (an episode's newest row lies in it), each equally likely.
+    """
+
+    def __init__(self, size: int):
+        if int(size) < 0:
+            raise ValueError(f"Window size must be >= 0 trajectories, got {size}")
+        self.size = int(size)
+
+    def config(self) -> dict:
+        return {"size": self.size}
+
+    def draw_rows(self, ctx: Context, n: int) -> Drawn:
+        if self.size == 0:
+            return super().draw_rows(ctx, n)
+        sp = ctx.space
+        tails = [(g0, g1) for g0, g1 in sp.tails(self.size) if g1 > g0]
+        if len(tails) == 1:
+            lo, hi = int(sp.offsets[tails[0][0]]), int(sp.offsets[tails[0][1]])
+            require_rows(sp)
+            return ctx.rng.integers(lo, hi, size=n), {}
+        require_rows(sp)
+        g = np.concatenate([np.arange(g0, g1) for g0, g1 in tails])
+        sizes = sp.offsets[g + 1] - sp.offsets[g]
+        pick = draw_weighted(ctx.rng, sizes.astype(np.float64), n)
+        return sp.offsets[g[pick]] + uniform_within(ctx.rng, sizes[pick]), {}
+
+    def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
+        if self.size == 0:
+            return super().draw_units(ctx, units, n)
+        inside = (episode_ages(ctx.space, units) < self.size).astype(np.float64)
+        return draw_episode_weighted(ctx.rng, units, inside, n), {}
