@@ -7,6 +7,10 @@ fields come from different transitions is detectable (see :func:`check_rows`).
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import time
+import traceback
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +124,64 @@ def open_buffers():
             b.close()
         except Exception:
             pass
+
+
+# -- real child processes ---------------------------------------------------------------
+# A fresh interpreter spends ~1.6 s importing torch and TensorStore.  A forkserver that
+# has imported them once starts each child in ~10 ms.  zreplay itself must not be
+# preloaded: it marks processes forked after it was imported (TensorStore does not survive
+# a fork once used) and refuses to write from them.  Imported after the fork, in the
+# child, it is an ordinary process that may write.
+PRELOAD = ["numpy", "torch", "torch.distributed", "tensorstore", "zarr", "numcodecs", "pytest"]
+
+
+def processes():
+    """The multiprocessing context child processes of the tests are started with."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # ignored once the server runs; it then has them
+    return ctx
+
+
+def _child_main(conn, fn, args):
+    try:
+        out = fn(*args)
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    conn.send(("ok", out))
+
+
+def run_children(fn, arglists, timeout: float = 60.0) -> list:
+    """Run ``fn(*args)`` for each ``args`` in its own process, all at once; return their
+    results, or fail with a child's traceback."""
+    ctx = processes()
+    running = []
+    for args in arglists:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_child_main, args=(send, fn, tuple(args)))
+        p.start()
+        send.close()
+        running.append((p, recv))
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for p, recv in running:
+            if not recv.poll(max(0.0, deadline - time.monotonic())):
+                raise AssertionError(f"child {p.pid} ({fn.__name__}) timed out after {timeout} s")
+            try:
+                status, out = recv.recv()
+            except EOFError:
+                p.join(5)
+                raise AssertionError(
+                    f"child {p.pid} ({fn.__name__}) died with exit code {p.exitcode}"
+                ) from None
+            if status == "error":
+                raise AssertionError(f"child {p.pid} ({fn.__name__}) failed:\n{out}")
+            results.append(out)
+    finally:
+        for p, _ in running:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import check_rows, make_traj, traj_equal
+from conftest import check_rows, make_traj, processes
 
 import zreplay
 from zreplay import WriterLockedError
@@ -59,64 +59,227 @@ def test_sample_while_adding_never_tears_rows(bufpath, enable_cache):
     buf.close()
 
 
-WRITER = textwrap.dedent(
-    """
-    import sys
-    sys.path.insert(0, {tests!r})
-    from conftest import make_traj
-    import zreplay
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r}, cache_size=3)
-    start = len(buf)
-    i = start
+# -- kill -9 at random moments -------------------------------------------------------------
+# Each trial starts a writer process on one of a few buffers, kills it with SIGKILL (from
+# outside at a random moment, or from inside at a chosen step of a commit, an eviction or
+# a shard growth), then checks what a reader sees.  Trajectory ``s`` of a buffer is
+# make_traj(s, T=traj_T(s), B=3): every value encodes (s, env, step), so the visible rows
+# can be checked bit for bit against what must be there, whatever id the buffer gave them.
+
+SMALL_SHARDS = {"chunk_rows": 16, "shard_rows": 64}
+CRASH_BUFFERS = {
+    # RAM tier of 3 trajectories: adds keep waiting for commits (backpressure).
+    "plain": {"cache_size": 3},
+    # Evicts on every add; 64-row shards below the low-water mark are deleted constantly.
+    "evict": {"cache_size": 3, "capacity": 600, "layout": "small"},
+    # 32-row shards on a growing buffer: capacity grows (zarr.json rewrites) often.
+    "grow": {"cache_size": 3, "layout": {"chunk_rows": 16, "shard_rows": 32}},
+}
+CRASH_PLAN = {  # buffer -> {how the writer dies: trials}
+    "plain": {"open": 3, "random": 12, "commit_before": 3, "commit_rename": 3, "commit_after": 3},
+    "evict": {"open": 2, "random": 8, "reclaim": 6, "commit_rename": 2},
+    "grow": {"random": 2, "grow": 8},
+}
+KEYS = [
+    "actions", "intervene_flags", "rewards", "terminations", "truncations", "dones",
+    "prev_logprobs", "versions", "curr_obs/main_images", "curr_obs/states",
+    "next_obs/main_images", "next_obs/states",
+]  # fmt: skip
+
+
+def traj_T(s: int) -> int:
+    return 4 + s % 5
+
+
+def traj_codes(s: int, B: int = 3) -> np.ndarray:
+    """The codes of trajectory ``s``'s rows in stored (env-major) order."""
+    T = traj_T(s)
+    return s * 10000 + (np.arange(B)[:, None] * 100 + np.arange(T)[None, :]).ravel()
+
+
+def _buffer_kwargs(cfg: dict) -> dict:
+    kw = dict(cfg)
+    lay = kw.pop("layout", None)
+    if lay is not None:
+        lay = SMALL_SHARDS if lay == "small" else lay
+        kw["layout"] = {k: lay for k in KEYS}
+    return kw
+
+
+def _die(conn, what: str) -> None:
+    conn.send(("hook", what))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm(mode: str, rng, conn) -> None:
+    """Make this process SIGKILL itself at the chosen step (fault injection, child only)."""
+    from zreplay.engine import committer
+    from zreplay.store import segment
+
+    if mode.startswith("commit_"):
+        nth, calls = int(rng.integers(1, 4)), [0]
+        write = committer.write_commit
+
+        def write_commit(seg_dir, commit, durable=True):
+            calls[0] += 1
+            if calls[0] != nth:
+                return write(seg_dir, commit, durable)
+            if mode == "commit_before":  # every data chunk and index entry written
+                _die(conn, mode)
+            if mode == "commit_rename":  # the new record fully in its temp file
+                replace = os.replace
+
+                def dying_replace(src, dst, *a, **kw):
+                    if str(dst).endswith("commit.json"):
+                        _die(conn, mode)
+                    return replace(src, dst, *a, **kw)
+
+                os.replace = dying_replace
+            write(seg_dir, commit, durable)
+            _die(conn, mode)  # commit_after: published, but flush() has not returned
+
+        committer.write_commit = write_commit
+    elif mode == "reclaim":
+        reclaim = segment.Segment.reclaim_below
+
+        def reclaim_below(self, start, stop):  # the reclaim was announced in commit.json
+            reclaim(self, start, start + int(rng.integers(0, stop - start + 1)))
+            _die(conn, mode)
+
+        segment.Segment.reclaim_below = reclaim_below
+    elif mode == "grow":
+        nth, after, grown = int(rng.integers(1, len(KEYS) + 1)), bool(rng.integers(2)), [0]
+        grow = segment.ArrayHandle.grow_to
+
+        def grow_to(self, rows_needed, unit):
+            if rows_needed <= self.rows:
+                return grow(self, rows_needed, unit)
+            grown[0] += 1
+            if grown[0] == nth and not after:
+                _die(conn, mode)  # some arrays already have the larger shape, others not
+            grow(self, rows_needed, unit)
+            if grown[0] == nth:
+                _die(conn, mode)
+
+        segment.ArrayHandle.grow_to = grow_to
+
+
+def _crash_writer(path: str, conn, mode: str, seed: int, cfg: dict) -> None:
+    """Append and flush in a loop until killed; report each flush after it returned."""
+    conn.send(("ready",))
+    rng = np.random.default_rng(seed)
+    buf = zreplay.TrajectoryReplayBuffer(
+        seed=0, auto_save=True, auto_save_path=path, **_buffer_kwargs(cfg)
+    )
+    view = zreplay.open(path)
+    s = int(view.trajectory(-1)["versions"].flat[0]) + 1 if view.num_trajectories else 0
+    _arm(mode, rng, conn)
+    conn.send(("open", s))
     while True:
-        buf.add_trajectories([make_traj(i, T=4 + i % 5, B=3)])
-        if i % 3 == 0:
-            buf.flush()
-            print(i, flush=True)
-        i += 1
-    """
-)
+        for _ in range(int(rng.integers(1, 4))):
+            conn.send(("adding", s))
+            buf.add_trajectories([make_traj(s, T=traj_T(s), B=3)])
+            s += 1
+        buf.flush()
+        conn.send(("flushed", s - 1))
 
 
-def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(bufpath):
-    tests_dir = os.path.dirname(__file__)
+def _run_until_killed(ctx, path, mode, seed, cfg, rng) -> list:
+    """One trial: start a writer, kill it (or let it kill itself), return its messages."""
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_crash_writer, args=(path, send, mode, seed, cfg))
+    proc.start()
+    send.close()
+    trigger = {"open": "ready", "random": "open"}.get(mode)
+    delay = rng.uniform(0, 0.05 if mode == "open" else 0.3)
+    kill_at, msgs = None, []
+    deadline = time.monotonic() + 30
+    while True:
+        while recv.poll(0.005):
+            try:
+                msgs.append(recv.recv())
+            except EOFError:
+                break
+            if trigger and msgs[-1][0] == trigger:
+                kill_at = time.monotonic() + delay
+        if proc.exitcode is not None:
+            while recv.poll(0):
+                try:
+                    msgs.append(recv.recv())
+                except EOFError:
+                    break
+            break
+        if kill_at is not None and time.monotonic() >= kill_at:
+            os.kill(proc.pid, signal.SIGKILL)
+            kill_at = None
+        assert time.monotonic() < deadline, f"{mode}: the writer never died; {msgs[-3:]}"
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL, f"{mode}: exit code {proc.exitcode}"
+    if trigger is None:
+        assert ("hook", mode) in msgs, f"{mode}: the fault was never reached"
+    return msgs
+
+
+def check_visible(path: str, flushed: int, capacity: int | None, added: int) -> int:
+    """Every visible row is bit-exact, trajectories are whole and consecutive, every one
+    whose flush() returned is there, and eviction removed only what capacity demands once
+    trajectories up to ``added`` were added (eviction happens at add time, so a trajectory
+    added but lost in the crash may have evicted committed ones)."""
+    view = zreplay.open(path)
+    if view.num_rows == 0:
+        assert flushed < 0
+        return -1
+    rows = view.rows(np.arange(view.num_rows))
+    codes = check_rows(rows)
+    assert not rows["intervene_flags"].any()
+    first, last = int(codes[0] // 10000), int(codes[-1] // 10000)
+    want = np.concatenate([traj_codes(s) for s in range(first, last + 1)])
+    np.testing.assert_array_equal(codes, want)  # nothing torn, duplicated or missing
+    assert view.num_trajectories == last - first + 1
+    assert last >= flushed, f"trajectory {flushed} was flushed, only {last} is visible"
+    if capacity is None:
+        assert first == 0
+    else:
+        assert len(codes) <= capacity
+        assert first == 0 or sum(len(traj_codes(t)) for t in range(first - 1, added + 1)) > capacity
+    return last
+
+
+def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
     rng = np.random.default_rng(0)
-    flushed = -1
-    for trial in range(8):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER.format(tests=tests_dir, path=bufpath)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        # Wait for at least one flushed commit, then kill at a random moment.
-        line = proc.stdout.readline()
-        assert line, f"writer died in trial {trial}"
-        time.sleep(rng.uniform(0, 0.4))
-        os.kill(proc.pid, signal.SIGKILL)
-        rest, _ = proc.communicate()
-        printed = [int(x) for x in (line + rest).split()]
-        flushed = max(flushed, max(printed))
-
-        view = zreplay.open(bufpath)
-        n = view.num_trajectories
-        assert n >= flushed + 1, f"trial {trial}: flushed {flushed + 1}, visible {n}"
-        for i in sorted({0, flushed, n - 1, int(rng.integers(n))}):
-            got = view.trajectory(i)
-            assert got["trajectory_id"] == i
-            traj_equal(got, make_traj(i, T=4 + i % 5, B=3))
-        check_rows(view.sample(500))
-    # The dead writer's lock is stale: a new writer takes over and keeps going.
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        n = len(buf)
-        assert buf.add_trajectories([make_traj(n, T=4 + n % 5, B=3)]) == [n]
-    # The killed writers' temp files were cleaned; the new writer left none.
-    leftovers = [
-        f
-        for r, _, fs in os.walk(bufpath)
-        for f in fs
-        if f.endswith((".partial", ".tmp", ".__lock"))
-    ]
-    assert leftovers == []
+    plan = [(b, m) for b, modes in CRASH_PLAN.items() for m, n in modes.items() for _ in range(n)]
+    assert len(plan) >= 50
+    rng.shuffle(plan)
+    ctx = processes()
+    flushed, added = dict.fromkeys(CRASH_BUFFERS, -1), dict.fromkeys(CRASH_BUFFERS, -1)
+    for trial, (name, mode) in enumerate(plan):
+        path, cfg = str(tmp_path / name), CRASH_BUFFERS[name]
+        msgs = _run_until_killed(ctx, path, mode, trial, cfg, rng)
+        done = [m[1] for m in msgs if m[0] == "flushed"]
+        flushed[name] = max([flushed[name], *done])
+        added[name] = max([added[name], *(m[1] for m in msgs if m[0] == "adding")])
+        try:
+            check_visible(path, flushed[name], cfg.get("capacity"), added[name])
+        except AssertionError as e:
+            raise AssertionError(f"trial {trial} ({name}, killed at {mode}): {e}") from e
+    for name, cfg in CRASH_BUFFERS.items():
+        path = str(tmp_path / name)
+        assert zreplay.verify(path).ok, str(zreplay.verify(path))
+        # The last writer's lock is stale: a new writer takes over and keeps going.
+        with zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=path, **_buffer_kwargs(cfg)
+        ) as buf:
+            s = check_visible(path, flushed[name], cfg.get("capacity"), added[name]) + 1
+            buf.add_trajectories([make_traj(s, T=traj_T(s), B=3)])
+        assert check_visible(path, s, cfg.get("capacity"), s) == s
+        # The killed writers' temp files were cleaned up; the clean close left none.
+        leftovers = [
+            f
+            for r, _, fs in os.walk(path)
+            for f in fs
+            if f.endswith((".partial", ".tmp", ".__lock")) or f == "writer.lock"
+        ]
+        assert leftovers == []
 
 
 HOLDER = textwrap.dedent(

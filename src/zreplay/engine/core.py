@@ -33,6 +33,7 @@ from ..errors import (
     BufferClosedError,
     CapacityError,
     SchemaError,
+    WriteFailedError,
 )
 from ..index import TrajectoryIndex, time_major
 from ..sampling import group_requests
@@ -255,9 +256,17 @@ class Engine:
 
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
         layouts = layouts_for(schema.specs, self._layout_overrides)
-        self.root.set_schema(schema, layouts)
-        self.schema, self.layouts = schema, layouts
-        self._open_segment()
+        try:
+            self.root.set_schema(schema, layouts)
+            self.schema, self.layouts = schema, layouts
+            self._open_segment()
+        except OSError as e:
+            # Both steps are idempotent: the next add completes what this one began.
+            self.schema = self.layouts = self.segment = None
+            raise WriteFailedError(
+                f"could not create the arrays of {self.seg_dir} ({type(e).__name__}: {e}); "
+                "nothing was added. Fix the cause (disk space, permissions) and add again"
+            ) from e
         self._make_tier(first_rows)
 
     def _open_segment(self) -> None:
@@ -275,7 +284,7 @@ class Engine:
             return []
         with self._add_lock:
             schema = self.check(items)
-            self._committer.raise_error()
+            self._committer.before_add()
             if self.schema is None:
                 self._fix_schema(schema, items[0].n_rows)
             elif self.tier is None:

@@ -100,17 +100,30 @@ def write_commit(segment_dir: Path, commit: Commit, durable: bool = True) -> Non
     segment_dir = Path(segment_dir)
     commit.time = time.time()
     tmp = segment_dir / f"{COMMIT_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    data = commit.to_json().encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, segment_dir / COMMIT_NAME)
+        try:
+            write_all(fd, commit.to_json().encode())
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, segment_dir / COMMIT_NAME)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full disk must not also collect temp files
+        if isinstance(e, OSError) and e.filename is None:  # say which file (os.write won't)
+            raise OSError(e.errno, e.strerror, str(segment_dir / COMMIT_NAME)) from e
+        raise
     if durable:
         _fsync_dir(segment_dir)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: a write that runs into a full disk or a file size limit
+    stores only part of it and returns the short count (the next one raises OSError)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def remove_orphans(root: Path, committed_shards: Mapping[str, int] | None = None) -> list[Path]:

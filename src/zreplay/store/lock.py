@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import WriterLockedError
+from .commit import write_all
 
 LOCK_NAME = "writer.lock"
 
@@ -79,10 +80,14 @@ class WriterLock:
                     "pass break_lock=True"
                 ) from None
             try:
-                os.write(fd, json.dumps({**me, "time": time.time()}).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                try:
+                    write_all(fd, json.dumps({**me, "time": time.time()}).encode())
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                self.path.unlink(missing_ok=True)  # never leave a half-written lock behind
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
             self.held = True
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
