@@ -151,35 +151,35 @@ def _child_main(conn, fn, args):
     conn.send(("ok", out))
 
 
-def run_children(fn, arglists, timeout: float = 60.0) -> list:
-    """Run ``fn(*args)`` for each ``args`` in its own process, all at once; return their
-    results, or fail with a child's traceback."""
+def run_children(jobs, timeout: float = 60.0) -> list:
+    """Run each ``(fn, args)`` of ``jobs`` as ``fn(*args)`` in its own process, all at once;
+    return their results in order, or fail with a child's traceback."""
     ctx = processes()
     running = []
-    for args in arglists:
+    for fn, args in jobs:
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_child_main, args=(send, fn, tuple(args)))
         p.start()
         send.close()
-        running.append((p, recv))
+        running.append((p, recv, fn.__name__))
     deadline = time.monotonic() + timeout
     results = []
     try:
-        for p, recv in running:
+        for p, recv, name in running:
             if not recv.poll(max(0.0, deadline - time.monotonic())):
-                raise AssertionError(f"child {p.pid} ({fn.__name__}) timed out after {timeout} s")
+                raise AssertionError(f"child {p.pid} ({name}) timed out after {timeout} s")
             try:
                 status, out = recv.recv()
             except EOFError:
                 p.join(5)
                 raise AssertionError(
-                    f"child {p.pid} ({fn.__name__}) died with exit code {p.exitcode}"
+                    f"child {p.pid} ({name}) died with exit code {p.exitcode}"
                 ) from None
             if status == "error":
-                raise AssertionError(f"child {p.pid} ({fn.__name__}) failed:\n{out}")
+                raise AssertionError(f"child {p.pid} ({name}) failed:\n{out}")
             results.append(out)
     finally:
-        for p, _ in running:
+        for p, _, _ in running:
             p.join(5)
             if p.is_alive():
                 p.kill()

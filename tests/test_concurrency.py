@@ -9,10 +9,11 @@ import sys
 import textwrap
 import threading
 import time
+import zlib
 
 import numpy as np
 import pytest
-from conftest import check_rows, make_traj, processes
+from conftest import check_rows, make_traj, processes, run_children
 
 import zreplay
 from zreplay import WriterLockedError
@@ -280,6 +281,139 @@ def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
             if f.endswith((".partial", ".tmp", ".__lock")) or f == "writer.lock"
         ]
         assert leftovers == []
+
+
+# -- soak: 4 writer processes and 2 reader processes on one directory --------------------
+# Row (w, s, r) of writer w's trajectory s carries ident = (w, s, r), obs (random) and
+# check = crc32 of ident and obs: a reader can verify any row it gets on its own.
+
+SOAK_SECONDS = 8.0
+# Writer 3 evicts: its oldest trajectories leave, and its 64-row shards are deleted under
+# the readers' feet (they must retry, never return the zeros of a deleted shard).
+SOAK_CAPACITY = 400
+SOAK_KW = [{}, {}, {}, {
+    "capacity": SOAK_CAPACITY,
+    "layout": {k: {"chunk_rows": 16, "shard_rows": 64} for k in ("ident", "obs", "check")},
+}]  # fmt: skip
+
+
+def soak_traj(w: int, s: int) -> dict:
+    rng = np.random.default_rng([w, s])
+    T, B = int(rng.integers(2, 9)), int(rng.integers(1, 5))
+    n = T * B
+    ident = np.stack([np.full(n, w), np.full(n, s), np.arange(n)], 1).astype(np.int64)
+    obs = rng.standard_normal((n, 16)).astype(np.float32)
+    check = row_checks(ident, obs)
+    # [T, B, ...] with rows of the stored env-major order numbered 0..n-1
+    return {
+        k: np.ascontiguousarray(v.reshape(B, T, *v.shape[1:]).swapaxes(0, 1))
+        for k, v in {"ident": ident, "obs": obs, "check": check}.items()
+    }
+
+
+def row_checks(ident: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    return np.array(
+        [[zlib.crc32(i.tobytes() + o.tobytes())] for i, o in zip(ident, obs, strict=True)],
+        np.uint32,
+    )
+
+
+def _soak_writer(path: str, w: int, seconds: float) -> dict:
+    rng = np.random.default_rng(100 + w)
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, writer_id=f"w{w}", cache_size=4, **SOAK_KW[w]
+    )
+    s = rows = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for _ in range(int(rng.integers(1, 4))):
+            t = soak_traj(w, s)
+            buf.add_trajectories([t])
+            s, rows = s + 1, rows + t["check"].size
+        if rng.random() < 0.5:
+            buf.flush()
+        time.sleep(float(rng.uniform(0, 0.02)))
+    buf.close()  # commits the rest
+    return {"writer_id": f"w{w}", "trajectories": s, "rows": rows}
+
+
+def _soak_reader(path: str, seed: int, seconds: float) -> dict:
+    rng = np.random.default_rng(seed)
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    while True:  # the writers are creating the buffer
+        try:
+            view = zreplay.open(path, seed=seed)
+            break
+        except zreplay.FormatError:
+            time.sleep(0.01)
+    rows_checked = samples = refreshes = trajs_read = 0
+    seen: dict[int, int] = {}  # writer -> highest trajectory seen
+    last_rows = 0
+    while time.monotonic() < deadline:
+        refreshes += view.refresh()
+        # Only the evicting writer's segment may shrink, and it holds <= its capacity.
+        assert view.num_rows >= last_rows - SOAK_CAPACITY, "a refresh lost rows"
+        last_rows = view.num_rows
+        if not view.num_rows:
+            continue
+        batch = view.sample(256)
+        ident, obs, check = batch["ident"], batch["obs"], batch["check"]
+        np.testing.assert_array_equal(row_checks(ident, obs), check)
+        rows_checked += len(check)
+        samples += 1
+        for w, s in zip(ident[:, 0], ident[:, 1], strict=True):
+            seen[int(w)] = max(seen.get(int(w), -1), int(s))
+        if rng.random() < 0.3:  # a whole trajectory: all its rows, in order, all valid
+            t = view.trajectory(int(rng.integers(view.num_trajectories)))
+            w, s = (int(x) for x in t["ident"][0, 0, :2])
+            want = soak_traj(w, s)
+            for k in want:
+                np.testing.assert_array_equal(t[k], want[k])
+            trajs_read += 1
+    return {
+        "rows_checked": rows_checked,
+        "samples": samples,
+        "refreshes": refreshes,
+        "trajectories_read": trajs_read,
+        "seen": seen,
+    }
+
+
+def test_four_writer_and_two_reader_processes_agree(tmp_path):
+    path = str(tmp_path / "soak")
+    writers = [(_soak_writer, (path, w, SOAK_SECONDS)) for w in range(4)]
+    readers = [(_soak_reader, (path, 7 + r, SOAK_SECONDS)) for r in range(2)]
+    results = run_children(writers + readers, timeout=SOAK_SECONDS + 60)
+    wrote, read = results[:4], results[4:]
+    # What each segment must hold: everything its writer added (all flushed by close()),
+    # less what capacity evicted (the oldest trajectories while over capacity).
+    want = []
+    for w, r in enumerate(wrote):
+        assert r["trajectories"] > 10, r
+        mine = [soak_traj(w, s)["ident"].swapaxes(0, 1).reshape(-1, 3)
+                for s in range(r["trajectories"])]  # fmt: skip
+        if "capacity" in SOAK_KW[w]:
+            while sum(map(len, mine)) > SOAK_CAPACITY:
+                mine.pop(0)
+        else:
+            assert sum(map(len, mine)) == r["rows"]
+        want.append(np.concatenate(mine))
+    view = zreplay.open(path)
+    assert view.writer_ids == [f"w{w}" for w in range(4)]
+    assert view.num_rows == sum(map(len, want))
+    every = view.rows(np.arange(view.num_rows))
+    np.testing.assert_array_equal(row_checks(every["ident"], every["obs"]), every["check"])
+    np.testing.assert_array_equal(every["ident"], np.concatenate(want))  # segment by segment
+    assert view.num_trajectories == len(np.unique(every["ident"][:, :2], axis=0))
+    for r in read:
+        assert r["samples"] > 5 and r["trajectories_read"] > 0, r
+        assert r["refreshes"] > 2, r  # saw commits arrive while it ran
+        assert sorted(r["seen"]) == [0, 1, 2, 3], r
+        for w, s in r["seen"].items():
+            assert s < wrote[w]["trajectories"]
+    assert zreplay.verify(path).ok
 
 
 HOLDER = textwrap.dedent(

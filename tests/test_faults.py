@@ -186,4 +186,4 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_full_disk_surfaces_keeps_last_commit_and_recovers(tmp_path, scenario):
-    run_children(SCENARIOS[scenario], [(str(tmp_path / "buf"),)], timeout=60)
+    run_children([(SCENARIOS[scenario], (str(tmp_path / "buf"),))])

@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,6 +35,11 @@ def is_buffer(path: str | Path) -> bool:
         return ATTR in json.loads(meta.read_text()).get("attributes", {})
     except ValueError:
         return False
+
+
+def _make_root(path: Path, info: dict) -> None:
+    zarr.open_group(str(path), mode="a", zarr_format=3, attributes={ATTR: info})
+    zarr.open_group(str(path / "segments"), mode="a", zarr_format=3)
 
 
 class BufferRoot:
@@ -76,8 +83,8 @@ class BufferRoot:
 
     def create(self, extra: Mapping | None = None) -> dict:
         """Create the root group if absent; returns its zreplay metadata."""
-        if is_buffer(self.path):
-            return self.read_meta()
+        if is_buffer(self.path) or (self.path / "zarr.json").is_file():
+            return self.read_meta()  # or the specific error of a damaged or foreign root
         if self.path.exists() and any(self.path.iterdir()):
             raise FormatError(
                 f"{self.path} exists, is not empty and is not a zreplay buffer; refusing to "
@@ -85,9 +92,23 @@ class BufferRoot:
             )
         info = {"format": FORMAT_VERSION, "created": time.time(), "schema": None, "layout": None}
         info.update(extra or {})
-        g = zarr.open_group(str(self.path), mode="a", zarr_format=3)
-        g.attrs[ATTR] = info
-        zarr.open_group(str(self.segments_dir), mode="a", zarr_format=3)
+        # Built beside and renamed into place: writers starting together on a new path
+        # (the ranks of a job) never see a half-made root; one rename wins, the others
+        # then find a complete buffer.  (A rename replaces an empty directory.)
+        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.creating")
+        try:
+            _make_root(tmp, info)
+        except OSError:  # a parent we may not write in: build in place
+            shutil.rmtree(tmp, ignore_errors=True)
+            _make_root(self.path, info)
+            return info
+        try:
+            os.rename(tmp, self.path)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not is_buffer(self.path):
+                raise
+            return self.read_meta()
         return info
 
     def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
