@@ -8,6 +8,7 @@ fields come from different transitions is detectable (see :func:`check_rows`).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 import traceback
 
@@ -107,6 +108,19 @@ def traj_equal(got: dict, want) -> None:
             e = v.shape[0] - T
             v = v.reshape(e, T // e + 1, *v.shape[1:])[:, 1:].reshape(T, *v.shape[1:])
         np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+def tree_state(root, skip=None) -> dict:
+    """Every file and directory under ``root`` (but not under ``skip``) with its size and
+    modification time: equal before and after means nothing there was touched."""
+    out = {}
+    for r, dirs, files in os.walk(root):
+        if skip is not None:
+            dirs[:] = [d for d in dirs if os.path.join(r, d) != str(skip)]
+        for name in dirs + files:
+            st = os.lstat(os.path.join(r, name))
+            out[os.path.relpath(os.path.join(r, name), root)] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 @pytest.fixture

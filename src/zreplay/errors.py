@@ -25,7 +25,8 @@ class EmptyTrajectoryError(SchemaError):
 
 
 class CapacityError(ZReplayError, ValueError):
-    """A single trajectory is larger than the buffer's capacity."""
+    """A single trajectory is larger than the buffer's capacity (or than the RAM the
+    writer needs to stage it)."""
 
 
 class PickleRefusedError(ZReplayError, ValueError):

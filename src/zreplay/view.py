@@ -19,7 +19,7 @@ from . import sampling
 from .clips import ClipSpec
 from .engine.core import Prepared
 from .episodes import EpisodeView, concat_pieces
-from .errors import EmptyBufferError
+from .errors import CorruptBufferError, EmptyBufferError
 from .index import TrajectoryIndex, time_major
 from .nstep import NStepSpec
 from .schema import unflatten
@@ -178,12 +178,16 @@ class BufferView:
             futs = {k: st.segment.read_rows(k, uniq) for k in keys}
             pending.append((st, sel, inv, int(uniq[0]), futs))
         for st, sel, inv, first, futs in pending:
-            for k, f in futs.items():
-                out[k][sel] = f.result()[inv]
-            # A writer deletes evicted shards only after announcing it in its commit:
-            # if that happened under us, what we read may be fill values.
-            now = read_commit(st.segment.dir)
-            if now is not None and now.reclaimed_below > first:
+            # A writer deletes evicted shards only after announcing it in its commit: if
+            # that happened under us, the read failed or returned fill values.
+            try:
+                for k, f in futs.items():
+                    out[k][sel] = f.result()[inv]
+            except CorruptBufferError:
+                if not _reclaimed(st, first):
+                    raise
+                raise _Evicted() from None
+            if _reclaimed(st, first):
                 raise _Evicted()
         return out
 
@@ -342,6 +346,12 @@ class BufferView:
 
 class _Evicted(Exception):
     pass
+
+
+def _reclaimed(st: _SegmentState, row: int) -> bool:
+    """Has the writer (since ``st`` was read) announced deleting the shard of ``row``?"""
+    now = read_commit(st.segment.dir)
+    return now is not None and now.reclaimed_below > row
 
 
 def _map(tree: Any, fn) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -32,6 +33,7 @@ from ..episodes import Lanes, lanes_after, split_pieces
 from ..errors import (
     BufferClosedError,
     CapacityError,
+    CorruptBufferError,
     SchemaError,
     WriteFailedError,
 )
@@ -49,6 +51,16 @@ from .ramtier import RamPolicy, RamTier
 log = logging.getLogger("zreplay")
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform: no check
+        return 1 << 62
+
+
+_PHYSICAL_MEMORY = _physical_memory()
 
 
 @atexit.register
@@ -185,6 +197,14 @@ class Engine:
         self.lanes: Lanes | None = None
         if self.schema is None:
             return
+        missing = Segment.missing_arrays(self.seg_dir, self.schema.specs)
+        if missing and self.commit.n_traj:
+            # Recreating them would serve fill values as committed data.
+            raise CorruptBufferError(
+                f"{self.seg_dir}: arrays {missing} are missing, but commit.json says "
+                f"{self.commit.n_traj} trajectories were committed; restore the segment from "
+                "a checkpoint (zreplay.verify(path) reports all damage)"
+            )
         self._open_segment()
         cols = self.segment.read_index(self.commit)
         self.index = TrajectoryIndex(cols, low=self.commit.low_traj)
@@ -247,6 +267,14 @@ class Engine:
             if schema is None:
                 schema = Schema.infer(it.columns)
             schema.check(it.columns, it.T, it.B)
+            nbytes = it.n_rows * schema.row_bytes
+            if 2 * nbytes > _PHYSICAL_MEMORY:
+                raise CapacityError(
+                    f"a trajectory of {it.n_rows} rows (T={it.T} x B={it.B}) holds "
+                    f"{nbytes / 2**30:.1f} GiB; the writer stages two trajectories in RAM and "
+                    f"this machine has {_PHYSICAL_MEMORY / 2**30:.1f} GiB. Add it in pieces "
+                    "(shorter T, with continues=True to keep its episodes whole)"
+                )
             if self.capacity is not None and it.n_rows > self.capacity:
                 raise CapacityError(
                     f"a trajectory of {it.n_rows} rows (T={it.T} x B={it.B}) exceeds the "

@@ -49,11 +49,12 @@ class Commit:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> Commit:
+    def from_json(cls, text: str | bytes, where: str) -> Commit:
         try:
             d = json.loads(text)
             c = cls(**d)
-        except (ValueError, TypeError) as e:
+            _check_types(c)
+        except (ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
             raise CorruptBufferError(
                 f"{where}: commit record is unreadable ({e}); the segment cannot be trusted. "
                 "Restore it from a checkpoint, or run zreplay.verify() for details"
@@ -72,11 +73,19 @@ class Commit:
         return c
 
 
+def _check_types(c: Commit) -> None:
+    for name, f in Commit.__dataclass_fields__.items():
+        v = getattr(c, name)
+        want = {"int": int, "float": (int, float), "str": str, "dict": dict}[str(f.type)]
+        if not isinstance(v, want) or isinstance(v, bool):
+            raise TypeError(f"field {name!r} is {v!r}, not {f.type}")
+
+
 def read_commit(segment_dir: Path) -> Commit | None:
     """The segment's last commit, or None if it never committed."""
     path = Path(segment_dir) / COMMIT_NAME
     try:
-        text = path.read_text()
+        text = path.read_bytes()
     except FileNotFoundError:
         return None
     return Commit.from_json(text, str(path))

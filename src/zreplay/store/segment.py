@@ -11,6 +11,7 @@ and rows at or past the commit's ``n_rows`` are garbage.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -96,6 +97,18 @@ class _ZarrRead:
         raise AssertionError("unreachable")
 
 
+# Array attribute of arrays whose every written chunk is stored (see ArrayHandle._open).
+STORED_ATTRS = {"zreplay": {"all_chunks_stored": True}}
+
+
+def _all_chunks_stored(array_dir: Path) -> bool:
+    try:
+        meta = json.loads((array_dir / "zarr.json").read_bytes())
+        return meta["attributes"]["zreplay"]["all_chunks_stored"] is True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # opening reports a missing or damaged zarr.json
+
+
 def _grow(current: int, needed: int, unit: int) -> int:
     """Next capacity >= needed: at least double, rounded up to a whole number of units."""
     target = max(needed, 2 * current, unit)
@@ -116,6 +129,11 @@ class ArrayHandle:
         if _FORKED:
             return self._open_forked()
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
+        # Every chunk is stored, zeros included, so a chunk missing below the commit is
+        # damage (a read error), not rows of zeros.  Arrays made before this was so lack
+        # the attribute and keep zarr's fill-value reads.
+        spec["store_data_equal_to_fill_value"] = True
+        spec["fill_missing_data_reads"] = not _all_chunks_stored(self.path)
         try:
             return ts.open(spec, read=True, write=self._writable, context=self._context).result()
         except Exception as e:  # TensorStore raises ValueError/OSError variants
@@ -204,12 +222,17 @@ class Segment:
     # -- creation -------------------------------------------------------------------
 
     @staticmethod
+    def missing_arrays(seg_dir: Path, specs: Mapping[str, KeySpec]) -> list[str]:
+        """Arrays of the segment that have no metadata on disk."""
+        names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
+        names += [f"episodes/{c}" for c in PIECE_COLUMNS]
+        return [n for n in names if not (Path(seg_dir) / n / "zarr.json").is_file()]
+
+    @staticmethod
     def create_arrays(seg_dir: Path, specs: Mapping[str, KeySpec], layouts: Mapping) -> None:
         """Create (or complete) the arrays of a segment with zarr-python."""
         seg_dir = Path(seg_dir)
-        names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
-        names += [f"episodes/{c}" for c in PIECE_COLUMNS]
-        if all((seg_dir / n / "zarr.json").is_file() for n in names):
+        if not Segment.missing_arrays(seg_dir, specs):
             return  # the common reopen: skip zarr-python's per-node round trips
         g = zarr.open_group(str(seg_dir), mode="a", zarr_format=3)
         data = g.require_group("data")
@@ -229,6 +252,7 @@ class Segment:
                 shards=(lay.shard_rows, *spec.row_shape),
                 fill_value=0,
                 config={"write_empty_chunks": True},
+                attributes=STORED_ATTRS,
                 **lay.zarr_codecs(spec.dtype),
             )
         if "offsets" not in g:
@@ -239,6 +263,7 @@ class Segment:
                 chunks=(INDEX_CHUNK,),
                 fill_value=0,
                 config={"write_empty_chunks": True},
+                attributes=STORED_ATTRS,
             )
         columns = [("traj", n, d, r) for n, (d, r) in TRAJ_COLUMNS.items()]
         columns += [("episodes", n, d, ()) for n, d in PIECE_COLUMNS.items()]
@@ -252,6 +277,7 @@ class Segment:
                     chunks=(INDEX_CHUNK, *row),
                     fill_value=0 if dtype != "bool" else False,
                     config={"write_empty_chunks": True},
+                    attributes=STORED_ATTRS,
                 )
 
     # -- writes (the segment's writer only) -----------------------------------------
