@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import CorruptBufferError, FormatError, PickleRefusedError
+from ..ranks import rank_block
 from ..store.commit import read_commit
 from ..store.root import BufferRoot
 from .trajectory import prepare
@@ -33,14 +34,6 @@ if TYPE_CHECKING:
     from .buffer import TrajectoryReplayBuffer
 
 BATCH = 64
-
-
-def rank_block(n: int, rank: int, world: int) -> tuple[int, int]:
-    """RLinf's contiguous block of ``n`` items for ``rank``: the first ``n % world`` ranks
-    get one extra.  Blocks are disjoint and cover ``[0, n)``."""
-    per, rem = divmod(n, world)
-    start = rank * per + min(rank, rem)
-    return start, start + per + (1 if rank < rem else 0)
 
 
 def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Path:
