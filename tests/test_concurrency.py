@@ -17,6 +17,7 @@ from conftest import check_rows, make_traj, processes, run_children
 
 import zreplay
 from zreplay import WriterLockedError
+from zreplay.store.commit import read_commit
 
 
 @pytest.mark.parametrize("enable_cache", [True, False])
@@ -273,6 +274,12 @@ def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
             s = check_visible(path, flushed[name], cfg.get("capacity"), added[name]) + 1
             buf.add_trajectories([make_traj(s, T=traj_T(s), B=3)])
         assert check_visible(path, s, cfg.get("capacity"), s) == s
+        if cfg.get("capacity"):  # writers killed while deleting evicted shards leaked none
+            below = read_commit(f"{path}/segments/default").reclaimed_below // 64
+            assert below > 0
+            for key in KEYS:
+                shards = os.listdir(f"{path}/segments/default/data/{key}/c")
+                assert min(map(int, shards)) >= below, key
         # The killed writers' temp files were cleaned up; the clean close left none.
         leftovers = [
             f

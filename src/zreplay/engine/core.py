@@ -206,6 +206,8 @@ class Engine:
                 "a checkpoint (zreplay.verify(path) reports all damage)"
             )
         self._open_segment()
+        if self.commit.reclaimed_below:
+            self.segment.remove_reclaimed(self.commit.reclaimed_below)
         cols = self.segment.read_index(self.commit)
         self.index = TrajectoryIndex(cols, low=self.commit.low_traj)
         if self.index.n:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -328,6 +329,24 @@ class Segment:
                     os.remove(p)
                 except FileNotFoundError:
                     pass
+
+    def remove_reclaimed(self, below_row: int) -> None:
+        """Delete every shard file wholly below ``below_row`` that is still there (a writer
+        killed while reclaiming leaves some; the commit already says they are gone)."""
+        for key, lay in self.layouts.items():
+            limit = below_row // lay.shard_rows
+            chunks = self.dir / "data" / key / "c"
+            try:
+                names = os.listdir(chunks)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if name.isdigit() and int(name) < limit:
+                    p = chunks / name
+                    if p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
 
     # -- reads ----------------------------------------------------------------------
 
