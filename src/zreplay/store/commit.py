@@ -162,5 +162,5 @@ def remove_orphans(root: Path, committed_shards: Mapping[str, int] | None = None
 
 def _is_temp(name: str) -> bool:
     return name.endswith((".partial", ".__lock")) or (
-        name.startswith(COMMIT_NAME + ".") and name.endswith(".tmp")
+        name.startswith((COMMIT_NAME + ".", "writer.lock.")) and name.endswith(".tmp")
     )

@@ -1,13 +1,14 @@
 """The writer lock of a segment: one writer per segment, failing fast for a second one.
 
-The lock is a file created with O_EXCL (atomic on local filesystems and NFSv3+), holding
-``{host, pid, token, time}``.  A lock whose holder is a dead process on this host is
+The lock is a file holding ``{host, pid, token, time}``, written aside and hard-linked into
+place (exclusive, like O_EXCL, and never seen empty).  A lock whose holder is a dead process on this host is
 stale and is taken over; a lock held from another host is never broken automatically
 (pass ``break_lock=True`` once you know that writer is gone).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -56,41 +57,88 @@ class WriterLock:
 
     def acquire(self, break_lock: bool = False) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
-        for _ in range(3):
+        for _ in range(5):
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                self._create(json.dumps({**me, "time": time.time()}).encode())
             except FileExistsError:
-                info = self.holder()
+                info = self._break_if_stale(break_lock)
                 if info is None:
-                    continue
-                if break_lock or self._is_stale(info):
-                    # Rename first so two processes breaking the same stale lock cannot
-                    # both delete a fresh lock the other just created.
-                    grave = self.path.with_name(f"{LOCK_NAME}.stale.{self.token}")
-                    try:
-                        os.replace(self.path, grave)
-                        grave.unlink()
-                    except FileNotFoundError:
-                        pass
-                    continue
+                    continue  # gone, or broken: try to create it again
                 raise WriterLockedError(
                     f"segment {self.path.parent} is being written by pid {info.get('pid')} on "
                     f"host {info.get('host')!r} (lock {self.path}). Use another writer_id, "
                     "open it read-only with zreplay.open(), or, if that writer is gone, "
                     "pass break_lock=True"
                 ) from None
-            try:
-                try:
-                    write_all(fd, json.dumps({**me, "time": time.time()}).encode())
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                self.path.unlink(missing_ok=True)  # never leave a half-written lock behind
-                raise OSError(e.errno, e.strerror, str(self.path)) from e
             self.held = True
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
+
+    def _create(self, data: bytes) -> None:
+        """Create the lock file holding ``data``, or raise FileExistsError.
+
+        Written aside and hard-linked into place, so the lock never exists empty: an
+        empty lock would look like a writer killed mid-create (stale) to another process.
+        """
+        tmp = self.path.with_name(f"{LOCK_NAME}.{self.token}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                raise
+            except OSError:  # no hard links here: create in place (brief empty window)
+                self._create_in_place(data)
+        except OSError as e:
+            if isinstance(e, FileExistsError):
+                raise
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _create_in_place(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            self.path.unlink(missing_ok=True)  # never leave a half-written lock behind
+            raise
+
+    def _break_if_stale(self, break_lock: bool) -> dict | None:
+        """Remove the lock if it is stale (or ``break_lock``); else return its holder.
+
+        Judged and removed under a guard flock: otherwise two processes that both found
+        the same stale lock could each remove it, the second removing the fresh lock the
+        first had just made, and both would write the segment (seen with 6 processes).
+        """
+        guard = self.path.with_name(LOCK_NAME + ".guard")
+        try:
+            fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None  # read-only or odd filesystem: judge without the guard
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except OSError:
+                    pass  # no flock here (some network filesystems)
+            info = self.holder()
+            if info is not None and (break_lock or self._is_stale(info)):
+                self.path.unlink(missing_ok=True)
+                return None
+            return info
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the flock
 
     def live_holder(self) -> dict | None:
         """The holder of this lock if it may still be writing (not stale), else None."""

@@ -17,7 +17,7 @@ from .commit import COMMIT_NAME, Commit, write_commit
 from .lock import LOCK_NAME
 from .root import is_buffer
 
-SKIP = {LOCK_NAME, COMMIT_NAME}
+SKIP = {LOCK_NAME, LOCK_NAME + ".guard", COMMIT_NAME}
 
 
 def link_tree(src: Path, dst: Path) -> tuple[int, int]:
