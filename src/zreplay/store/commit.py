@@ -73,11 +73,13 @@ class Commit:
         return c
 
 
+_TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict}
+
+
 def _check_types(c: Commit) -> None:
     for name, f in Commit.__dataclass_fields__.items():
-        v = getattr(c, name)
-        want = {"int": int, "float": (int, float), "str": str, "dict": dict}[str(f.type)]
-        if not isinstance(v, want) or isinstance(v, bool):
+        want, v = _TYPES.get(str(f.type)), getattr(c, name)
+        if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
             raise TypeError(f"field {name!r} is {v!r}, not {f.type}")
 
 

@@ -94,21 +94,21 @@ class BufferRoot:
         info.update(extra or {})
         # Built beside and renamed into place: writers starting together on a new path
         # (the ranks of a job) never see a half-made root; one rename wins, the others
-        # then find a complete buffer.  (A rename replaces an empty directory.)
-        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.creating")
+        # then find a complete buffer.  (A rename replaces an empty directory; through a
+        # symlink, the directory it points to.)
+        target = self.path.resolve()
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.creating")
         try:
             _make_root(tmp, info)
-        except OSError:  # a parent we may not write in: build in place
-            shutil.rmtree(tmp, ignore_errors=True)
-            _make_root(self.path, info)
-            return info
-        try:
-            os.rename(tmp, self.path)
+            os.rename(tmp, target)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not is_buffer(self.path):
+            if is_buffer(target):
+                return self.read_meta()  # another writer's rename won
+            if target.exists() and any(target.iterdir()):
                 raise
-            return self.read_meta()
+            # A parent we may not write in, or a mount point: build in place.
+            _make_root(target, info)
         return info
 
     def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
