@@ -7,6 +7,11 @@ fields come from different transitions is detectable (see :func:`check_rows`).
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import time
+import traceback
+
 import numpy as np
 import pytest
 import torch
@@ -105,6 +110,19 @@ def traj_equal(got: dict, want) -> None:
         np.testing.assert_array_equal(got[k], v, err_msg=k)
 
 
+def tree_state(root, skip=None) -> dict:
+    """Every file and directory under ``root`` (but not under ``skip``) with its size and
+    modification time: equal before and after means nothing there was touched."""
+    out = {}
+    for r, dirs, files in os.walk(root):
+        if skip is not None:
+            dirs[:] = [d for d in dirs if os.path.join(r, d) != str(skip)]
+        for name in dirs + files:
+            st = os.lstat(os.path.join(r, name))
+            out[os.path.relpath(os.path.join(r, name), root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
 @pytest.fixture
 def bufpath(tmp_path):
     return str(tmp_path / "buf.zarr")
@@ -120,3 +138,64 @@ def open_buffers():
             b.close()
         except Exception:
             pass
+
+
+# -- real child processes ---------------------------------------------------------------
+# A fresh interpreter spends ~1.6 s importing torch and TensorStore.  A forkserver that
+# has imported them once starts each child in ~10 ms.  zreplay itself must not be
+# preloaded: it marks processes forked after it was imported (TensorStore does not survive
+# a fork once used) and refuses to write from them.  Imported after the fork, in the
+# child, it is an ordinary process that may write.
+PRELOAD = ["numpy", "torch", "torch.distributed", "tensorstore", "zarr", "numcodecs", "pytest"]
+
+
+def processes():
+    """The multiprocessing context child processes of the tests are started with."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # ignored once the server runs; it then has them
+    return ctx
+
+
+def _child_main(conn, fn, args):
+    try:
+        out = fn(*args)
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    conn.send(("ok", out))
+
+
+def run_children(jobs, timeout: float = 60.0) -> list:
+    """Run each ``(fn, args)`` of ``jobs`` as ``fn(*args)`` in its own process, all at once;
+    return their results in order, or fail with a child's traceback."""
+    ctx = processes()
+    running = []
+    for fn, args in jobs:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_child_main, args=(send, fn, tuple(args)))
+        p.start()
+        send.close()
+        running.append((p, recv, fn.__name__))
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for p, recv, name in running:
+            if not recv.poll(max(0.0, deadline - time.monotonic())):
+                raise AssertionError(f"child {p.pid} ({name}) timed out after {timeout} s")
+            try:
+                status, out = recv.recv()
+            except EOFError:
+                p.join(5)
+                raise AssertionError(
+                    f"child {p.pid} ({name}) died with exit code {p.exitcode}"
+                ) from None
+            if status == "error":
+                raise AssertionError(f"child {p.pid} ({name}) failed:\n{out}")
+            results.append(out)
+    finally:
+        for p, _, _ in running:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results

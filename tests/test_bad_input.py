@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import check_rows, make_traj
+from conftest import check_rows, make_traj, tree_state
 
 import zreplay
 from zreplay import (
@@ -164,36 +164,59 @@ def test_bad_trajectory_rejected_and_nothing_written(filled, case):
     assert filled.add_trajectories([make_traj(2)]) == [2]
 
 
+UNSAFE_NAMES = [
+    "../outside", "../../etc", "/tmp/x", ".hidden", "a\x00b", "ok\n", "c", "zarr.json",
+    ".", "..", "...", "", " ", "a b", "a\\b", "C:\\x", "é", "\u202egnp.exe", "-rf", "*", "a" * 129,
+    "a" * 5000, "tab\t", "x\r",
+]  # fmt: skip
+
+
 def test_unsafe_names_never_touch_the_filesystem(tmp_path):
-    target = tmp_path / "outside"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
-    for name in (
-        "../outside",
-        "../../etc",
-        "/tmp/x",
-        ".hidden",
-        "a\x00b",
-        "ok\n",
-        "c",
-        "zarr.json",
-    ):
-        with pytest.raises(KeyNameError):
-            buf.add_trajectories([{name: torch.zeros(2, 2, 1), "rewards": torch.zeros(2, 2, 1)}])
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "keep.txt").write_text("keep")
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    outside, inside = tree_state(tmp_path, skip=path), tree_state(path)
+    x = torch.zeros(2, 2, 1)
+    for name in UNSAFE_NAMES:
+        for traj in ({name: x, "rewards": x}, {"obs": {name: x}, "rewards": x}, {name: {"a": x}}):
+            with pytest.raises(KeyNameError):
+                buf.add_trajectories([traj])
+        with pytest.raises(KeyNameError):  # a writer id names a directory too
+            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id=name)
+    assert buf.schema is None and len(buf) == 0
     buf.close()
-    assert not target.exists()
-    assert sorted(os.listdir(tmp_path)) == ["b"]
+    assert tree_state(tmp_path, skip=path) == outside
+    # Inside: no file or directory named after any of them (close() commits, that's all).
+    assert set(tree_state(path)) - set(inside) == {"segments/default/commit.json"}
 
 
-def test_first_trajectory_fixes_schema_and_enormous_rows_refused(bufpath):
+def _declared(*shape):
+    """An array claiming ``shape`` while holding one byte (zero strides): what a crafted
+    file or a broadcast view hands over."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, (0,) * len(shape))
+
+
+ENORMOUS = {
+    "row of 2**30 elements": (_declared(1, 1, 1 << 15, 1 << 15), SchemaError, "more than"),
+    "2**40 steps": (_declared(1 << 40, 1), CapacityError, "stages two trajectories in RAM"),
+    "2**40 environments": (_declared(1, 1 << 40), CapacityError, "stages two trajectories"),
+    "2**20 steps of 1 MiB": (_declared(1 << 20, 1, 1 << 20), CapacityError, "1024.0 GiB"),
+    "axis of length 0": (np.zeros((2, 2, 3, 0), np.float32), SchemaError, "hold no data"),
+    "complex dtype": (np.zeros((2, 2), complex), SchemaError, "dtype complex128"),
+}
+
+
+def test_first_trajectory_fixes_schema_and_enormous_shapes_refused(bufpath):
     with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        huge = np.lib.stride_tricks.as_strided(
-            np.zeros(1, np.uint8), (1, 1, 1 << 15, 1 << 15), (0, 0, 0, 0)
-        )
-        with pytest.raises(SchemaError, match="more than"):
-            buf.add_trajectories([{"frames": huge}])
-        with pytest.raises(SchemaError, match="dtype complex128"):
-            buf.add_trajectories([{"x": np.zeros((2, 2), complex)}])
-        assert buf.schema is None and len(buf) == 0
+        before = tree_state(bufpath)
+        for name, (arr, exc, says) in ENORMOUS.items():
+            with pytest.raises(exc, match=re.escape(says)):
+                buf.add_trajectories([{"x": arr}])
+            assert buf.schema is None and len(buf) == 0, name
+        assert tree_state(bufpath) == before  # refused before anything was written
+        buf.add_trajectories([{"x": np.ones((2, 2, 3), np.float32)}])
+        assert len(buf) == 1
 
 
 def test_oversize_trajectory_for_capacity(bufpath):

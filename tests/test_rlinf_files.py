@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import check_rows, make_traj, traj_equal
+from conftest import check_rows, make_traj, traj_equal, tree_state
 
 import zreplay
 from zreplay import PickleRefusedError
@@ -163,3 +163,41 @@ def test_missing_trajectory_file_is_reported(tmp_path):
         with pytest.raises(zreplay.CorruptBufferError, match="is missing"):
             buf.load_checkpoint(str(tmp_path / "rl"))
         assert len(buf) == 1 and buf.trajectory(0)["trajectory_id"] == 0
+
+
+def test_hostile_index_never_reads_or_writes_outside(tmp_path):
+    """An index entry whose model_weights_id leads out of the directory (the attacker
+    ships the directory, so ``trajectory_0_/`` exists) is refused, not loaded."""
+    trajs = [make_traj(i) for i in range(2)]
+    rl = tmp_path / "rl"
+    _write_rlinf_dir(rl, trajs)
+    (tmp_path / "elsewhere").mkdir()
+    torch.save(vars(make_traj(7)), tmp_path / "elsewhere" / "x.pt")
+    (rl / "trajectory_0_").mkdir()
+    idx = json.loads((rl / "trajectory_index.json").read_text())
+    idx["trajectory_index"]["0"]["model_weights_id"] = "/../../elsewhere/x"
+    (rl / "trajectory_index.json").write_text(json.dumps(idx))
+    before = tree_state(tmp_path)
+    with pytest.raises(zreplay.FormatError, match="cannot be part of a file name"):
+        zreplay.import_rlinf(str(rl), str(tmp_path / "dst"))
+    with zreplay.TrajectoryReplayBuffer() as buf, pytest.raises(zreplay.FormatError):
+        buf.load_checkpoint(str(rl))
+    idx["trajectory_index"] = {"zero": {}}  # not an integer id
+    (rl / "trajectory_index.json").write_text(json.dumps(idx))
+    with pytest.raises(zreplay.CorruptBufferError, match="must be integers"):
+        zreplay.import_rlinf(str(rl), str(tmp_path / "dst"))
+    assert {k: v for k, v in tree_state(tmp_path).items() if not k.startswith("rl")} == {
+        k: v for k, v in before.items() if not k.startswith("rl")
+    }  # refused before the destination was even created
+
+
+def test_export_refuses_weights_ids_that_are_paths(tmp_path):
+    with zreplay.TrajectoryReplayBuffer() as buf:
+        buf.add_trajectories([make_traj(0)])
+        t = make_traj(1)
+        t.model_weights_id = "../../escaped"
+        buf.add_trajectories([t])
+        with pytest.raises(zreplay.FormatError, match="'../../escaped'"):
+            buf.export(str(tmp_path / "out" / "rl"), "pt")
+    assert {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*")} == {"out"}
+    assert not list(tmp_path.rglob("*escaped*"))

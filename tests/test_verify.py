@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import check_rows, make_traj
+from conftest import check_rows, make_traj, tree_state
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -71,3 +75,99 @@ def test_truncated_commit_record(written):
 def test_verify_of_a_non_buffer(tmp_path):
     report = zreplay.verify(tmp_path)
     assert not report.ok and "not a zreplay buffer" in report.problems[0]
+
+
+# -- every kind of damage: a specific error from readers and writers, reported by verify --
+
+SEG = "segments/default/"
+
+
+def _write(rel: str, data: bytes):
+    return lambda root: (root / rel).write_bytes(data)
+
+
+def _truncate(rel: str, keep: int):
+    return lambda root: (root / rel).write_bytes((root / rel).read_bytes()[:keep])
+
+
+def _remove(rel: str):
+    def damage(root):
+        p = root / rel
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+    return damage
+
+
+def _flip(rel: str):
+    def damage(root):
+        data = bytearray((root / rel).read_bytes())
+        data[len(data) // 3] ^= 0x40  # inside a compressed chunk, not the shard index
+        (root / rel).write_bytes(bytes(data))
+
+    return damage
+
+
+def _commit_with(**fields):
+    def damage(root):
+        c = json.loads((root / SEG / "commit.json").read_text())
+        (root / SEG / "commit.json").write_text(json.dumps({**c, **fields}))
+
+    return damage
+
+
+REWARDS_SHARD = SEG + "data/rewards/c/0/0"
+DAMAGE = {  # name: (damage, what the error says)
+    "commit.json binary garbage": (_write(SEG + "commit.json", b"\xff\xfe\x00\x13junk"), "commit record is unreadable"),
+    "commit.json empty": (_write(SEG + "commit.json", b""), "commit record is unreadable"),
+    "commit.json a list": (_write(SEG + "commit.json", b"[1, 2]"), "commit record is unreadable"),
+    "commit.json truncated": (_truncate(SEG + "commit.json", 40), "commit record is unreadable"),
+    "commit.json unknown field": (_commit_with(evil=1), "unexpected keyword argument 'evil'"),
+    "commit.json n_rows a string": (_commit_with(n_rows="72"), "field 'n_rows' is '72'"),
+    "commit.json n_traj null": (_commit_with(n_traj=None), "field 'n_traj' is None"),
+    "commit.json n_rows negative": (_commit_with(n_rows=-1), "inconsistent"),
+    "commit.json more rows than written": (_commit_with(n_rows=10**12), "disagree with commit.json"),
+    "commit.json more trajectories than indexed": (_commit_with(n_traj=10**6), "index cannot be read"),
+    "root zarr.json truncated": (_truncate("zarr.json", 50), "zarr.json is not valid JSON"),
+    "array zarr.json truncated": (_truncate(SEG + "data/actions/zarr.json", 50), "cannot open array"),
+    "offsets zarr.json truncated": (_truncate(SEG + "offsets/zarr.json", 50), "cannot open array"),
+    "data array missing": (_remove(SEG + "data/rewards"), "data/rewards"),
+    "offsets array missing": (_remove(SEG + "offsets"), "offsets"),
+    "offsets chunk truncated": (_truncate(SEG + "offsets/c/0", 5), "index cannot be read"),
+    "data shard missing": (_remove(REWARDS_SHARD), "key 'rewards', rows [0, 72)"),
+    "data shard truncated": (_truncate(REWARDS_SHARD, 100), "key 'rewards', rows [0, 72)"),
+    "data chunk byte flipped": (_flip(REWARDS_SHARD), "key 'rewards', rows [0, 72)"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pristine") / "buf"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(4)])  # 72 rows
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_damage_is_a_specific_error_everywhere_and_reported(pristine, tmp_path, case):
+    damage, says = DAMAGE[case]
+    root = tmp_path / "buf"
+    shutil.copytree(pristine, root)
+    (tmp_path / "neighbour.txt").write_text("not ours")
+    damage(root)
+    outside = tree_state(tmp_path, skip=root)
+    before = tree_state(root)
+
+    def read_all():
+        view = zreplay.open(root)
+        check_rows(view.rows(np.arange(view.num_rows)))
+
+    with pytest.raises(CorruptBufferError, match=re.escape(says)):
+        read_all()
+    assert tree_state(root) == before  # readers change nothing
+    with pytest.raises(CorruptBufferError, match=re.escape(says)):
+        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(root)) as buf:
+            check_rows(buf.sample(500))
+    assert not (root / SEG / "writer.lock").exists()  # the refused writer let go
+    report = zreplay.verify(root)
+    assert not report.ok and any(says in p for p in report.problems), str(report)
+    assert tree_state(tmp_path, skip=root) == outside

@@ -6,6 +6,7 @@ Public names:
 * :class:`ReplayBuffer`: stable-worldmodel's episode buffer/Dataset, persistent.
 * :func:`open`: a read-only, dataset-like view of a buffer directory.
 * :class:`ClipDataset`, :class:`ReplayDataset`: PyTorch datasets over buffers and views.
+* :func:`rank_loader`, :class:`RankShard`: one distributed rank's share as a DataLoader.
 * :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
@@ -15,7 +16,7 @@ Public names:
 """
 
 from . import errors, samplers
-from .data import ClipDataset, ReplayDataset
+from .data import ClipDataset, RankShard, ReplayDataset, rank_loader
 from .errors import (
     BufferClosedError,
     CapacityError,
@@ -50,6 +51,7 @@ __all__ = [
     "FormatError",
     "KeyNameError",
     "PickleRefusedError",
+    "RankShard",
     "ReplayBuffer",
     "ReplayDataset",
     "SchemaError",
@@ -65,5 +67,6 @@ __all__ = [
     "iter_hdf5",
     "load_hdf5",
     "open",
+    "rank_loader",
     "verify",
 ]

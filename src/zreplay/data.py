@@ -8,6 +8,8 @@
 * :class:`ClipDataset`: clips of a buffer directory as a map-style dataset.
 * :class:`ReplayDataset`: RLinf's ``ReplayBufferDataset``: an endless iterable of ready
   batches drawn on a background thread, optionally mixing a second (demo) buffer.
+* :func:`rank_loader` / :class:`RankShard`: one rank's share of a buffer directory (its
+  contiguous block of trajectories) as a DataLoader / map-style dataset.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.utils.data
 
 from .prefetch import Prefetcher
+from .ranks import distributed, rank_block, resolve_rank
 from .view import BufferView, index_tree
 
 
@@ -131,6 +134,112 @@ class ReplayDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         with Prefetcher(self._batch, self.prefetch) as it:
             yield from it
+
+
+class RankShard(torch.utils.data.Dataset):
+    """The rows of rank ``rank``'s share of a buffer: its contiguous block of the visible
+    trajectories (RLinf's split, as ``load_checkpoint(is_distributed=True)`` makes), fixed
+    when the shard is made.  ``rank``/``world_size`` default to the ``torch.distributed``
+    process group's.
+
+    Item ``i`` is one row (a nested dict of numpy arrays); a list of indices is one batched
+    read, ``[len, ...]`` per key (what :func:`rank_loader` asks for).  Rows are named by
+    segment and row number, not by position, so DataLoader workers (which reopen the
+    directory) read the same rows even after more commits.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | BufferView,
+        rank: int | None = None,
+        world_size: int | None = None,
+        keys: list[str] | None = None,
+    ):
+        self.view = source if isinstance(source, BufferView) else BufferView(source)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.keys = keys
+        n = self.view.num_trajectories
+        self.trajectories = rank_block(n, self.rank, self.world_size)
+        self.ranges = self.view.segment_rows(*self.trajectories)
+        sizes = np.array([hi - lo for _, lo, hi in self.ranges], np.int64)
+        self._ends = np.cumsum(sizes)
+        self._starts = self._ends - sizes
+        # Every rank's share of the same snapshot, in rows (for equal-length epochs).
+        self.rows_per_rank = [
+            sum(hi - lo for _, lo, hi in self.view.segment_rows(*rank_block(n, r, self.world_size)))
+            for r in range(self.world_size)
+        ]
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def _positions(self, idx: np.ndarray) -> np.ndarray:
+        """View positions (as of the view's last refresh) of shard rows ``idx``."""
+        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
+            raise IndexError(f"index out of range for a shard of {len(self)} rows")
+        idx = idx % max(1, len(self))
+        which = np.searchsorted(self._ends, idx, side="right")
+        pos = np.empty(len(idx), np.int64)
+        for r in np.unique(which):
+            wid, lo, _ = self.ranges[r]
+            sel = which == r
+            pos[sel] = self.view.positions_of(wid, lo + idx[sel] - self._starts[r])
+        return pos
+
+    def __getitem__(self, i) -> dict[str, Any]:
+        if np.ndim(i) == 0:
+            return index_tree(self.view.rows(self._positions(np.array([int(i)])), self.keys), 0)
+        return self.view.rows(self._positions(np.asarray(i, np.int64)), self.keys)
+
+
+def rank_loader(
+    source: str | Path | BufferView,
+    rank: int | None = None,
+    world_size: int | None = None,
+    batch_size: int = 256,
+    *,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    even: bool = True,
+    seed: int = 0,
+    keys: list[str] | None = None,
+    **loader_kwargs,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over rank ``rank``'s share (a :class:`RankShard`) of a buffer, in
+    batches of ``batch_size`` rows (nested dicts of ``[batch, ...]`` tensors), each read
+    in one batched read per key.
+
+    ``rank``/``world_size`` default to the ``torch.distributed`` process group's; then the
+    call is collective and checks that every rank sees the same commits (a buffer still
+    being written can differ between ranks: then it raises rather than overlap shares).
+    ``even``: every rank's epoch has as many rows as the smallest share (shares differ by
+    a trajectory and by trajectory lengths; a rank's surplus rows sit out that epoch, a
+    different subset each epoch when shuffling), so DDP ranks take the same number of
+    steps.  ``shuffle`` draws a new order
+    per epoch from ``seed`` and the rank.  ``loader_kwargs`` go to DataLoader
+    (``num_workers``, ``pin_memory``, ``multiprocessing_context``, ...).
+    """
+    defaulted = rank is None or world_size is None
+    shard = RankShard(source, rank, world_size, keys)
+    if defaulted and distributed() and shard.world_size > 1:
+        import torch.distributed as dist
+
+        seen = [None] * shard.world_size
+        dist.all_gather_object(seen, shard.view.segment_rows())
+        if any(s != seen[0] for s in seen):
+            raise RuntimeError(
+                f"ranks see different commits of {shard.view.path} (it is still being "
+                "written?); open the same snapshot on every rank, e.g. a save_checkpoint() "
+                "directory, or wait for the writers"
+            )
+    n = min(shard.rows_per_rank) if even else len(shard)
+    if shuffle:
+        gen = torch.Generator().manual_seed(int(seed) * 1000003 + shard.rank)
+        order = torch.utils.data.RandomSampler(shard, num_samples=n, generator=gen)
+    else:
+        order = range(n)
+    batches = torch.utils.data.BatchSampler(order, batch_size, drop_last)
+    return torch.utils.data.DataLoader(shard, batch_size=None, sampler=batches, **loader_kwargs)
 
 
 def concat_batches(parts: list[Any]) -> Any:

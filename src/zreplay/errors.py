@@ -25,7 +25,8 @@ class EmptyTrajectoryError(SchemaError):
 
 
 class CapacityError(ZReplayError, ValueError):
-    """A single trajectory is larger than the buffer's capacity."""
+    """A single trajectory is larger than the buffer's capacity (or than the RAM the
+    writer needs to stage it)."""
 
 
 class PickleRefusedError(ZReplayError, ValueError):
@@ -53,7 +54,11 @@ class EmptyBufferError(ZReplayError, RuntimeError):
 
 
 class WriteFailedError(ZReplayError, RuntimeError):
-    """The background writer could not commit; the previous commit is intact."""
+    """A write to the store failed (full disk, permissions); the previous commit is intact.
+
+    Raised by ``flush()`` and by the first ``add`` after a background commit failed (that
+    add adds nothing); ``flush()`` and later adds retry the commit.  The cause (an
+    ``OSError``, or TensorStore's error naming the file) is ``__cause__``."""
 
 
 class ReadOnlyError(ZReplayError, RuntimeError):

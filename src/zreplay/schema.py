@@ -169,6 +169,11 @@ class Schema:
                     f"{tuple(arr.shape)} (add the env axis B even when B == 1)"
                 )
             row = tuple(int(d) for d in arr.shape[2:])
+            if 0 in row:
+                raise SchemaError(
+                    f"key {path!r}: rows of shape {row} hold no data (an axis of length 0); "
+                    "drop the key or give every axis a length >= 1"
+                )
             if int(np.prod(row, dtype=np.int64)) > MAX_ROW_ELEMENTS:
                 raise SchemaError(
                     f"key {path!r}: one row of shape {row} has more than "

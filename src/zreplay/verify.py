@@ -83,8 +83,8 @@ def verify(
         if schema is None:
             report.problems.append(f"segment {wid!r} has committed rows but the root has no schema")
             continue
-        seg = Segment(seg_dir, schema, layouts, writable=False)
         try:
+            seg = Segment(seg_dir, schema, layouts, writable=False)
             cols = seg.read_index(commit)
         except CorruptBufferError as e:
             report.problems.append(str(e))

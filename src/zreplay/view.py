@@ -19,7 +19,7 @@ from . import sampling
 from .clips import ClipSpec
 from .engine.core import Prepared
 from .episodes import EpisodeView, concat_pieces
-from .errors import EmptyBufferError
+from .errors import CorruptBufferError, EmptyBufferError
 from .index import TrajectoryIndex, time_major
 from .nstep import NStepSpec
 from .samplers import RowSpace, Sampler, as_sampler
@@ -226,12 +226,16 @@ class BufferView(ViewSampling):
             futs = {k: st.segment.read_rows(k, uniq) for k in keys}
             pending.append((st, sel, inv, int(uniq[0]), futs))
         for st, sel, inv, first, futs in pending:
-            for k, f in futs.items():
-                out[k][sel] = f.result()[inv]
-            # A writer deletes evicted shards only after announcing it in its commit:
-            # if that happened under us, what we read may be fill values.
-            now = read_commit(st.segment.dir)
-            if now is not None and now.reclaimed_below > first:
+            # A writer deletes evicted shards only after announcing it in its commit: if
+            # that happened under us, the read failed or returned fill values.
+            try:
+                for k, f in futs.items():
+                    out[k][sel] = f.result()[inv]
+            except CorruptBufferError:
+                if not _reclaimed(st, first):
+                    raise
+                raise _Evicted() from None
+            if _reclaimed(st, first):
                 raise _Evicted()
         return out
 
@@ -343,6 +347,39 @@ class BufferView(ViewSampling):
         out = self.rows([i])
         return _map(out, lambda a: a[0])
 
+    def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
+        """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
+        per segment.  Segment rows are never reused, so unlike positions (which shift when
+        an earlier segment grows or evicts) they name the same rows after a ``refresh()``
+        and in another process."""
+        stop = self.num_trajectories if stop is None else stop
+        if not 0 <= start <= stop <= self.num_trajectories:
+            raise IndexError(f"[{start}, {stop}) is not within [0, {self.num_trajectories}]")
+        out = []
+        for si, st in enumerate(self._order):
+            lo = max(start, int(self._cum_traj[si])) - int(self._cum_traj[si])
+            hi = min(stop, int(self._cum_traj[si + 1])) - int(self._cum_traj[si])
+            if hi > lo:
+                off = st.index.offsets
+                j0, j1 = st.index.low + lo, st.index.low + hi
+                out.append((st.segment.writer_id, int(off[j0]), int(off[j1])))
+        return out
+
+    def positions_of(self, writer_id: str, rows) -> np.ndarray:
+        """Current positions (for :meth:`rows`) of rows of segment ``writer_id``; an
+        IndexError if any is not visible (evicted, or not yet seen by ``refresh()``)."""
+        rows = np.asarray(rows, np.int64)
+        for si, st in enumerate(self._order):
+            if st.segment.writer_id == writer_id:
+                idx = st.index
+                if rows.size and (rows.min() < idx.low_row or rows.max() >= idx.n_rows):
+                    raise IndexError(
+                        f"rows of segment {writer_id!r} outside its visible rows "
+                        f"[{idx.low_row}, {idx.n_rows}) (evicted, or refresh() first)"
+                    )
+                return self._cum_rows[si] + (rows - idx.low_row)
+        raise IndexError(f"{self.path} has no visible segment {writer_id!r}")
+
     def _locate_trajectory(self, i: int) -> tuple[_SegmentState, int]:
         n = self.num_trajectories
         if not -n <= i < n:
@@ -402,6 +439,12 @@ class BufferView(ViewSampling):
 
 class _Evicted(Exception):
     pass
+
+
+def _reclaimed(st: _SegmentState, row: int) -> bool:
+    """Has the writer (since ``st`` was read) announced deleting the shard of ``row``?"""
+    now = read_commit(st.segment.dir)
+    return now is not None and now.reclaimed_below > row
 
 
 def _map(tree: Any, fn) -> Any:

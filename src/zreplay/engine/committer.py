@@ -35,6 +35,7 @@ class Committer:
         self.want = self.done = 0  # commit generations asked for / finished
         self.explicit = 0  # the last generation asked for by flush()
         self.error: BaseException | None = None
+        self.reported = False  # the caller has seen self.error
         self.stopping = False
         self._disk_readers = 0
         self._reclaiming = False
@@ -59,18 +60,34 @@ class Committer:
     def raise_error(self) -> None:
         if self.error is not None:
             e, c = self.error, self.eng.commit
+            self.reported = True
             raise WriteFailedError(
                 f"the background writer failed ({type(e).__name__}: {e}); the last commit "
-                f"(gen {c.gen}, {c.n_traj} trajectories) is intact. Fix the cause (disk "
-                "space, permissions) and call flush() to retry"
+                f"(gen {c.gen}, {c.n_traj} trajectories) is intact and what was added since "
+                "is held in memory, not on disk. Fix the cause (disk space, permissions); "
+                "flush() retries the write (and so does the next add)"
             ) from e
+
+    def before_add(self) -> None:
+        """An add after a failed commit reports the failure once (that add adds nothing);
+        later adds retry the commit, as flush() does (condition not held)."""
+        with self.cond:
+            if self.error is None:
+                return
+            if not self.reported:
+                self.raise_error()
+            self._retry()
+
+    def _retry(self) -> None:
+        log.info("zreplay: retrying after writer error %r", self.error)
+        self.error = None
+        self.request()
 
     def flush(self) -> None:
         """Block until everything published is committed (condition not held)."""
         with self.cond:
             if self.error is not None:
-                log.info("zreplay: retrying after writer error %r", self.error)
-                self.error = None  # retry the pending work
+                self._retry()
             self.request()
             target = self.explicit = self.want
             while self.done < target:
@@ -117,7 +134,7 @@ class Committer:
             except BaseException as e:  # surfaced to the caller by flush()/add()
                 log.error("zreplay writer failed: %r", e)
                 with self.cond:
-                    self.error = e
+                    self.error, self.reported = e, False
                     self.cond.notify_all()
                 continue
             with self.cond:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -32,7 +33,9 @@ from ..episodes import Lanes, lanes_after, split_pieces
 from ..errors import (
     BufferClosedError,
     CapacityError,
+    CorruptBufferError,
     SchemaError,
+    WriteFailedError,
 )
 from ..index import TrajectoryIndex, time_major
 from ..sampling import group_requests
@@ -49,6 +52,16 @@ from .ramtier import RamPolicy, RamTier
 log = logging.getLogger("zreplay")
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform: no check
+        return 1 << 62
+
+
+_PHYSICAL_MEMORY = _physical_memory()
 
 
 @atexit.register
@@ -195,7 +208,17 @@ class Engine:
         self.lanes: Lanes | None = None
         if self.schema is None:
             return
+        missing = Segment.missing_arrays(self.seg_dir, self.schema.specs)
+        if missing and self.commit.n_traj:
+            # Recreating them would serve fill values as committed data.
+            raise CorruptBufferError(
+                f"{self.seg_dir}: arrays {missing} are missing, but commit.json says "
+                f"{self.commit.n_traj} trajectories were committed; restore the segment from "
+                "a checkpoint (zreplay.verify(path) reports all damage)"
+            )
         self._open_segment()
+        if self.commit.reclaimed_below:
+            self.segment.remove_reclaimed(self.commit.reclaimed_below)
         cols = self.segment.read_index(self.commit)
         self.index = TrajectoryIndex(cols, low=self.commit.low_traj)
         if self.index.n:
@@ -257,6 +280,14 @@ class Engine:
             if schema is None:
                 schema = Schema.infer(it.columns)
             schema.check(it.columns, it.T, it.B)
+            nbytes = it.n_rows * schema.row_bytes
+            if 2 * nbytes > _PHYSICAL_MEMORY:
+                raise CapacityError(
+                    f"a trajectory of {it.n_rows} rows (T={it.T} x B={it.B}) holds "
+                    f"{nbytes / 2**30:.1f} GiB; the writer stages two trajectories in RAM and "
+                    f"this machine has {_PHYSICAL_MEMORY / 2**30:.1f} GiB. Add it in pieces "
+                    "(shorter T, with continues=True to keep its episodes whole)"
+                )
             if self.capacity is not None and it.n_rows > self.capacity:
                 raise CapacityError(
                     f"a trajectory of {it.n_rows} rows (T={it.T} x B={it.B}) exceeds the "
@@ -266,9 +297,17 @@ class Engine:
 
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
         layouts = layouts_for(schema.specs, self._layout_overrides)
-        self.root.set_schema(schema, layouts)
-        self.schema, self.layouts = schema, layouts
-        self._open_segment()
+        try:
+            self.root.set_schema(schema, layouts)
+            self.schema, self.layouts = schema, layouts
+            self._open_segment()
+        except OSError as e:
+            # Both steps are idempotent: the next add completes what this one began.
+            self.schema = self.layouts = self.segment = None
+            raise WriteFailedError(
+                f"could not create the arrays of {self.seg_dir} ({type(e).__name__}: {e}); "
+                "nothing was added. Fix the cause (disk space, permissions) and add again"
+            ) from e
         self._make_tier(first_rows)
 
     def _open_segment(self) -> None:
@@ -286,7 +325,7 @@ class Engine:
             return []
         with self._add_lock:
             schema = self.check(items)
-            self._committer.raise_error()
+            self._committer.before_add()
             if self.schema is None:
                 self._fix_schema(schema, items[0].n_rows)
             elif self.tier is None:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import CorruptBufferError, FormatError, PickleRefusedError
+from ..ranks import rank_block
 from ..store.commit import read_commit
 from ..store.location import options_of
 from ..store.root import BufferRoot
@@ -36,12 +37,17 @@ if TYPE_CHECKING:
 BATCH = 64
 
 
-def rank_block(n: int, rank: int, world: int) -> tuple[int, int]:
-    """RLinf's contiguous block of ``n`` items for ``rank``: the first ``n % world`` ranks
-    get one extra.  Blocks are disjoint and cover ``[0, n)``."""
-    per, rem = divmod(n, world)
-    start = rank * per + min(rank, rem)
-    return start, start + per + (1 if rank < rem else 0)
+def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Path:
+    """RLinf's ``trajectory_{id}_{model_weights_id}.{ext}`` in ``directory``; a weights id
+    that would lead out of it (a path separator, NUL) is refused."""
+    name = f"trajectory_{tid}_{weights_id}.{ext}"
+    if not isinstance(weights_id, str) or any(c in weights_id for c in "/\\\0"):
+        raise FormatError(
+            f"model_weights_id {weights_id!r} of trajectory {tid} cannot be part of a file "
+            f"name in {directory} (RLinf names files trajectory_<id>_<model_weights_id>); "
+            "use ids without '/', '\\' or NUL"
+        )
+    return directory / name
 
 
 def _atomic_write_bytes(path: Path, write) -> None:
@@ -81,8 +87,8 @@ def export_rlinf(buf: TrajectoryReplayBuffer, out: Path, fmt: str) -> int:
         if shape_src is None:
             shape_src = next(v for v in traj.values() if isinstance(v, np.ndarray))
         T, B = shape_src.shape[:2]
+        path = trajectory_file(out, tid, wid, fmt)
         payload = _to_torch(traj)
-        path = out / f"trajectory_{tid}_{wid}.{fmt}"
         if fmt == "pt":
             _atomic_write_bytes(path, lambda f, p=payload: torch.save(p, f))
         else:
@@ -124,8 +130,14 @@ def _read_json(path: Path) -> dict:
 def read_rlinf_index(src: Path) -> tuple[dict, list[int], dict]:
     meta = _read_json(src / "metadata.json")
     idx = _read_json(src / "trajectory_index.json")
-    index = {int(k): v for k, v in idx.get("trajectory_index", {}).items()}
-    ids = [int(i) for i in idx.get("trajectory_id_list", sorted(index))]
+    try:
+        index = {int(k): dict(v) for k, v in idx.get("trajectory_index", {}).items()}
+        ids = [int(i) for i in idx.get("trajectory_id_list", sorted(index))]
+    except (TypeError, ValueError, AttributeError) as e:
+        raise CorruptBufferError(
+            f"{src / 'trajectory_index.json'}: trajectory ids must be integers and entries "
+            f"objects ({e})"
+        ) from None
     return meta, ids, index
 
 
@@ -163,7 +175,7 @@ def rlinf_files(
         entry = index.get(tid)
         if entry is None:
             raise CorruptBufferError(f"{src}: trajectory {tid} is listed but has no index entry")
-        path = src / f"trajectory_{tid}_{entry.get('model_weights_id', '')}.{ext}"
+        path = trajectory_file(src, tid, entry.get("model_weights_id", ""), ext)
         if not path.is_file():
             raise CorruptBufferError(
                 f"{src}: trajectory {tid} is indexed but its file {path.name} is missing"
@@ -278,6 +290,8 @@ def import_rlinf(
 
     src = Path(src_dir)
     meta, ids, index = read_rlinf_index(src)
+    # Refuse (hostile names, missing files, pickles) before anything is created.
+    rlinf_files(src, ids, index, meta.get("trajectory_format", "pt"), allow_pickle)
     buf = TrajectoryReplayBuffer(
         seed=int(meta.get("seed", 1234)),
         auto_save=True,

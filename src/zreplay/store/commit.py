@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptBufferError
-from .location import Location, RemotePath, location
+from .location import Location, RemotePath, location, write_all
 
 COMMIT_NAME = "commit.json"
 FORMAT_VERSION = 2
@@ -51,11 +51,12 @@ class Commit:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> Commit:
+    def from_json(cls, text: str | bytes, where: str) -> Commit:
         try:
             d = json.loads(text)
             c = cls(**d)
-        except (ValueError, TypeError) as e:
+            _check_types(c)
+        except (ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
             raise CorruptBufferError(
                 f"{where}: commit record is unreadable ({e}); the segment cannot be trusted. "
                 "Restore it from a checkpoint, or run zreplay.verify() for details"
@@ -74,11 +75,21 @@ class Commit:
         return c
 
 
+_TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict}
+
+
+def _check_types(c: Commit) -> None:
+    for name, f in Commit.__dataclass_fields__.items():
+        want, v = _TYPES.get(str(f.type)), getattr(c, name)
+        if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
+            raise TypeError(f"field {name!r} is {v!r}, not {f.type}")
+
+
 def read_commit(segment_dir: Location) -> Commit | None:
     """The segment's last commit, or None if it never committed."""
     path = location(segment_dir) / COMMIT_NAME
     try:
-        text = path.read_text()
+        text = path.read_bytes()
     except FileNotFoundError:
         return None
     except UnicodeDecodeError as e:
@@ -108,15 +119,20 @@ def write_commit(segment_dir: Location, commit: Commit, durable: bool = True) ->
         (segment_dir / COMMIT_NAME).write_bytes(commit.to_json().encode())
         return
     tmp = segment_dir / f"{COMMIT_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    data = commit.to_json().encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, segment_dir / COMMIT_NAME)
+        try:
+            write_all(fd, commit.to_json().encode())
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, segment_dir / COMMIT_NAME)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full disk must not also collect temp files
+        if isinstance(e, OSError) and e.filename is None:  # say which file (os.write won't)
+            raise OSError(e.errno, e.strerror, str(segment_dir / COMMIT_NAME)) from e
+        raise
     if durable:
         _fsync_dir(segment_dir)
 

@@ -171,6 +171,14 @@ def zarr_store(loc: Location, read_only: bool = False):
     return str(loc)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: a write that runs into a full disk or a file size limit
+    stores only part of it and returns the short count (the next one raises OSError)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def create_exclusive(loc: Location, data: bytes) -> bool:
     """Create ``loc`` holding ``data`` only if nothing is there; False if something is.
 
@@ -185,19 +193,36 @@ def create_exclusive(loc: Location, data: bytes) -> bool:
             return False
         return True
     tmp = loc.with_name(f"{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, loc)
-    except FileExistsError:
-        return False
+        _write_synced(tmp, data, os.O_EXCL)
+        try:
+            os.link(tmp, loc)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links on this filesystem: O_EXCL (a brief empty window)
+            try:
+                _write_synced(loc, data, os.O_EXCL)
+            except FileExistsError:
+                return False
+            except OSError:
+                loc.unlink(missing_ok=True)  # never leave it half-written
+                raise
+    except OSError as e:
+        if isinstance(e, FileExistsError):
+            raise
+        raise OSError(e.errno, e.strerror, str(loc)) from e
     finally:
         tmp.unlink(missing_ok=True)
     return True
+
+
+def _write_synced(path: Path, data: bytes, flags: int = 0) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_tree(loc: Location) -> None:

@@ -1,13 +1,15 @@
 """The writer lock of a segment: one writer per segment, failing fast for a second one.
 
-The lock is a file created with O_EXCL (atomic on local filesystems and NFSv3+; a
-conditional PUT in an object store), holding ``{host, pid, token, time}``.  A lock whose holder is a dead process on this host is
+The lock is a file holding ``{host, pid, token, time}``, created exclusively and never seen
+empty (written aside and hard-linked into place; a conditional PUT in an object store).
+A lock whose holder is a dead process on this host is
 stale and is taken over; a lock held from another host is never broken automatically
 (pass ``break_lock=True`` once you know that writer is gone).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -15,7 +17,7 @@ import time
 import uuid
 
 from ..errors import WriterLockedError
-from .location import Location, RemotePath, create_exclusive
+from .location import Location, RemotePath, create_exclusive, location
 
 LOCK_NAME = "writer.lock"
 
@@ -34,7 +36,7 @@ class WriterLock:
     """An exclusive, stale-aware lock file in a segment directory."""
 
     def __init__(self, segment_dir: Location):
-        self.path = segment_dir / LOCK_NAME
+        self.path = location(segment_dir) / LOCK_NAME
         self.token = uuid.uuid4().hex
         self.held = False
 
@@ -55,14 +57,13 @@ class WriterLock:
 
     def acquire(self, break_lock: bool = False) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
-        for _ in range(3):
-            if not create_exclusive(self.path, json.dumps({**me, "time": time.time()}).encode()):
-                info = self.holder()
+        for _ in range(5):
+            try:
+                self._create(json.dumps({**me, "time": time.time()}).encode())
+            except FileExistsError:
+                info = self._break_if_stale(break_lock)
                 if info is None:
-                    continue
-                if break_lock or self._is_stale(info):
-                    self._remove_stale()
-                    continue
+                    continue  # gone, or broken: try to create it again
                 raise WriterLockedError(
                     f"segment {self.path.parent} is being written by pid {info.get('pid')} on "
                     f"host {info.get('host')!r} (lock {self.path}). Use another writer_id, "
@@ -73,21 +74,50 @@ class WriterLock:
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
 
-    def _remove_stale(self) -> None:
+    def _create(self, data: bytes) -> None:
+        """Create the lock file holding ``data``, or raise FileExistsError.
+
+        Never exists empty: an empty lock would look like a writer killed mid-create
+        (stale) to another process.
+        """
+        if not create_exclusive(self.path, data):
+            raise FileExistsError(str(self.path))
+
+    def _break_if_stale(self, break_lock: bool) -> dict | None:
+        """Remove the lock if it is stale (or ``break_lock``); else return its holder.
+
+        Judged and removed under a guard flock: otherwise two processes that both found
+        the same stale lock could each remove it, the second removing the fresh lock the
+        first had just made, and both would write the segment (seen with 6 processes).
+        An object store has no flock; only a dead process on this host makes a lock stale,
+        so there the racing breakers are on one host, and two starting at the same moment
+        is the one case left open.
+        """
         if isinstance(self.path, RemotePath):
-            # No atomic rename in an object store.  Only a lock of a dead process on this
-            # host is stale, so racing breakers are both on this host; two of them starting
-            # at the same moment is the one case this cannot exclude.
-            self.path.unlink(missing_ok=True)
-            return
-        # Rename first so two processes breaking the same stale lock cannot both delete a
-        # fresh lock the other just created.
-        grave = self.path.with_name(f"{LOCK_NAME}.stale.{self.token}")
+            info = self.holder()
+            if info is not None and (break_lock or self._is_stale(info)):
+                self.path.unlink(missing_ok=True)
+                return None
+            return info
+        guard = self.path.with_name(LOCK_NAME + ".guard")
         try:
-            os.replace(self.path, grave)
-            grave.unlink()
-        except FileNotFoundError:
-            pass
+            fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None  # read-only or odd filesystem: judge without the guard
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except OSError:
+                    pass  # no flock here (some network filesystems)
+            info = self.holder()
+            if info is not None and (break_lock or self._is_stale(info)):
+                self.path.unlink(missing_ok=True)
+                return None
+            return info
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the flock
 
     def live_holder(self) -> dict | None:
         """The holder of this lock if it may still be writing (not stale), else None."""

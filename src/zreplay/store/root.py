@@ -84,8 +84,8 @@ class BufferRoot:
         hosts): the root's ``zarr.json`` appears complete in one exclusive create, and
         the losers of that race read the winner's.
         """
-        if is_buffer(self.path):
-            return self.read_meta()
+        if is_buffer(self.path) or (self.path / "zarr.json").is_file():
+            return self.read_meta()  # or the specific error of a damaged or foreign root
         if (
             self.path.exists()
             and any(True for _ in self.path.iterdir())

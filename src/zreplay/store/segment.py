@@ -11,6 +11,7 @@ and rows at or past the commit's ``n_rows`` are garbage.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -27,7 +28,7 @@ from ..errors import CorruptBufferError, ZReplayError
 from ..schema import KeySpec, Schema
 from .commit import Commit, read_commit
 from .layout import KeyLayout
-from .location import Location, RemotePath, location, zarr_store
+from .location import Location, RemotePath, location, remove_tree, zarr_store
 
 WEIGHTS_ID_BYTES = 64
 INDEX_CHUNK = 4096
@@ -68,9 +69,12 @@ class _ZarrArray:
     thread pool, so several keys are in flight at once as with TensorStore."""
 
     def __init__(self, path: Location, writable: bool = False):
-        self._arr = zarr.open_array(
+        arr = zarr.open_array(
             zarr_store(path, read_only=not writable), mode="r+" if writable else "r"
         )
+        # write_empty_chunks is not stored with the array: all-zero chunks must be stored
+        # too (a missing chunk is damage; see STORED_ATTRS).
+        self._arr = arr.with_config({"write_empty_chunks": True}) if writable else arr
         self.shape = self._arr.shape
 
     def __getitem__(self, sel) -> _ZarrIO:
@@ -133,6 +137,18 @@ class _ZarrIO:
         raise AssertionError("unreachable")
 
 
+# Array attribute of arrays whose every written chunk is stored (see ArrayHandle._open).
+STORED_ATTRS = {"zreplay": {"all_chunks_stored": True}}
+
+
+def _all_chunks_stored(array_dir: Location) -> bool:
+    try:
+        meta = json.loads((array_dir / "zarr.json").read_bytes())
+        return meta["attributes"]["zreplay"]["all_chunks_stored"] is True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # opening reports a missing or damaged zarr.json
+
+
 def _grow(current: int, needed: int, unit: int) -> int:
     """Next capacity >= needed: at least double, rounded up to a whole number of units."""
     target = max(needed, 2 * current, unit)
@@ -158,6 +174,11 @@ class ArrayHandle:
             except Exception as e:  # noqa: BLE001 - zarr/fsspec raise many kinds
                 raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
+        # Every chunk is stored, zeros included, so a chunk missing below the commit is
+        # damage (a read error), not rows of zeros.  Arrays made before this was so lack
+        # the attribute and keep zarr's fill-value reads.
+        spec["store_data_equal_to_fill_value"] = True
+        spec["fill_missing_data_reads"] = not _all_chunks_stored(self.path)
         try:
             return ts.open(spec, read=True, write=self._writable, context=self._context).result()
         except Exception as e:  # TensorStore raises ValueError/OSError variants
@@ -246,12 +267,18 @@ class Segment:
     # -- creation -------------------------------------------------------------------
 
     @staticmethod
+    def missing_arrays(seg_dir: Location, specs: Mapping[str, KeySpec]) -> list[str]:
+        """Arrays of the segment that have no metadata on disk."""
+        names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
+        names += [f"episodes/{c}" for c in PIECE_COLUMNS]
+        seg_dir = location(seg_dir)
+        return [n for n in names if not (seg_dir / n / "zarr.json").is_file()]
+
+    @staticmethod
     def create_arrays(seg_dir: Location, specs: Mapping[str, KeySpec], layouts: Mapping) -> None:
         """Create (or complete) the arrays of a segment with zarr-python."""
         seg_dir = location(seg_dir)
-        names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
-        names += [f"episodes/{c}" for c in PIECE_COLUMNS]
-        if all((seg_dir / n / "zarr.json").is_file() for n in names):
+        if not Segment.missing_arrays(seg_dir, specs):
             return  # the common reopen: skip zarr-python's per-node round trips
         g = zarr.open_group(zarr_store(seg_dir), mode="a", zarr_format=3)
         data = g.require_group("data")
@@ -271,6 +298,7 @@ class Segment:
                 shards=(lay.shard_rows, *spec.row_shape),
                 fill_value=0,
                 config={"write_empty_chunks": True},
+                attributes=STORED_ATTRS,
                 **lay.zarr_codecs(spec.dtype),
             )
         if "offsets" not in g:
@@ -281,6 +309,7 @@ class Segment:
                 chunks=(INDEX_CHUNK,),
                 fill_value=0,
                 config={"write_empty_chunks": True},
+                attributes=STORED_ATTRS,
             )
         columns = [("traj", n, d, r) for n, (d, r) in TRAJ_COLUMNS.items()]
         columns += [("episodes", n, d, ()) for n, d in PIECE_COLUMNS.items()]
@@ -294,6 +323,7 @@ class Segment:
                     chunks=(INDEX_CHUNK, *row),
                     fill_value=0 if dtype != "bool" else False,
                     config={"write_empty_chunks": True},
+                    attributes=STORED_ATTRS,
                 )
 
     # -- writes (the segment's writer only) -----------------------------------------
@@ -341,6 +371,23 @@ class Segment:
                 for _ in range(nd - 1):
                     p = p / "0"
                 p.unlink(missing_ok=True)
+
+    def remove_reclaimed(self, below_row: int) -> None:
+        """Delete every shard file wholly below ``below_row`` that is still there (a writer
+        killed while reclaiming leaves some; the commit already says they are gone)."""
+        for key, lay in self.layouts.items():
+            limit = below_row // lay.shard_rows
+            chunks = self.dir / "data" / key / "c"
+            try:
+                found = list(chunks.iterdir())
+            except FileNotFoundError:
+                continue
+            for p in found:
+                if p.name.isdigit() and int(p.name) < limit:
+                    if p.is_file():
+                        p.unlink(missing_ok=True)
+                    else:
+                        remove_tree(p)
 
     # -- reads ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from .location import Location, RemotePath, copy_file, create_exclusive, remove_
 from .lock import LOCK_NAME
 from .root import WRITERS, is_buffer
 
-SKIP = {LOCK_NAME, COMMIT_NAME}
+SKIP = {LOCK_NAME, LOCK_NAME + ".guard", COMMIT_NAME}
 
 
 def link_tree(src: Location, dst: Location) -> tuple[int, int]:
