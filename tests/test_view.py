@@ -95,7 +95,7 @@ def test_zarr_fallback_reads_never_fail_while_the_writer_replaces_shards(tmp_pat
     import threading
     import time
 
-    from zreplay.store import segment as S
+    from zreplay.store import zarrio as Z
 
     rb = zreplay.ReplayBuffer(100_000, path=tmp_path / "s", durable=False)
 
@@ -118,11 +118,11 @@ def test_zarr_fallback_reads_never_fail_while_the_writer_replaces_shards(tmp_pat
 
     t = threading.Thread(target=writer)
     t.start()
-    arr = S._ZarrArray(rb.path / "segments" / "default" / "data" / "pixels")
+    arr = Z.ZarrArray(rb.path / "segments" / "default" / "data" / "pixels")
     reads, t0 = 0, time.monotonic()
     try:
         while time.monotonic() - t0 < 3:
-            assert (S._ZarrIO(arr._arr, np.arange(5)).read().result() == 0).all()
+            assert (Z.ZarrIO(arr._arr, np.arange(5)).read().result() == 0).all()
             reads += 1
     finally:
         stop.set()

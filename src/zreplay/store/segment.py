@@ -12,12 +12,9 @@ and rows at or past the commit's ``n_rows`` are garbage.
 from __future__ import annotations
 
 import json
-import os
 import threading
-import time
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import tensorstore as ts
@@ -29,6 +26,7 @@ from ..schema import KeySpec, Schema
 from .commit import Commit, read_commit
 from .layout import KeyLayout
 from .location import Location, RemotePath, location, remove_tree, zarr_store
+from .zarrio import ZarrArray, forked
 
 WEIGHTS_ID_BYTES = 64
 INDEX_CHUNK = 4096
@@ -42,99 +40,6 @@ TRAJ_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     "model_weights_id": ("uint8", (WEIGHTS_ID_BYTES,)),
     "piece_end": ("int64", ()),  # episode pieces [piece_end[i-1], piece_end[i]) are its
 }
-
-
-# TensorStore aborts a forked child that touches it ("fork() use detected"); zarr-python
-# resets its event loop after a fork.  So a process forked from another (DataLoader workers
-# under the default "fork" start method) reads through zarr-python instead: same files,
-# same checksums, slower per call.
-_FORKED = False
-_WARNED_FORK = False
-_ZARR_RETRIES = 8
-
-
-def _mark_forked() -> None:
-    global _FORKED
-    _FORKED = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_mark_forked)
-
-
-class _ZarrArray:
-    """The subset of a TensorStore handle zreplay uses (``shape``, ``[sel].read()``,
-    ``[sel].write(v)``, ``resize``) over zarr-python: for forked processes (reads only)
-    and for object stores (through zarr's fsspec store).  Reads and writes run on a small
-    thread pool, so several keys are in flight at once as with TensorStore."""
-
-    def __init__(self, path: Location, writable: bool = False):
-        arr = zarr.open_array(
-            zarr_store(path, read_only=not writable), mode="r+" if writable else "r"
-        )
-        # write_empty_chunks is not stored with the array: all-zero chunks must be stored
-        # too (a missing chunk is damage; see STORED_ATTRS).
-        self._arr = arr.with_config({"write_empty_chunks": True}) if writable else arr
-        self.shape = self._arr.shape
-
-    def __getitem__(self, sel) -> _ZarrIO:
-        return _ZarrIO(self._arr, sel)
-
-    def resize(self, exclusive_max, **_ignored) -> Future:
-        self._arr.resize(tuple(exclusive_max))
-        self.shape = self._arr.shape
-        return _done(self)
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_PID = 0
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL, _POOL_PID
-    if _POOL is None or _POOL_PID != os.getpid():  # threads do not survive a fork
-        _POOL, _POOL_PID = ThreadPoolExecutor(4, thread_name_prefix="zreplay-io"), os.getpid()
-    return _POOL
-
-
-def _submit(fn, *args) -> Future:
-    try:
-        return _pool().submit(fn, *args)
-    except RuntimeError:  # interpreter shutdown (buffers closed at exit): run inline
-        return _done(fn(*args))
-
-
-def _done(value) -> Future:
-    f: Future = Future()
-    f.set_result(value)
-    return f
-
-
-class _ZarrIO:
-    def __init__(self, arr, sel):
-        self._arr, self._sel = arr, sel
-
-    def read(self) -> Future:
-        return _submit(self._read)
-
-    def write(self, value: np.ndarray) -> Future:
-        return _submit(self._arr.__setitem__, self._sel, value)
-
-    def _read(self) -> np.ndarray:
-        # zarr-python reads a shard's index and then its chunks with separate opens: if the
-        # writer replaces the shard file in between (it rewrites the shard holding the
-        # newest rows), the old index meets the new file and the checksum fails.  The
-        # replacement is atomic, so a re-read sees one consistent file; damage persists.
-        for attempt in range(_ZARR_RETRIES):
-            try:
-                if isinstance(self._sel, np.ndarray):
-                    return self._arr.get_orthogonal_selection((self._sel,))
-                return self._arr[self._sel]
-            except Exception:  # noqa: BLE001 - re-raised on the last attempt
-                if attempt == _ZARR_RETRIES - 1:
-                    raise
-                time.sleep(0.001 * (attempt + 1))
-        raise AssertionError("unreachable")
 
 
 # Array attribute of arrays whose every written chunk is stored (see ArrayHandle._open).
@@ -155,6 +60,9 @@ def _grow(current: int, needed: int, unit: int) -> int:
     return -(-target // unit) * unit
 
 
+_WARNED_FORK = False
+
+
 class ArrayHandle:
     """A TensorStore handle on one Zarr array that can follow the array's growth."""
 
@@ -166,11 +74,11 @@ class ArrayHandle:
         self.store = self._open()
 
     def _open(self) -> ts.TensorStore:
-        if _FORKED:
+        if forked():
             return self._open_forked()
         if isinstance(self.path, RemotePath):
             try:
-                return _ZarrArray(self.path, self._writable)
+                return ZarrArray(self.path, self._writable)
             except Exception as e:  # noqa: BLE001 - zarr/fsspec raise many kinds
                 raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
@@ -184,7 +92,7 @@ class ArrayHandle:
         except Exception as e:  # TensorStore raises ValueError/OSError variants
             raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
 
-    def _open_forked(self) -> _ZarrArray:
+    def _open_forked(self) -> ZarrArray:
         global _WARNED_FORK
         if self._writable:
             raise ZReplayError(
@@ -201,7 +109,7 @@ class ArrayHandle:
                 stacklevel=4,
             )
         try:
-            return _ZarrArray(self.path)
+            return ZarrArray(self.path)
         except Exception as e:  # noqa: BLE001 - zarr raises many kinds
             raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
 
