@@ -235,7 +235,9 @@ class BufferView(ViewSampling):
                 if not _reclaimed(st, first):
                     raise
                 raise _Evicted() from None
-            if _reclaimed(st, first):
+            # Where a deleted chunk fails to read (above), a read that succeeded is sound;
+            # where it reads as fill values, only the commit can tell.
+            if st.segment.fills_missing and _reclaimed(st, first):
                 raise _Evicted()
         return out
 

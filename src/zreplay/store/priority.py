@@ -12,12 +12,11 @@ hard-linked checkpoints keep their bytes.  Nothing here knows what a leaf means.
 from __future__ import annotations
 
 import numpy as np
-import tensorstore as ts
 import zarr
 
 from ..errors import CorruptBufferError
 from .location import Location, location, zarr_store
-from .segment import ArrayHandle
+from .segment import ArrayHandle, io_context
 
 GROUP = "priority"
 SLOTS = (0, 1)
@@ -34,9 +33,7 @@ class PriorityArrays:
     def __init__(self, seg_dir: str | Location, writable: bool, durable: bool = True):
         self.dir = location(seg_dir)
         self.writable = writable
-        self._context = ts.Context(
-            {"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": bool(durable)}
-        )
+        self._context = io_context(durable)
         self._handles: dict[int, ArrayHandle] = {}
         self._dropped_below = {s: 0 for s in SLOTS}
 

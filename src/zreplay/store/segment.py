@@ -63,6 +63,12 @@ def _grow(current: int, needed: int, unit: int) -> int:
 _WARNED_FORK = False
 
 
+def io_context(durable: bool) -> ts.Context:
+    """TensorStore context of a segment's arrays: no decoded-chunk cache (the RAM tier is
+    ours); data files fsync'd only if ``durable``."""
+    return ts.Context({"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": bool(durable)})
+
+
 class ArrayHandle:
     """A TensorStore handle on one Zarr array that can follow the array's growth."""
 
@@ -71,12 +77,15 @@ class ArrayHandle:
         self._context = context
         self._writable = writable
         self._lock = threading.Lock()
+        # zarr-python (forked readers, object stores) reads a missing chunk as fill values,
+        # and so does TensorStore on arrays older than STORED_ATTRS; otherwise it is an error.
+        self.fills_missing = True
         self.store = self._open()
 
     def _open(self) -> ts.TensorStore:
         if forked():
-            return self._open_forked()
-        if isinstance(self.path, RemotePath):
+            self._check_forked()
+        if forked() or isinstance(self.path, RemotePath):
             try:
                 return ZarrArray(self.path, self._writable)
             except Exception as e:  # noqa: BLE001 - zarr/fsspec raise many kinds
@@ -85,14 +94,15 @@ class ArrayHandle:
         # Every chunk is stored, zeros included, so a chunk missing below the commit is
         # damage (a read error), not rows of zeros.  Arrays made before this was so lack
         # the attribute and keep zarr's fill-value reads.
+        self.fills_missing = not _all_chunks_stored(self.path)
         spec["store_data_equal_to_fill_value"] = True
-        spec["fill_missing_data_reads"] = not _all_chunks_stored(self.path)
+        spec["fill_missing_data_reads"] = self.fills_missing
         try:
             return ts.open(spec, read=True, write=self._writable, context=self._context).result()
         except Exception as e:  # TensorStore raises ValueError/OSError variants
             raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
 
-    def _open_forked(self) -> ZarrArray:
+    def _check_forked(self) -> None:
         global _WARNED_FORK
         if self._writable:
             raise ZReplayError(
@@ -108,10 +118,6 @@ class ArrayHandle:
                 "TensorStore-speed reads in workers",
                 stacklevel=4,
             )
-        try:
-            return ZarrArray(self.path)
-        except Exception as e:  # noqa: BLE001 - zarr raises many kinds
-            raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
 
     @property
     def rows(self) -> int:
@@ -156,10 +162,7 @@ class Segment:
         self.schema = schema
         self.layouts = dict(layouts)
         self.writable = writable
-        # No decoded-chunk cache (the RAM tier is ours); fsync data files only if durable.
-        self._context = ts.Context(
-            {"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": bool(durable)}
-        )
+        self._context = io_context(durable)
         self.data = {
             k: ArrayHandle(self.dir / "data" / k, self._context, writable) for k in schema.keys
         }
@@ -171,6 +174,11 @@ class Segment:
             c: ArrayHandle(self.dir / "episodes" / c, self._context, writable)
             for c in PIECE_COLUMNS
         }
+
+    @property
+    def fills_missing(self) -> bool:
+        """A missing data chunk may read as fill values instead of failing."""
+        return any(h.fills_missing for h in self.data.values())
 
     # -- creation -------------------------------------------------------------------
 
