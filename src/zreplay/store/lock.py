@@ -9,12 +9,14 @@ stale and is taken over; a lock held from another host is never broken automatic
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 
 from ..errors import WriterLockedError
 from .location import Location, RemotePath, create_exclusive, location
@@ -93,28 +95,31 @@ class WriterLock:
         so there the racing breakers are on one host, and two starting at the same moment
         is the one case left open.
         """
-        if isinstance(self.path, RemotePath):
+        with self._guard():
             info = self.holder()
             if info is not None and (break_lock or self._is_stale(info)):
                 self.path.unlink(missing_ok=True)
                 return None
             return info
-        guard = self.path.with_name(LOCK_NAME + ".guard")
-        try:
-            fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            fd = None  # read-only or odd filesystem: judge without the guard
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """An exclusive flock of ``writer.lock.guard`` (nothing where none can be had)."""
+        fd = None
+        if not isinstance(self.path, RemotePath):
+            try:
+                fd = os.open(
+                    self.path.with_name(LOCK_NAME + ".guard"), os.O_RDWR | os.O_CREAT, 0o644
+                )
+            except OSError:
+                pass  # read-only or odd filesystem: judge without the guard
         try:
             if fd is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 except OSError:
                     pass  # no flock here (some network filesystems)
-            info = self.holder()
-            if info is not None and (break_lock or self._is_stale(info)):
-                self.path.unlink(missing_ok=True)
-                return None
-            return info
+            yield
         finally:
             if fd is not None:
                 os.close(fd)  # releases the flock

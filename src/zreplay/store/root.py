@@ -84,12 +84,13 @@ class BufferRoot:
         hosts): the root's ``zarr.json`` appears complete in one exclusive create, and
         the losers of that race read the winner's.
         """
-        if is_buffer(self.path) or (self.path / "zarr.json").is_file():
+        meta = self.path / "zarr.json"
+        if meta.is_file():
             return self.read_meta()  # or the specific error of a damaged or foreign root
         if (
             self.path.exists()
             and any(True for _ in self.path.iterdir())
-            and not is_buffer(self.path)  # another writer may have created it just now
+            and not meta.is_file()  # another writer may have created it just now
         ):
             raise FormatError(
                 f"{self.path} exists, is not empty and is not a zreplay buffer; refusing to "
@@ -100,7 +101,7 @@ class BufferRoot:
         # The root's zarr.json is the first object, so whoever sees anything here sees a
         # complete buffer root.
         self.path.mkdir(parents=True, exist_ok=True)
-        won = create_exclusive(self.path / "zarr.json", _group_json({ATTR: info}))
+        won = create_exclusive(meta, _group_json({ATTR: info}))
         self.segments_dir.mkdir(exist_ok=True)
         create_exclusive(self.segments_dir / "zarr.json", _group_json({}))
         return info if won else self.read_meta()

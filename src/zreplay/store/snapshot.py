@@ -19,7 +19,11 @@ from .location import Location, RemotePath, copy_file, create_exclusive, remove_
 from .lock import LOCK_NAME
 from .root import WRITERS, is_buffer
 
-SKIP = {LOCK_NAME, LOCK_NAME + ".guard", COMMIT_NAME}
+
+def _skipped(name: str) -> bool:
+    """Files a snapshot never takes: the commit (the caller writes the one it means), the
+    writer lock and its companions, and temp files of writes in flight."""
+    return name == COMMIT_NAME or name.startswith(LOCK_NAME) or _is_temp(name)
 
 
 def link_tree(src: Location, dst: Location) -> tuple[int, int]:
@@ -34,7 +38,7 @@ def link_tree(src: Location, dst: Location) -> tuple[int, int]:
         rel = Path(dirpath).relative_to(src)
         (dst / rel).mkdir(parents=True, exist_ok=True)
         for name in files:
-            if name in SKIP or name.endswith((".tmp", ".partial", ".__lock")):
+            if _skipped(name):
                 continue
             s, d = Path(dirpath) / name, dst / rel / name
             if d.exists():
@@ -57,7 +61,7 @@ def _copy_tree(src: Location, dst: Location) -> int:
     copied = 0
     for rel, s in walk_files(src):
         name = rel.rsplit("/", 1)[-1]
-        if name in SKIP or _is_temp(name) or name.startswith(LOCK_NAME):
+        if _skipped(name):
             continue
         try:
             copy_file(s, dst / rel)
