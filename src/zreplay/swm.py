@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,7 @@ class ReplayBuffer(sampling.EngineEpisodes, SamplerAccess, torch.utils.data.Data
             overwrite=overwrite,
             break_lock=break_lock,
             storage_options=storage_options,
-            sampler_state=_weak(self._sampler_state),
+            sampler_state=self._sampler_state,
             sampler_persist=self._sampling.persist,
         )
         self._sampling.bind(self._engine)
@@ -443,13 +442,3 @@ def _per_step(key: str, value: Any) -> np.ndarray:
     if arr.ndim == 0:
         raise SchemaError(f"column {key!r} is scalar; expected a per-step array")
     return np.ascontiguousarray(arr)
-
-
-def _weak(method):
-    ref = weakref.WeakMethod(method)
-
-    def call():
-        m = ref()
-        return m() if m is not None else {}
-
-    return call

@@ -64,6 +64,11 @@ def _physical_memory() -> int:
 _PHYSICAL_MEMORY = _physical_memory()
 
 
+def _weak_method(method: Callable[[], dict]) -> Callable[[], dict]:
+    ref = weakref.WeakMethod(method)
+    return lambda: (ref() or dict)()
+
+
 @atexit.register
 def _close_live_engines() -> None:
     # Daemon writer threads still run during atexit, so unclosed buffers commit what was
@@ -136,7 +141,9 @@ class Engine:
         self.ram = ram or RamPolicy()
         self.durable = durable
         self._layout_overrides = dict(layout or {})
-        self.sampler_state = sampler_state or (lambda: {})
+        # Held weakly: the writer thread must not keep the owning facade alive (its
+        # __del__ closes the buffer); once the owner is gone the state is empty.
+        self.sampler_state = _weak_method(sampler_state) if sampler_state else (lambda: {})
         # (commit n_rows, explicit flush) -> (entries for the commit's sampler state, a
         # write run on the writer thread before the commit is published, or None).
         self.sampler_persist = sampler_persist or (lambda _n, _explicit: ({}, None))

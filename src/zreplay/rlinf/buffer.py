@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -136,8 +135,7 @@ class TrajectoryReplayBuffer(sampling.EngineEpisodes, SamplerAccess):
             overwrite=overwrite,
             break_lock=break_lock,
             storage_options=storage_options,
-            # Weak: the writer thread must not keep this facade alive (its __del__ closes).
-            sampler_state=_weak_call(self._sampler_state),
+            sampler_state=self._sampler_state,
             sampler_persist=self._sampling.persist,
         )
         self._sampling.bind(self._engine)
@@ -494,11 +492,6 @@ def _can_pin() -> bool:
         )
         _pin_warned = True
     return False
-
-
-def _weak_call(method):
-    ref = weakref.WeakMethod(method)
-    return lambda: (ref() or dict)()
 
 
 def _is_rlinf_dir(path: Path) -> bool:
