@@ -39,7 +39,6 @@ median); < 1 means zreplay is faster.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import shutil
 import sys
@@ -53,7 +52,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_peers import fmt_time, wait_idle  # noqa: E402  (numpy-only module)
-from benchlib import run_child_job, stats, write_json  # noqa: E402
+from benchlib import describe_machine, run_child_job, stats, write_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "priority.json"
@@ -336,20 +335,10 @@ def main(argv=None) -> int:
     cfg = dict(CONFIGS[mode])
     if args.rounds:
         cfg["rounds"] = args.rounds
-    from bench_foundation import machine_info
-
-    info = machine_info()
-    for pkg in EXTRA_PACKAGES:
-        try:
-            info["versions"][pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            info["versions"][pkg] = None
-    print(
+    info = describe_machine(
         f"zreplay priority benchmark ({mode}: {cfg['rows']:,} rows, batch {BATCH}, "
-        f"{cfg['iters']} iterations x {cfg['rounds']} rounds) on {info['cpu_model']}, "
-        f"{info['cores']} cores, python {info['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
-        flush=True,
+        f"{cfg['iters']} iterations x {cfg['rounds']} rounds)",
+        EXTRA_PACKAGES,
     )
     idle0 = wait_idle(args.wait_idle) if args.wait_idle > 0 else None
     t_start = time.perf_counter()
