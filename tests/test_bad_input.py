@@ -158,7 +158,7 @@ def test_bad_trajectory_rejected_and_nothing_written(filled, case):
     filled.flush()
     assert len(filled) == 2 and filled.total_samples == 36
     assert tree_digest(filled.path) == before
-    commit = read_commit(filled._engine.seg_dir)
+    commit = read_commit(filled.core.engine.seg_dir)
     assert (commit.n_traj, commit.n_rows) == (2, 36)
     check_rows(filled.sample(64))
     assert filled.add_trajectories([make_traj(2)]) == [2]

@@ -258,7 +258,7 @@ def test_caller_may_mutate_tensors_after_add(bufpath):
 
 
 def test_weights_id_matches_rlinf_rule(bufpath):
-    from zreplay.rlinf.trajectory import rlinf_weights_id
+    from zreplay.compat.rlinf_trajectory import rlinf_weights_id
 
     with persistent(bufpath) as buf:
         t = make_traj(3)

@@ -9,7 +9,7 @@ import pytest
 from conftest import check_rows, codes_of, make_traj, traj_equal
 
 import zreplay
-from zreplay.rlinf.files import rank_block
+from zreplay.core.ranks import rank_block
 
 
 def persistent(path, **kw):

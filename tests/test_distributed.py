@@ -11,7 +11,7 @@ import torch
 from conftest import check_rows, make_traj, processes, run_children
 
 import zreplay
-from zreplay.ranks import rank_block
+from zreplay.core.ranks import rank_block
 
 WORLD = 2
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zreplay
-from zreplay.episodes import EpisodeView, Lanes, concat_pieces, split_pieces
+from zreplay.index.episodes import EpisodeView, concat_pieces
+from zreplay.index.split import Lanes, split_pieces
 
 # -- the episode table ---------------------------------------------------------------
 
@@ -176,7 +177,7 @@ def test_episodes_continue_across_trajectories_and_survive_reopen(tmp_path):
 
 def _episodes_codes(buf):
     for e in range(buf.num_episodes):
-        got = zreplay.sampling.gather_episode(buf._gather, ["curr_obs/state"], e)
+        got = buf.core.episode(e, ["curr_obs/state"])
         yield got["curr_obs/state"][:, 0]
 
 

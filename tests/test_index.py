@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zreplay.episodes import split_pieces
-from zreplay.index import TrajectoryIndex
+from zreplay.index.split import split_pieces
+from zreplay.index.trajectories import TrajectoryIndex
 
 shapes = st.lists(st.tuples(st.integers(1, 7), st.integers(1, 5)), min_size=1, max_size=60)
 

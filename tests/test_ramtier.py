@@ -35,13 +35,13 @@ def test_ring_matches_reference(capacity, ops):
         img = (x[..., :1, None] % 251).astype(np.uint8).repeat(2, -2).repeat(2, -1)
         # A non-contiguous source (every other element of a wider array).
         big = np.repeat(x[..., :1].astype(np.float32), 600, axis=-1)[..., ::2]
+        assert tier.reserve(T * B) == row
         tier.write_trajectory(row, {"x": x, "img": img, "big": big}, T, B)
         ref["big"].append(np.swapaxes(big, 0, 1).reshape(T * B, 300))
         ref["x"].append(np.swapaxes(x, 0, 1).reshape(T * B, 2))
         ref["img"].append(np.swapaxes(img, 0, 1).reshape(T * B, 2, 2))
         row += T * B
-        tier.hi = row
-        tier.lo = max(tier.lo, row - tier.capacity)
+        assert tier.hi == row and tier.lo >= row - tier.capacity
     flat = {k: np.concatenate(v) for k, v in ref.items()}
     rows = np.arange(tier.lo, tier.hi)
     for k in flat:

@@ -209,7 +209,7 @@ def test_priorities_identical_after_close_and_reopen(tmp_path):
     buf.close()
     buf = make()
     assert np.array_equal(buf.priorities(rows), leaves)  # bit-identical, evicted ones 0
-    assert _tree(buf).total == total and buf._step == 5
+    assert _tree(buf).total == total and buf.core.stream.step == 5
     buf.close()
     # a second reopen from the same state draws the same batches: rng + step + tree
     draws = []

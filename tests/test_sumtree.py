@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zreplay import sumtree
 from zreplay.errors import EmptyBufferError
-from zreplay.sumtree import PrioritizedState, SumTree
+from zreplay.sampling import sumtree
+from zreplay.sampling.prioritized_state import PrioritizedState
+from zreplay.sampling.sumtree import SumTree
 
 
 @contextlib.contextmanager

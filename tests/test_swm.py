@@ -51,7 +51,7 @@ def test_empty_and_zero_length_episodes_are_no_ops(rb):
 
 
 def test_key_filter_can_make_a_no_op(tmp_path):
-    b = zreplay.ReplayBuffer(10, key_filter=zreplay.swm.classic_filter)
+    b = zreplay.ReplayBuffer(10, key_filter=zreplay.classic_filter)
     b.write_episode({"state": np.zeros(3)})
     assert b.num_episodes == 0
     b.write_episode({"pixels": np.zeros((3, 2)), "state": np.zeros(3)})
@@ -331,7 +331,7 @@ def test_worker_replica_refuses_writes(tmp_path):
 
 def test_clip_count_cache_is_lazy_reused_rekeyed_and_invalidated(rb):
     fill(rb, [10, 10])
-    idx = rb._engine.index
+    idx = rb.core.engine.state.index
     view = idx.episodes()
     assert view._cum == {}  # lazy: nothing counted before a clip is asked for
     assert rb.num_valid_ends(2) == 18 and len(view._cum) == 1
@@ -343,9 +343,9 @@ def test_clip_count_cache_is_lazy_reused_rekeyed_and_invalidated(rb):
     view = idx.episodes()
     rb.write_episode(episode(90, base=9000))  # evicts
     assert idx.episodes() is not view and rb.num_valid_ends(3) == 3 + 88  # [5, 90] left
-    view = rb._engine.index.episodes()
+    view = rb.core.engine.state.index.episodes()
     rb.clear()
-    assert rb._engine.index.episodes() is not view and rb.num_valid_ends(3) == 0
+    assert rb.core.engine.state.index.episodes() is not view and rb.num_valid_ends(3) == 0
 
 
 def test_state_dict_round_trips_the_sampler(rb):

@@ -95,7 +95,7 @@ def test_zarr_fallback_reads_never_fail_while_the_writer_replaces_shards(tmp_pat
     import threading
     import time
 
-    from zreplay.store import zarrio as Z
+    from zreplay.store import arrays as Z
 
     rb = zreplay.ReplayBuffer(100_000, path=tmp_path / "s", durable=False)
 

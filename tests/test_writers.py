@@ -7,7 +7,8 @@ import threading
 from conftest import make_traj
 
 import zreplay
-from zreplay.store.root import ID_BITS, BufferRoot
+from zreplay.store.format import ID_BITS
+from zreplay.store.root import BufferRoot
 
 
 def test_trajectory_ids_are_unique_across_writers_and_survive_reopen(bufpath):

@@ -13,10 +13,17 @@ Public names:
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
   ``PrioritizedClips`` (``sampler=`` of every buffer and view).
 * :mod:`zreplay.errors`: the exception hierarchy.
+* :mod:`zreplay.core`: the buffer core the facades are built on (for new facades).
 """
 
 from . import errors, samplers
-from .data import ClipDataset, RankShard, ReplayDataset, rank_loader
+from .api.episode_buffer import ReplayBuffer, classic_filter, load_hdf5
+from .api.torch_data import ClipDataset, RankShard, ReplayDataset, rank_loader
+from .api.trajectory_buffer import TrajectoryReplayBuffer, import_rlinf
+from .api.view import BufferView, open
+from .compat.dumps import dump
+from .compat.hdf5 import iter_hdf5
+from .compat.rlinf_trajectory import Trajectory
 from .errors import (
     BufferClosedError,
     CapacityError,
@@ -30,13 +37,7 @@ from .errors import (
     WriteFailedError,
     WriterLockedError,
 )
-from .formats import dump, iter_hdf5, load_hdf5
-from .rlinf.buffer import TrajectoryReplayBuffer
-from .rlinf.files import import_rlinf
-from .rlinf.trajectory import Trajectory
-from .swm import ReplayBuffer
-from .verify import VerifyReport, verify
-from .view import BufferView, open
+from .store.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,7 @@ __all__ = [
     "WriterLockedError",
     "errors",
     "samplers",
+    "classic_filter",
     "dump",
     "import_rlinf",
     "iter_hdf5",

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "demo":  # the README's demo parses its own options
-        from ..demo import main as demo
+        from .demo import main as demo
 
         return demo(argv[1:])
     parser = _parser()

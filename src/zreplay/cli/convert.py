@@ -14,9 +14,7 @@ leaves nothing behind.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from ..errors import FormatError, PickleRefusedError
@@ -24,41 +22,18 @@ from .output import EXIT_OK, Result, progress, size
 from .paths import buffer_dir, clear_for_output, du, existing, is_hdf5, is_rlinf_dir, writer_locks
 
 
-class _ViewAsBuffer:
-    """The part of a ``TrajectoryReplayBuffer`` that ``export_rlinf`` reads, served by a
-    read-only view; ``tick(1)`` after each trajectory is read."""
-
-    def __init__(self, view, seed: int, tick: Callable[[int], None]):
-        self._view, self.seed, self._tick = view, seed, tick
-        self._engine = SimpleNamespace(next_trajectory_id=view.next_trajectory_id)
-
-    def flush(self) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return self._view.num_trajectories
-
-    def trajectory(self, i: int) -> dict[str, Any]:
-        out = self._view.trajectory(i)
-        self._tick(1)
-        return out
-
-
 def _sampler_seed(view) -> int:
     """The seed a TrajectoryReplayBuffer saved with its commits (RLinf's metadata field)."""
-    from ..store.commit import read_commit
-
-    for wid in view.writer_ids:
-        c = read_commit(view.root.segment_dir(wid))
-        if c is not None and "seed" in c.sampler:
-            return int(c.sampler["seed"])
+    for _wid, commit in view.core.segments():
+        if "seed" in commit.sampler:
+            return int(commit.sampler["seed"])
     return 1234  # TrajectoryReplayBuffer's default seed
 
 
 def run_export(args) -> Result:
     import zreplay
 
-    from ..rlinf.files import export_rlinf
+    from ..compat.rlinf_files import export_rlinf
 
     view = zreplay.open(buffer_dir(args.path))
     out = Path(args.out)
@@ -73,8 +48,7 @@ def run_export(args) -> Result:
     else:
         clear_for_output(out, args.overwrite, is_rlinf_dir, "an RLinf buffer directory")
         with progress(args, view.num_trajectories, "export", "traj") as bar:
-            src = _ViewAsBuffer(view, _sampler_seed(view), bar.update)
-            n = export_rlinf(src, out, args.format)
+            n = export_rlinf(view.core, out, args.format, _sampler_seed(view), bar.update)
         result.update(trajectories=n, rows=view.num_rows)
         done = (
             f"wrote {n} trajectories ({view.num_rows} rows) as RLinf .{args.format} files to {out}"
@@ -130,7 +104,7 @@ def run_import(args) -> Result:
 def _import_rlinf(args, src: Path, dst: Path) -> None:
     import zreplay
 
-    from ..rlinf.files import read_rlinf_index
+    from ..compat.rlinf_files import read_rlinf_index
 
     _meta, ids, _index = read_rlinf_index(src)
     try:
@@ -145,7 +119,7 @@ def _import_rlinf(args, src: Path, dst: Path) -> None:
 def _import_hdf5(args, src: Path, dst: Path) -> None:
     import zreplay
 
-    from ..formats import hdf5_info
+    from ..compat.hdf5 import hdf5_info
 
     info = hdf5_info(src)
     rb = zreplay.ReplayBuffer(max(1, info["steps"]), path=dst)

@@ -29,7 +29,8 @@ def run(args) -> Result:
 
 def buffer_info(path: Path) -> dict[str, Any]:
     import zreplay
-    from zreplay.store.commit import read_commit
+
+    from ..store.commit import read_commit
 
     view = zreplay.open(path)
     segments = []
@@ -70,7 +71,7 @@ def buffer_info(path: Path) -> dict[str, Any]:
 def hdf5_file_info(path: Path) -> dict[str, Any]:
     import h5py
 
-    from ..formats import hdf5_info
+    from ..compat.hdf5 import hdf5_info
 
     meta = hdf5_info(path)
     keys = {}

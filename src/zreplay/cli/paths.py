@@ -3,19 +3,22 @@ disk, and refusing to clobber one."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ..compat.rlinf_files import is_rlinf_dir
 from ..errors import FormatError
-from ..store.location import RemotePath, location
+from ..store.location import locate
+
+__all__ = ["buffer_dir", "clear_for_output", "du", "existing", "is_hdf5", "is_rlinf_dir"]
 
 
 def existing(path: str | Path):
-    """``path`` as a Path, or an object-store location for ``s3://...`` URLs (s3fs reads
-    the endpoint and credentials from the usual AWS environment variables)."""
-    p = location(path)
+    """``path`` as a location (a local path, or an object-store location for
+    ``s3://...`` URLs; s3fs reads the endpoint and credentials from the usual AWS
+    environment variables), which must exist."""
+    p = locate(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
     return p
@@ -24,10 +27,6 @@ def existing(path: str | Path):
 def buffer_dir(path: str | Path):
     """``path`` if it looks like a buffer directory (the rest is checked on opening)."""
     p = existing(path)
-    if isinstance(p, RemotePath):
-        if not (p / "zarr.json").is_file():
-            raise FormatError(f"{p} is not a zreplay buffer (no zarr.json)")
-        return p
     if not p.is_dir():
         raise FormatError(f"{p} is a file, not a zreplay buffer directory")
     if not (p / "zarr.json").is_file():
@@ -35,24 +34,17 @@ def buffer_dir(path: str | Path):
     return p
 
 
-def is_hdf5(path: Path) -> bool:
+def is_hdf5(path) -> bool:
     import h5py
 
-    return isinstance(path, Path) and path.is_file() and h5py.is_hdf5(path)
+    p = locate(path)
+    return p.backend.is_local and p.is_file() and h5py.is_hdf5(p)
 
 
-def is_rlinf_dir(path: Path) -> bool:
-    """RLinf 0.3's buffer directory: ``metadata.json`` + ``trajectory_index.json``."""
-    return (path / "metadata.json").is_file() and (path / "trajectory_index.json").is_file()
-
-
-def du(path: Path) -> int:
+def du(path) -> int:
     """Bytes of the files under ``path`` (a file's own size for a file)."""
-    if isinstance(path, RemotePath):
-        return int(path.fs.du(path.key)) if path.exists() else 0
-    if path.is_file():
-        return path.stat().st_size
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+    p = locate(path)
+    return p.backend.du(p)
 
 
 def writer_locks(path: Path) -> list[Path]:

@@ -1,37 +1,154 @@
-"""The background writer of an engine: published rows become commits.
+"""The background committer of a writer: published rows become commits.
 
-Adds publish rows to the RAM tier and the in-RAM index and ask for a commit
-(``request``).  This thread takes whole published trajectories, writes their rows and
-index entries through the segment, and then replaces ``commit.json`` atomically; only
-then may the RAM tier reuse those rows' slots.  After a commit that evicted rows it deletes
-the shards holding only evicted rows, once no in-process disk read needs them.
+Adds publish rows to the writer's RAM tier and in-RAM index and ask for a commit
+(:meth:`Committer.request`).  This thread asks the writer for the next :class:`Job`
+(whole published trajectories, built under the writer's condition), writes their rows,
+index entries and saved priorities through the segment, publishes ``commit.json``
+atomically, and hands the result back to the writer (``owner.committed``), which alone
+changes its state (only then may the RAM tier reuse those rows' slots).  After a commit
+that evicted rows it deletes the shards holding only evicted rows, once no in-process
+disk read needs them.
 
-Everything here runs under (or waits on) the engine's condition variable.
+The owner is duck-typed (no import of the writer): it offers ``cond`` (its condition),
+``commit``, ``segment``, ``layouts``, ``seg_dir``, ``durable``, ``priority_arrays()``,
+``next_job(explicit)`` and ``committed(commit, job)`` / ``job_failed(job)`` (called with
+``cond`` held).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
 from ..errors import BufferClosedError, WriteFailedError
 from ..store.commit import Commit, write_commit
-
-if TYPE_CHECKING:
-    from .core import Engine
+from ..store.priority import next_copy
 
 log = logging.getLogger("zreplay")
 
 JOB_BYTES = 64 << 20
 
 
+@dataclass
+class Job:
+    """What one commit covers and what must be written before it is published."""
+
+    commit: Commit
+    complete: bool  # covers everything published when it was built
+    rows: tuple[int, int]  # rows [start, stop) to write from the tier
+    first_traj: int
+    offsets: np.ndarray  # offsets[first_traj + 1 : ...]
+    columns: dict[str, np.ndarray]  # trajectory columns from first_traj
+    first_piece: int
+    pieces: dict[str, np.ndarray]  # episode pieces from first_piece
+    tier: object
+    segment: object
+    keys: list[str]
+    priorities: tuple[int, int, np.ndarray] | None = None  # (slot, first row, leaves)
+
+
+class StateSource(Protocol):
+    """What a writer saves with every commit beside its rows: the owner's JSON state
+    (random stream, sampler) and, for prioritized samplers, the leaves to save."""
+
+    keeps_priorities: bool
+
+    def state(self) -> dict: ...
+
+    def priorities_to_save(self, n_rows: int, explicit: bool) -> tuple[dict, np.ndarray] | None:
+        """``(meta, leaves)`` of rows ``[meta["low"], meta["high"])`` to save with the
+        commit of ``n_rows`` rows, or None (``explicit``: a flush asked for it)."""
+
+    def save_failed(self) -> None:
+        """The commit carrying the last leaves handed out was not published."""
+
+
+def sampler_state(
+    source: StateSource | None, named: dict | None, n_rows: int | None, explicit: bool
+) -> tuple[dict, tuple[int, int, np.ndarray] | None]:
+    """The sampler state a commit carries and the priorities to write before it is
+    published: ``(state, (slot, first row, leaves) or None)``.  ``named``: the priority
+    copy the current commit names (carried on when nothing new is saved; a new save goes
+    to the other copy).  Priorities are only saved with commits of new rows (``n_rows``
+    given)."""
+    if source is None:
+        return {}, None
+    state = dict(source.state())
+    if not source.keeps_priorities:
+        return state, None
+    got = source.priorities_to_save(n_rows, explicit) if n_rows is not None else None
+    if got is None:
+        if named:
+            state["priority"] = named
+        return state, None
+    meta, leaves = got
+    meta["slot"], meta["seq"] = next_copy(named)
+    state["priority"] = meta
+    return state, (meta["slot"], meta["low"], leaves)
+
+
+def build_job(
+    writer_id: str, index, old: Commit, tier, schema, segment, next_id: int, next_episode: int
+) -> Job:
+    """What the next commit after ``old`` covers: whole trajectories of ``index``
+    published since, at most a quarter of the RAM tier or ``JOB_BYTES`` (but at least one
+    trajectory), so adds waiting for room are released progressively and the store's
+    copies of the rows being written stay small.  Reads its arguments, changes nothing;
+    the commit's ``sampler`` state is the caller's to fill in."""
+    first = min(old.n_traj, index.n)
+    stop = index.n
+    if tier is not None and stop > first:
+        rows = min(tier.capacity // 4, JOB_BYTES // max(1, schema.row_bytes))
+        budget = old.n_rows + max(1, rows)
+        stop = max(first + 1, int(np.searchsorted(index.offsets, budget, side="right")) - 1)
+        stop = min(stop, index.n)
+    low = min(index.low, stop)
+    columns = index.columns_range(first, stop)
+    ends = index.column("piece_end")
+    p_first = int(ends[first - 1]) if first else 0
+    p_stop = int(ends[stop - 1]) if stop else 0
+    p_low = int(ends[low - 1]) if low else 0
+    pieces = index.pieces.columns_range(p_first, p_stop)
+    if stop < index.n:  # ids of trajectories/episodes this commit does not cover stay unclaimed
+        next_id = claimed_id(old.next_trajectory_id, columns["trajectory_id"])
+        next_episode = claimed_id(old.next_episode, pieces["episode"])
+    new = Commit(
+        writer_id=writer_id,
+        gen=old.gen + 1,
+        n_rows=int(index.offsets[stop]),
+        n_traj=stop,
+        low_row=int(index.offsets[low]),
+        low_traj=low,
+        reclaimed_below=old.reclaimed_below,
+        next_trajectory_id=next_id,
+        n_pieces=p_stop,
+        low_piece=p_low,
+        next_episode=next_episode,
+        writer_number=old.writer_number,
+    )
+    return Job(
+        commit=new,
+        complete=stop == index.n,
+        rows=(old.n_rows, new.n_rows),
+        first_traj=first,
+        offsets=index.offsets[first + 1 : stop + 1].copy(),
+        columns=columns,
+        first_piece=p_first,
+        pieces=pieces,
+        tier=tier,
+        segment=segment,
+        keys=schema.keys if schema is not None else [],
+    )
+
+
 class Committer:
-    def __init__(self, engine: Engine):
-        self.eng = engine
-        self.cond = engine._cond
+    def __init__(self, owner):
+        self.owner = owner
+        self.cond = owner.cond
         self.want = self.done = 0  # commit generations asked for / finished
         self.explicit = 0  # the last generation asked for by flush()
         self.error: BaseException | None = None
@@ -42,7 +159,7 @@ class Committer:
         self.thread = threading.Thread(target=self._loop, name="zreplay-writer", daemon=True)
         self.thread.start()
 
-    # -- called by the engine (condition held unless noted) -------------------------
+    # -- called by the writer (condition held unless noted) -------------------------
 
     def request(self) -> None:
         """Ask for a commit of everything published so far."""
@@ -51,7 +168,7 @@ class Committer:
 
     def wait_committed(self, row: int) -> None:
         """Block until rows below ``row`` are committed."""
-        while self.eng.commit.n_rows < row:
+        while self.owner.commit.n_rows < row:
             self.raise_error()
             if self.stopping:
                 raise BufferClosedError("buffer is closing")
@@ -59,7 +176,7 @@ class Committer:
 
     def raise_error(self) -> None:
         if self.error is not None:
-            e, c = self.error, self.eng.commit
+            e, c = self.error, self.owner.commit
             self.reported = True
             raise WriteFailedError(
                 f"the background writer failed ({type(e).__name__}: {e}); the last commit "
@@ -95,7 +212,7 @@ class Committer:
                 if not self.thread.is_alive():
                     raise WriteFailedError(
                         "the writer thread is gone (interpreter shutting down?); the last "
-                        f"commit (gen {self.eng.commit.gen}) is intact"
+                        f"commit (gen {self.owner.commit.gen}) is intact"
                     )
                 self.cond.wait(0.5)
 
@@ -120,7 +237,7 @@ class Committer:
     # -- the thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
-        eng = self.eng
+        owner = self.owner
         while True:
             with self.cond:
                 while (self.done >= self.want or self.error) and not self.stopping:
@@ -128,123 +245,66 @@ class Committer:
                 if self.stopping and (self.done >= self.want or self.error):
                     return
                 target = self.want
-                job = self._snapshot_job()
+                job = owner.next_job(self.explicit > self.done)
             try:
                 self._write(job)
             except BaseException as e:  # surfaced to the caller by flush()/add()
                 log.error("zreplay writer failed: %r", e)
                 with self.cond:
                     self.error, self.reported = e, False
+                    owner.job_failed(job)
                     self.cond.notify_all()
                 continue
             with self.cond:
-                eng.commit = job["commit"]
-                if job["complete"]:
+                owner.committed(job.commit, job)
+                if job.complete:
                     self.done = target
-                if not eng.ram.enabled and eng.tier is not None:
-                    eng.tier.lo = max(eng.tier.lo, eng.commit.n_rows)
                 self.cond.notify_all()
-            self._reclaim(job["commit"])
+            self._reclaim(job.commit)
 
-    def _snapshot_job(self) -> dict:
-        """What the next commit covers: whole trajectories published since the last one,
-        at most a quarter of the RAM tier or ``JOB_BYTES`` (but at least one trajectory),
-        so adds waiting for room are released progressively and TensorStore's copies of
-        the rows being written stay small."""
-        eng = self.eng
-        idx, old = eng.index, eng.commit
-        first = min(old.n_traj, idx.n)
-        stop = idx.n
-        if eng.tier is not None and stop > first:
-            rows = min(eng.tier.capacity // 4, JOB_BYTES // max(1, eng.schema.row_bytes))
-            budget = old.n_rows + max(1, rows)
-            stop = max(first + 1, int(np.searchsorted(idx.offsets, budget, side="right")) - 1)
-            stop = min(stop, idx.n)
-        low = min(idx.low, stop)
-        columns = idx.columns_range(first, stop)
-        ends = idx.column("piece_end")
-        p_first = int(ends[first - 1]) if first else 0
-        p_stop = int(ends[stop - 1]) if stop else 0
-        p_low = int(ends[low - 1]) if low else 0
-        pieces = idx.pieces.columns_range(p_first, p_stop)
-        next_id, next_episode = eng.next_trajectory_id, eng.next_episode
-        if stop < idx.n:  # ids of trajectories/episodes this commit does not cover stay unclaimed
-            next_id = _claimed(old.next_trajectory_id, columns["trajectory_id"])
-            next_episode = _claimed(old.next_episode, pieces["episode"])
-        new = Commit(
-            writer_id=eng.writer_id,
-            gen=old.gen + 1,
-            n_rows=int(idx.offsets[stop]),
-            n_traj=stop,
-            low_row=int(idx.offsets[low]),
-            low_traj=low,
-            reclaimed_below=old.reclaimed_below,
-            next_trajectory_id=next_id,
-            n_pieces=p_stop,
-            low_piece=p_low,
-            next_episode=next_episode,
-            writer_number=old.writer_number,
-        )
-        # The sampler's saves (priorities) go with this commit; flushes always save.
-        entries, persist = eng.sampler_persist(new.n_rows, self.explicit > self.done)
-        new.sampler = {**eng.sampler_state(), **entries}
-        return {
-            "persist": persist,
-            "commit": new,
-            "complete": stop == idx.n,
-            "rows": (old.n_rows, new.n_rows),
-            "first_traj": first,
-            "offsets": idx.offsets[first + 1 : stop + 1].copy(),
-            "columns": columns,
-            "first_piece": p_first,
-            "pieces": pieces,
-            "tier": eng.tier,
-            "segment": eng.segment,
-            "keys": eng.schema.keys if eng.schema is not None else [],
-        }
-
-    def _write(self, job: dict) -> None:
-        new: Commit = job["commit"]
-        seg = job["segment"]
+    def _write(self, job: Job) -> None:
+        new, seg = job.commit, job.segment
         if seg is not None:
-            start, stop = job["rows"]
+            start, stop = job.rows
             seg.ensure_capacity(new.n_rows, new.n_traj, new.n_pieces)
             futs = []
-            for key in job["keys"] if stop > start else ():
-                for row0, piece in job["tier"].read_range(key, start, stop):
+            for key in job.keys if stop > start else ():
+                for row0, piece in job.tier.read_range(key, start, stop):
                     futs.append(seg.write_rows(key, row0, piece))
             futs += seg.write_index(
-                job["first_traj"], job["offsets"], job["columns"], job["first_piece"], job["pieces"]
+                job.first_traj, job.offsets, job.columns, job.first_piece, job.pieces
             )
             for f in futs:
                 f.result()
-        if job["persist"] is not None:
-            job["persist"]()
-        write_commit(self.eng.seg_dir, new, durable=self.eng.durable)
+        if job.priorities is not None:
+            slot, low, leaves = job.priorities
+            self.owner.priority_arrays().write(slot, low, leaves)
+        write_commit(self.owner.seg_dir, new, durable=self.owner.durable)
 
     def _reclaim(self, commit: Commit) -> None:
         """Delete shards that hold only evicted rows, once no in-process read needs them."""
-        eng = self.eng
-        if eng.segment is None or commit.low_row <= commit.reclaimed_below:
+        owner = self.owner
+        seg = owner.segment
+        if seg is None or commit.low_row <= commit.reclaimed_below:
             return
-        shard = min(lay.shard_rows for lay in eng.layouts.values())
+        shard = min(lay.shard_rows for lay in owner.layouts.values())
         target = (commit.low_row // shard) * shard
         if target <= commit.reclaimed_below:
             return
         with self.cond:
-            if self._disk_readers or eng.commit.gen != commit.gen:
+            if self._disk_readers or owner.commit.gen != commit.gen:
                 return  # retried after a later commit
             # Announce first, so readers in other processes can tell their rows are gone.
-            announced = Commit(**{**vars(commit), "reclaimed_below": target, "gen": commit.gen + 1})
+            announced = replace(commit, reclaimed_below=target, gen=commit.gen + 1)
             try:
-                write_commit(eng.seg_dir, announced, durable=eng.durable)
+                write_commit(owner.seg_dir, announced, durable=owner.durable)
             except OSError as e:
                 log.warning("zreplay: could not announce shard reclaim: %r", e)
                 return
-            eng.commit = announced
+            owner.committed(announced, None)
             self._reclaiming = True
         try:
-            eng.segment.reclaim_below(commit.reclaimed_below, target)
+            seg.reclaim_below(commit.reclaimed_below, target)
         except OSError as e:
             log.warning("zreplay: could not reclaim evicted shards: %r", e)
         finally:
@@ -253,6 +313,6 @@ class Committer:
                 self.cond.notify_all()
 
 
-def _claimed(previous: int, ids: np.ndarray) -> int:
+def claimed_id(previous: int, ids: np.ndarray) -> int:
     """The next unused id once ``ids`` are committed after ids below ``previous``."""
     return max(previous, int(ids.max(initial=-1)) + 1)

@@ -2,8 +2,12 @@
 
 Global row ``r`` lives in slot ``r % capacity``.  The tier holds rows ``[lo, hi)``; it is
 also the writer's staging area, so a row is never overwritten before it is committed
-(``make_room`` waits for the writer instead).  All bookkeeping is done by the owning engine
-under its lock; this class only owns memory and copies.
+(the writer waits for its committer before reserving rows that would overwrite
+uncommitted ones).
+
+Invariants: ``hi - lo <= capacity``; ``lo`` and ``hi`` only grow, except that
+:meth:`unreserve` takes back the rows of an add that failed.  They change only through
+this class's methods, which the owning writer calls under its lock.
 """
 
 from __future__ import annotations
@@ -44,12 +48,44 @@ class RamTier:
         self.rings: dict[str, np.ndarray] = {
             s.path: np.empty((self.capacity, *s.row_shape), s.dtype) for s in schema
         }
-        self.lo = 0  # first row held
-        self.hi = 0  # one past the last row written (published or not)
+        self._lo = 0  # first row held
+        self._hi = 0  # one past the last row reserved (published or not)
+
+    @property
+    def lo(self) -> int:
+        """First row held."""
+        return self._lo
+
+    @property
+    def hi(self) -> int:
+        """One past the last row reserved (written or being written)."""
+        return self._hi
 
     @property
     def nbytes(self) -> int:
         return self.capacity * self.schema.row_bytes
+
+    def reset(self, row: int) -> None:
+        """Hold no rows; the next reservation starts at ``row``."""
+        self._lo = self._hi = int(row)
+
+    def reserve(self, k: int) -> int:
+        """Reserve rows ``[hi, hi + k)`` for an add (dropping the oldest rows the ring
+        reuses); returns the first."""
+        start = self._hi
+        self._hi = start + int(k)
+        self._lo = max(self._lo, self._hi - self.capacity)
+        return start
+
+    def unreserve(self, start: int) -> None:
+        """Take back the reservation that began at ``start`` (its add failed).  Rows the
+        reservation pushed out of the ring stay out (their slots may be overwritten)."""
+        self._hi = int(start)
+        self._lo = min(self._lo, self._hi)
+
+    def release_below(self, row: int) -> None:
+        """Stop holding rows below ``row`` (evicted, or committed with the RAM tier off)."""
+        self._lo = min(max(self._lo, int(row)), self._hi)
 
     def _pieces(self, start: int, stop: int):
         """Slot slices covering rows [start, stop): one, or two when the ring wraps."""
@@ -99,8 +135,8 @@ class RamTier:
     def resized(self, capacity_rows: int) -> RamTier:
         """A larger tier holding the same rows [lo, hi)."""
         new = RamTier(self.schema, capacity_rows)
-        new.lo = max(self.lo, self.hi - new.capacity)
-        new.hi = self.hi
+        new._lo = max(self._lo, self._hi - new.capacity)
+        new._hi = self._hi
         for key in self.rings:
             for row0, piece in self.read_range(key, new.lo, self.hi):
                 new.put_rows(key, row0, piece)

@@ -1,24 +1,21 @@
 """The commit record: the only source of truth for what a segment has made visible.
 
-``commit.json`` is replaced atomically (temp file, fsync, rename, fsync of the directory)
-after every data chunk and index entry it covers has been written.  Readers read it first
+``commit.json`` is published atomically (the backend's ``publish``: temp file, fsync,
+rename, fsync of the directory locally; one PUT in S3) after every data chunk and index
+entry it covers has been written.  Readers read it first
 and clamp every array to it, so a crash at any moment leaves the previous commit intact.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from ..errors import CorruptBufferError
-from .location import Location, RemotePath, location, write_all
-
-COMMIT_NAME = "commit.json"
-FORMAT_VERSION = 2
+from .format import COMMIT_NAME, FORMAT_VERSION
+from .location import Location, locate
 
 
 @dataclass
@@ -87,7 +84,7 @@ def _check_types(c: Commit) -> None:
 
 def read_commit(segment_dir: Location) -> Commit | None:
     """The segment's last commit, or None if it never committed."""
-    path = location(segment_dir) / COMMIT_NAME
+    path = locate(segment_dir) / COMMIT_NAME
     try:
         text = path.read_bytes()
     except FileNotFoundError:
@@ -97,47 +94,15 @@ def read_commit(segment_dir: Location) -> Commit | None:
     return Commit.from_json(text, str(path))
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_commit(segment_dir: Location, commit: Commit, durable: bool = True) -> None:
-    """Atomically publish ``commit`` (temp + fsync + rename [+ directory fsync]; one PUT,
-    atomic by itself, in an object store)."""
-    segment_dir = location(segment_dir)
+    """Atomically publish ``commit`` as the segment's ``commit.json`` (stamping its time)."""
+    segment_dir = locate(segment_dir)
     commit.time = time.time()
-    if isinstance(segment_dir, RemotePath):
-        (segment_dir / COMMIT_NAME).write_bytes(commit.to_json().encode())
-        return
-    tmp = segment_dir / f"{COMMIT_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        try:
-            write_all(fd, commit.to_json().encode())
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, segment_dir / COMMIT_NAME)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)  # a full disk must not also collect temp files
-        if isinstance(e, OSError) and e.filename is None:  # say which file (os.write won't)
-            raise OSError(e.errno, e.strerror, str(segment_dir / COMMIT_NAME)) from e
-        raise
-    if durable:
-        _fsync_dir(segment_dir)
+    path = segment_dir / COMMIT_NAME
+    path.backend.publish(path, commit.to_json().encode(), durable)
 
 
-def remove_orphans(root: Location, committed_shards: Mapping[str, int] | None = None) -> list[Path]:
+def remove_orphans(root: Location, committed_shards: Mapping[str, int] | None = None) -> list:
     """Delete temp files a killed writer left behind (zarr ``*.partial``, TensorStore
     ``*.__lock``, commit temps).  Only called by the segment's writer, under its lock.
 
@@ -145,25 +110,5 @@ def remove_orphans(root: Location, committed_shards: Mapping[str, int] | None = 
     number of leading shards that hold only committed rows: no writer touches those again,
     so they are not searched (opening a large buffer stays fast).
     """
-    if isinstance(root, RemotePath):
-        return []  # object stores publish whole objects: no temp files are ever left
-    skip = {os.path.normpath(k): v for k, v in (committed_shards or {}).items()}
-    removed = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        limit = skip.get(os.path.normpath(dirpath))
-        if limit is not None:
-            dirnames[:] = [d for d in dirnames if not d.isdigit() or int(d) >= limit]
-        for name in filenames:
-            if _is_temp(name):
-                p = Path(dirpath) / name
-                try:
-                    p.unlink()
-                    removed.append(p)
-                except FileNotFoundError:
-                    pass
-    return removed
-
-
-def _is_temp(name: str) -> bool:
-    # *.tmp: commit and exclusive-create temps (location.create_exclusive).
-    return name.endswith((".partial", ".__lock", ".tmp"))
+    root = locate(root)
+    return root.backend.remove_temps(root, committed_shards)

@@ -9,19 +9,15 @@ stale and is taken over; a lock held from another host is never broken automatic
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 
 from ..errors import WriterLockedError
-from .location import Location, RemotePath, create_exclusive, location
-
-LOCK_NAME = "writer.lock"
+from .format import LOCK_NAME
+from .location import Location, locate
 
 
 def _pid_alive(pid: int) -> bool:
@@ -38,7 +34,7 @@ class WriterLock:
     """An exclusive, stale-aware lock file in a segment directory."""
 
     def __init__(self, segment_dir: Location):
-        self.path = location(segment_dir) / LOCK_NAME
+        self.path = locate(segment_dir) / LOCK_NAME
         self.token = uuid.uuid4().hex
         self.held = False
 
@@ -82,47 +78,26 @@ class WriterLock:
         Never exists empty: an empty lock would look like a writer killed mid-create
         (stale) to another process.
         """
-        if not create_exclusive(self.path, data):
+        if not self.path.backend.create_exclusive(self.path, data):
             raise FileExistsError(str(self.path))
 
     def _break_if_stale(self, break_lock: bool) -> dict | None:
         """Remove the lock if it is stale (or ``break_lock``); else return its holder.
 
-        Judged and removed under a guard flock: otherwise two processes that both found
-        the same stale lock could each remove it, the second removing the fresh lock the
-        first had just made, and both would write the segment (seen with 6 processes).
+        Judged and removed under the backend's guard (a flock beside the lock):
+        otherwise two processes that both found the same stale lock could each remove it,
+        the second removing the fresh lock the first had just made, and both would write
+        the segment (seen with 6 processes).
         An object store has no flock; only a dead process on this host makes a lock stale,
         so there the racing breakers are on one host, and two starting at the same moment
         is the one case left open.
         """
-        with self._guard():
+        with self.path.backend.guard(self.path):
             info = self.holder()
             if info is not None and (break_lock or self._is_stale(info)):
                 self.path.unlink(missing_ok=True)
                 return None
             return info
-
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
-        """An exclusive flock of ``writer.lock.guard`` (nothing where none can be had)."""
-        fd = None
-        if not isinstance(self.path, RemotePath):
-            try:
-                fd = os.open(
-                    self.path.with_name(LOCK_NAME + ".guard"), os.O_RDWR | os.O_CREAT, 0o644
-                )
-            except OSError:
-                pass  # read-only or odd filesystem: judge without the guard
-        try:
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except OSError:
-                    pass  # no flock here (some network filesystems)
-            yield
-        finally:
-            if fd is not None:
-                os.close(fd)  # releases the flock
 
     def live_holder(self) -> dict | None:
         """The holder of this lock if it may still be writing (not stale), else None."""

@@ -2,11 +2,12 @@
 
 ``segments/<writer_id>/priority/0`` and ``.../priority/1`` each hold one tree leaf per
 global row (``leaf[r]`` at index ``r``).  The commit record names the copy that is valid
-(``commit.sampler["priority"]["slot"]``) and the rows it covers; a writer only ever writes
-the *other* copy and then publishes a commit naming it, so a crash in the middle of a
-write leaves the named copy intact (shadow paging).  Rows outside the named range are
-garbage.  Chunks are replaced atomically (temp file + rename) like every other file, so
-hard-linked checkpoints keep their bytes.  Nothing here knows what a leaf means.
+(``commit.sampler["priority"] = {"slot", "seq", "low", "high", ...}``) and the rows it
+covers; a writer only ever writes the *other* copy and then publishes a commit naming it,
+so a crash in the middle of a write leaves the named copy intact (shadow paging).  Rows
+outside the named range are garbage.  Chunks are replaced atomically (temp file +
+rename) like every other file, so hard-linked checkpoints keep their bytes.  Nothing here
+knows what a leaf means.
 """
 
 from __future__ import annotations
@@ -14,40 +15,48 @@ from __future__ import annotations
 import numpy as np
 import zarr
 
-from ..errors import CorruptBufferError
-from .location import Location, location, zarr_store
-from .segment import ArrayHandle, io_context
+from ..errors import CorruptBufferError, EmptyBufferError
+from .arrays import ArrayHandle
+from .commit import Commit, read_commit
+from .format import PRIORITY_CHUNK_ROWS, PRIORITY_GROUP, PRIORITY_SLOTS
+from .location import Location, locate
 
-GROUP = "priority"
-SLOTS = (0, 1)
-CHUNK_ROWS = 16384
+_RETRIES = 5
 
 
 def slot_path(seg_dir: Location, slot: int) -> Location:
-    return location(seg_dir) / GROUP / str(int(slot))
+    return locate(seg_dir) / PRIORITY_GROUP / str(int(slot))
+
+
+def next_copy(named: dict | None) -> tuple[int, int]:
+    """``(slot, seq)`` of the next save: the copy the commit does *not* name."""
+    if not named:
+        return 0, 1
+    return 1 - int(named["slot"]), int(named["seq"]) + 1
 
 
 class PriorityArrays:
     """The two priority copies of one segment (created on the first write)."""
 
     def __init__(self, seg_dir: str | Location, writable: bool, durable: bool = True):
-        self.dir = location(seg_dir)
+        self.dir = locate(seg_dir)
         self.writable = writable
-        self._context = io_context(durable)
+        self._context = self.dir.backend.array_context(durable)
         self._handles: dict[int, ArrayHandle] = {}
-        self._dropped_below = {s: 0 for s in SLOTS}
+        self._dropped_below = dict.fromkeys(PRIORITY_SLOTS, 0)
 
     def _create(self) -> None:
         from zarr.codecs import Crc32cCodec, ZstdCodec
 
-        g = zarr.open_group(zarr_store(self.dir), mode="a", zarr_format=3).require_group(GROUP)
-        for s in SLOTS:
+        store = self.dir.backend.zarr_store(self.dir)
+        g = zarr.open_group(store, mode="a", zarr_format=3).require_group(PRIORITY_GROUP)
+        for s in PRIORITY_SLOTS:
             if str(s) not in g:
                 g.create_array(
                     str(s),
-                    shape=(CHUNK_ROWS,),
+                    shape=(PRIORITY_CHUNK_ROWS,),
                     dtype="float64",
-                    chunks=(CHUNK_ROWS,),
+                    chunks=(PRIORITY_CHUNK_ROWS,),
                     fill_value=0.0,
                     compressors=[ZstdCodec(level=1), Crc32cCodec()],
                     config={"write_empty_chunks": True},
@@ -68,12 +77,12 @@ class PriorityArrays:
         h = self._handle(slot)
         stop = start + len(leaves)
         if len(leaves):
-            h.grow_to(stop, CHUNK_ROWS)
+            h.grow_to(stop, PRIORITY_CHUNK_ROWS)
             h.store[start:stop].write(np.asarray(leaves, np.float64)).result()
         self._drop_below(slot, start)
 
     def _drop_below(self, slot: int, row: int) -> None:
-        first, last = self._dropped_below[slot], row // CHUNK_ROWS
+        first, last = self._dropped_below[slot], row // PRIORITY_CHUNK_ROWS
         for c in range(first, last):
             (slot_path(self.dir, slot) / "c" / str(c)).unlink(missing_ok=True)
         self._dropped_below[slot] = max(first, last)
@@ -90,3 +99,41 @@ class PriorityArrays:
                 f"{self.dir}: priorities of rows [{start}, {stop}) (copy {slot}) cannot be "
                 f"read ({e})"
             ) from None
+
+
+def saved_priorities(seg_dir: Location, commit: Commit, arrays: PriorityArrays | None = None):
+    """``(meta, read(lo, hi))`` of the priorities saved with ``commit`` (``None`` if none
+    were saved, or, for the writer, if they cover none of its rows); ``meta["high"]`` is
+    bounded by the commit's rows, and ``read`` returns float64 leaves of rows ``[lo, hi)``.
+
+    Read from outside the writer (``arrays`` not given), the copy is re-checked against
+    the segment's newest commit after each read: a writer rewrites the copy its commit
+    does *not* name, so a copy read while the commit still names it (same ``seq`` before
+    and after) is consistent; otherwise the read is retried on the newly named copy.
+    """
+    meta = (commit.sampler or {}).get("priority")
+    if not meta:
+        return None
+    bounded = {**meta, "high": min(meta["high"], commit.n_rows)}
+    if arrays is not None:  # the writer itself: nobody else rewrites its copies
+        if bounded["high"] <= max(meta["low"], commit.low_row):
+            return None  # e.g. the commit of a clear(): its rows are gone
+        return bounded, lambda lo, hi: arrays.read(meta["slot"], lo, hi)
+    arrays = PriorityArrays(seg_dir, writable=False)
+
+    def read(lo: int, hi: int) -> np.ndarray:
+        m = meta
+        for _ in range(_RETRIES):
+            if not (m["low"] <= lo and hi <= m["high"]):
+                break
+            leaves = arrays.read(m["slot"], lo, hi)
+            now = (read_commit(seg_dir) or commit).sampler.get("priority") or {}
+            if now.get("seq") == m["seq"]:
+                return leaves
+            m = now  # the writer saved again (and may be rewriting what we read): retry
+        raise EmptyBufferError(
+            f"{seg_dir}: the writer kept replacing its saved priorities while they were "
+            "read; sample again"
+        )
+
+    return bounded, read

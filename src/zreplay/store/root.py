@@ -18,20 +18,14 @@ import zarr
 
 from ..errors import CorruptBufferError, FormatError, SchemaError
 from ..schema import Schema, check_key_component
-from .commit import FORMAT_VERSION
+from .format import ATTR, COMMIT_NAME, FORMAT_VERSION, SEGMENT_CHILDREN, SEGMENTS, WRITERS
 from .layout import KeyLayout
-from .location import Location, create_exclusive, location, remove_tree, zarr_store
-
-ATTR = "zreplay"
-WRITERS = "writers"
-# Trajectory ids of writer number n start at n << ID_BITS: unique across writers without
-# any coordination after the one-time claim (2**40 ids per writer, 2**23 writers).
-ID_BITS = 40
+from .location import Location, locate
 
 
 def is_buffer(path: str | Path | Location, storage_options: Mapping | None = None) -> bool:
     """True if ``path`` (a directory or an ``s3://`` URL) holds a zreplay buffer root."""
-    meta = location(path, storage_options) / "zarr.json"
+    meta = locate(path, storage_options) / "zarr.json"
     try:
         return ATTR in json.loads(meta.read_text()).get("attributes", {})
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
@@ -42,11 +36,12 @@ class BufferRoot:
     """Read and write the root group's metadata; list segments."""
 
     def __init__(self, path: str | Path | Location, storage_options: Mapping | None = None):
-        self.path = location(path, storage_options)
+        self.path = locate(path, storage_options)
+        self.backend = self.path.backend
 
     @property
     def segments_dir(self) -> Location:
-        return self.path / "segments"
+        return self.path / SEGMENTS
 
     def segment_dir(self, writer_id: str) -> Location:
         check_key_component(writer_id, "segments")
@@ -101,9 +96,9 @@ class BufferRoot:
         # The root's zarr.json is the first object, so whoever sees anything here sees a
         # complete buffer root.
         self.path.mkdir(parents=True, exist_ok=True)
-        won = create_exclusive(meta, _group_json({ATTR: info}))
+        won = self.backend.create_exclusive(meta, group_json({ATTR: info}))
         self.segments_dir.mkdir(exist_ok=True)
-        create_exclusive(self.segments_dir / "zarr.json", _group_json({}))
+        self.backend.create_exclusive(self.segments_dir / "zarr.json", group_json({}))
         return info if won else self.read_meta()
 
     def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
@@ -129,7 +124,7 @@ class BufferRoot:
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
     ) -> None:
         """Overwrite the schema (or reset it to None); only when no other segment has data."""
-        g = zarr.open_group(zarr_store(self.path), mode="r+", zarr_format=3)
+        g = zarr.open_group(self.backend.zarr_store(self.path), mode="r+", zarr_format=3)
         info = dict(g.attrs[ATTR])
         info["schema"] = schema.to_json() if schema is not None else None
         info["layout"] = {k: vars(v) for k, v in layouts.items()} if layouts else None
@@ -166,7 +161,7 @@ class BufferRoot:
         n = 0
         while True:
             if n not in taken:
-                if create_exclusive(d / str(n), writer_id.encode()):
+                if self.backend.create_exclusive(d / str(n), writer_id.encode()):
                     return n
                 if _claim_holder(d / str(n)) == writer_id:
                     return n
@@ -175,9 +170,9 @@ class BufferRoot:
     def remove_segment_data(self, writer_id: str) -> None:
         """Delete a segment's arrays and commit (its writer, under its lock, only)."""
         d = self.segment_dir(writer_id)
-        (d / "commit.json").unlink(missing_ok=True)
-        for child in ("data", "offsets", "traj", "episodes", "priority"):
-            remove_tree(d / child)
+        (d / COMMIT_NAME).unlink(missing_ok=True)
+        for child in SEGMENT_CHILDREN:
+            self.backend.remove_tree(d / child)
 
 
 def _claim_holder(p: Location) -> str | None:
@@ -187,7 +182,7 @@ def _claim_holder(p: Location) -> str | None:
         return None
 
 
-def _group_json(attributes: Mapping) -> bytes:
+def group_json(attributes: Mapping) -> bytes:
     """A Zarr v3 group's ``zarr.json`` (what ``zarr.open_group`` writes)."""
     meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
     return json.dumps(meta, indent=2).encode()

@@ -1,9 +1,10 @@
 """One writer's segment on disk: data arrays, the offsets array, trajectory columns.
 
 Arrays are created with zarr-python (so their metadata is exactly what zarr writes) and
-read and written through TensorStore over the same files: zarr-python's per-call overhead
-(35-250 ms for 256 random rows, measured) must never sit on the sampling path, and
-TensorStore writes shards about 10x faster.  Nothing here knows about sampling.
+read and written through :class:`~zreplay.store.arrays.ArrayHandle`, i.e. through
+whatever the backend opens them with (TensorStore locally: zarr-python's per-call overhead
+must never sit on the sampling path, and TensorStore writes shards about 10x faster).
+Nothing here knows about sampling.
 
 Row numbers are global within a segment and never reused; capacity grows ahead of need
 and rows at or past the commit's ``n_rows`` are garbage.
@@ -11,139 +12,18 @@ and rows at or past the commit's ``n_rows`` are garbage.
 
 from __future__ import annotations
 
-import json
-import threading
-import warnings
 from collections.abc import Mapping
 
 import numpy as np
-import tensorstore as ts
 import zarr
 
-from ..episodes import PIECE_COLUMNS
-from ..errors import CorruptBufferError, ZReplayError
+from ..errors import CorruptBufferError
 from ..schema import KeySpec, Schema
+from .arrays import ArrayHandle
 from .commit import Commit, read_commit
+from .format import INDEX_CHUNK, PIECE_COLUMNS, STORED_ATTRS, TRAJ_COLUMNS
 from .layout import KeyLayout
-from .location import Location, RemotePath, location, remove_tree, zarr_store
-from .zarrio import ZarrArray, forked
-
-WEIGHTS_ID_BYTES = 64
-INDEX_CHUNK = 4096
-
-# Per-trajectory columns: name -> (dtype, row shape).
-TRAJ_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
-    "trajectory_id": ("int64", ()),
-    "T": ("int64", ()),
-    "B": ("int64", ()),
-    "max_episode_length": ("int64", ()),
-    "model_weights_id": ("uint8", (WEIGHTS_ID_BYTES,)),
-    "piece_end": ("int64", ()),  # episode pieces [piece_end[i-1], piece_end[i]) are its
-}
-
-
-# Array attribute of arrays whose every written chunk is stored (see ArrayHandle._open).
-STORED_ATTRS = {"zreplay": {"all_chunks_stored": True}}
-
-
-def _all_chunks_stored(array_dir: Location) -> bool:
-    try:
-        meta = json.loads((array_dir / "zarr.json").read_bytes())
-        return meta["attributes"]["zreplay"]["all_chunks_stored"] is True
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # opening reports a missing or damaged zarr.json
-
-
-def _grow(current: int, needed: int, unit: int) -> int:
-    """Next capacity >= needed: at least double, rounded up to a whole number of units."""
-    target = max(needed, 2 * current, unit)
-    return -(-target // unit) * unit
-
-
-_WARNED_FORK = False
-
-
-def io_context(durable: bool) -> ts.Context:
-    """TensorStore context of a segment's arrays: no decoded-chunk cache (the RAM tier is
-    ours); data files fsync'd only if ``durable``."""
-    return ts.Context({"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": bool(durable)})
-
-
-class ArrayHandle:
-    """A TensorStore handle on one Zarr array that can follow the array's growth."""
-
-    def __init__(self, path: Location, context: ts.Context, writable: bool):
-        self.path = path
-        self._context = context
-        self._writable = writable
-        self._lock = threading.Lock()
-        # zarr-python (forked readers, object stores) reads a missing chunk as fill values,
-        # and so does TensorStore on arrays older than STORED_ATTRS; otherwise it is an error.
-        self.fills_missing = True
-        self.store = self._open()
-
-    def _open(self) -> ts.TensorStore:
-        if forked():
-            self._check_forked()
-        if forked() or isinstance(self.path, RemotePath):
-            try:
-                return ZarrArray(self.path, self._writable)
-            except Exception as e:  # noqa: BLE001 - zarr/fsspec raise many kinds
-                raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
-        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path) + "/"}}
-        # Every chunk is stored, zeros included, so a chunk missing below the commit is
-        # damage (a read error), not rows of zeros.  Arrays made before this was so lack
-        # the attribute and keep zarr's fill-value reads.
-        self.fills_missing = not _all_chunks_stored(self.path)
-        spec["store_data_equal_to_fill_value"] = True
-        spec["fill_missing_data_reads"] = self.fills_missing
-        try:
-            return ts.open(spec, read=True, write=self._writable, context=self._context).result()
-        except Exception as e:  # TensorStore raises ValueError/OSError variants
-            raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
-
-    def _check_forked(self) -> None:
-        global _WARNED_FORK
-        if self._writable:
-            raise ZReplayError(
-                "a buffer cannot be written from a forked child process (TensorStore does "
-                "not survive fork); start writer processes with the 'spawn' or "
-                "'forkserver' multiprocessing context"
-            )
-        if not _WARNED_FORK:
-            _WARNED_FORK = True
-            warnings.warn(
-                "zreplay: reading in a forked process through zarr-python (slower); pass "
-                "multiprocessing_context='spawn' or 'forkserver' to DataLoader for "
-                "TensorStore-speed reads in workers",
-                stacklevel=4,
-            )
-
-    @property
-    def rows(self) -> int:
-        return int(self.store.shape[0])
-
-    def reopen_if_short(self, rows_needed: int) -> ts.TensorStore:
-        """Return a handle covering ``rows_needed`` rows (another handle may have grown it)."""
-        store = self.store
-        if rows_needed > store.shape[0]:
-            with self._lock:
-                if rows_needed > self.store.shape[0]:
-                    self.store = self._open()
-                store = self.store
-        return store
-
-    def grow_to(self, rows_needed: int, unit: int) -> None:
-        """Writer only: grow capacity (metadata only) so ``rows_needed`` rows fit."""
-        if rows_needed <= self.rows:
-            return
-        new = _grow(self.rows, rows_needed, unit)
-        shape = list(self.store.shape)
-        shape[0] = new
-        with self._lock:
-            self.store = self.store.resize(
-                exclusive_max=shape, resize_metadata_only=True, expand_only=True
-            ).result()
+from .location import Location, locate
 
 
 class Segment:
@@ -157,12 +37,13 @@ class Segment:
         writable: bool,
         durable: bool = True,
     ):
-        self.dir = location(seg_dir)
+        self.dir = locate(seg_dir)
+        self.backend = self.dir.backend
         self.writer_id = self.dir.name
         self.schema = schema
         self.layouts = dict(layouts)
         self.writable = writable
-        self._context = io_context(durable)
+        self._context = self.backend.array_context(durable)
         self.data = {
             k: ArrayHandle(self.dir / "data" / k, self._context, writable) for k in schema.keys
         }
@@ -187,16 +68,16 @@ class Segment:
         """Arrays of the segment that have no metadata on disk."""
         names = [f"data/{k}" for k in specs] + ["offsets"] + [f"traj/{c}" for c in TRAJ_COLUMNS]
         names += [f"episodes/{c}" for c in PIECE_COLUMNS]
-        seg_dir = location(seg_dir)
+        seg_dir = locate(seg_dir)
         return [n for n in names if not (seg_dir / n / "zarr.json").is_file()]
 
     @staticmethod
     def create_arrays(seg_dir: Location, specs: Mapping[str, KeySpec], layouts: Mapping) -> None:
         """Create (or complete) the arrays of a segment with zarr-python."""
-        seg_dir = location(seg_dir)
+        seg_dir = locate(seg_dir)
         if not Segment.missing_arrays(seg_dir, specs):
             return  # the common reopen: skip zarr-python's per-node round trips
-        g = zarr.open_group(zarr_store(seg_dir), mode="a", zarr_format=3)
+        g = zarr.open_group(seg_dir.backend.zarr_store(seg_dir), mode="a", zarr_format=3)
         data = g.require_group("data")
         for path, spec in specs.items():
             lay = layouts[path]
@@ -253,7 +134,7 @@ class Segment:
         for h in self.pieces.values():
             h.grow_to(n_pieces, INDEX_CHUNK)
 
-    def write_rows(self, key: str, start: int, rows: np.ndarray) -> ts.WriteFutures:
+    def write_rows(self, key: str, start: int, rows: np.ndarray):
         return self.data[key].store[start : start + len(rows)].write(rows)
 
     def write_index(
@@ -303,7 +184,7 @@ class Segment:
                     if p.is_file():
                         p.unlink(missing_ok=True)
                     else:
-                        remove_tree(p)
+                        self.backend.remove_tree(p)
 
     # -- reads ----------------------------------------------------------------------
 
@@ -341,7 +222,7 @@ class Segment:
         return out
 
     def read_rows(self, key: str, rows: np.ndarray) -> PendingRead:
-        """Start reading sorted unique ``rows`` of ``key``."""
+        """Start reading sorted unique ``rows`` of ``key`` (int64)."""
         store = self.data[key].reopen_if_short(int(rows[-1]) + 1)
         return PendingRead(store[rows].read(), self, key, int(rows[0]), int(rows[-1]) + 1)
 

@@ -1,0 +1,464 @@
+"""``TrajectoryReplayBuffer``: a drop-in for RLinf 0.3's class, on a Zarr store.
+
+Same constructor names and meanings, same methods, same sample keys, nesting and dtypes.
+What differs (all on purpose, see README "Coming from RLinf"):
+
+* rows are read individually from compressed chunked arrays, never whole trajectory files;
+* ``add_trajectories`` validates and copies on the caller's thread and commits atomically
+  on a background writer; ``flush()`` waits for the commit;
+* ``sample`` returns exactly ``num_chunks`` rows and is safe against concurrent adds;
+* ``close()``/``clear_cache()`` never break the buffer; ``clear()`` removes data on disk;
+* constructing on an existing ``auto_save_path`` resumes it, continuing its random stream;
+* ``np.random`` is never seeded globally.
+
+A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..compat.dumps import dump
+from ..compat.rlinf_files import export_rlinf, load_into, read_rlinf_index, rlinf_files
+from ..compat.rlinf_trajectory import prepare
+from ..core import BufferCore, RamPolicy, RandomStream
+from ..sampling.clips import ClipSpec
+from ..sampling.nstep import NStepSpec
+from ..sampling.samplers import Sampler, Window
+from ..schema import unflatten
+from ..store.location import locate
+from .prefetch import Prefetcher
+from .tensors import can_pin, nested_tensors, torch_dtype
+
+DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
+
+
+class TrajectoryReplayBuffer:
+    """Trajectory replay buffer with RLinf 0.3's API on a persistent Zarr v3 store.
+
+    Args (RLinf's, same meaning):
+        seed: seeds the sampler's private generator (numpy PCG64; never global state);
+            ``None`` draws a fresh seed.
+        enable_cache: keep recent rows decoded in RAM (the RAM tier). ``False``: every
+            sample of committed data reads from disk.
+        cache_size: number of newest trajectories the RAM tier holds.
+        sample_window_size: sample from the last N trajectories; 0 = all (the default
+            sampler, ``zreplay.samplers.Window(sample_window_size)``; ``sampler=`` replaces it).
+        auto_save: ``True`` = persistent buffer at ``auto_save_path``; ``False`` = a private
+            temporary store deleted on ``close()`` (as in RLinf, the RAM tier then holds
+            ``sample_window_size`` trajectories; older ones stay sampleable from the store).
+        auto_save_path: buffer directory (a Zarr v3 group). An existing buffer is resumed.
+        trajectory_format: default format of :meth:`export` (``"pt"``; anything else: pkl).
+
+    Args (zreplay's):
+        capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
+        ram_budget_bytes: cap on the RAM tier's size in bytes.
+        layout: per-key chunk/shard/codec overrides, e.g.
+            ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.
+        overwrite: start fresh even if ``auto_save_path`` holds a buffer.
+        writer_id: name of this writer's segment (one writer per segment).
+        durable: fsync before publishing each commit (power-loss safety).
+        break_lock: take over a writer lock left by a dead writer on another host.
+        continue_episodes: default of ``add_trajectories(continues=)``: each trajectory's
+            environment lanes continue the episodes the same lanes of the previous
+            trajectory left running (consecutive rollout chunks of the same envs).
+        storage_options: for an ``s3://bucket/prefix`` ``auto_save_path``: fsspec/s3fs
+            options such as ``{"endpoint_url": ..., "key": ..., "secret": ...}``.
+        sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
+            ``Prioritized``, ``PrioritizedClips``) or a callable ``fn(step, buffer,
+            batch_size, history_len)`` returning row positions ``[0, total_samples)``.
+            Used by ``sample``, ``sample_clips`` and ``sample_nstep``; its state (and
+            priorities) is saved with the buffer and restored when it is reopened with a
+            sampler of the same kind.
+    """
+
+    def __init__(
+        self,
+        seed: int | None = 1234,
+        enable_cache: bool = True,
+        cache_size: int = 5,
+        sample_window_size: int = 100,
+        auto_save: bool = False,
+        auto_save_path: str = "",
+        trajectory_format: str = "pt",
+        *,
+        capacity: int | None = None,
+        ram_budget_bytes: int | None = None,
+        layout: Mapping[str, Mapping] | None = None,
+        overwrite: bool = False,
+        writer_id: str = "default",
+        durable: bool = True,
+        break_lock: bool = False,
+        continue_episodes: bool = False,
+        storage_options: Mapping | None = None,
+        sampler: Sampler | Any | None = None,
+    ):
+        if auto_save and not auto_save_path:
+            raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
+        if sample_window_size < 0:
+            raise ValueError(f"sample_window_size must be >= 0, got {sample_window_size}")
+        self.enable_cache = enable_cache
+        self._window = int(sample_window_size)
+        self.auto_save = auto_save
+        self.auto_save_path = auto_save_path
+        self.trajectory_format = trajectory_format
+        if not auto_save and enable_cache:
+            # RLinf: a RAM-only buffer caches its whole sampling window.
+            cache_size = sample_window_size or None
+            if cache_size is None and ram_budget_bytes is None:
+                ram_budget_bytes = DEFAULT_IN_MEMORY_RAM_BYTES
+        self.cache_size = cache_size
+        self.continue_episodes = continue_episodes
+        self.core = BufferCore.writer(
+            auto_save_path if auto_save else None,
+            sampler=Window(self._window) if sampler is None else sampler,
+            stream=RandomStream(seed),
+            owner=self,
+            writer_id=writer_id,
+            capacity=capacity,
+            ram=RamPolicy(
+                enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes
+            ),
+            layout=layout,
+            durable=durable,
+            overwrite=overwrite,
+            break_lock=break_lock,
+            storage_options=storage_options,
+        )
+
+    # -- sampler --------------------------------------------------------------------
+
+    @property
+    def seed(self) -> int:
+        """The random stream's seed (saved with the buffer; a resume continues it)."""
+        return self.core.stream.seed
+
+    @property
+    def sample_window_size(self) -> int:
+        """RLinf's window (last N trajectories; 0 = all); setting it resizes a ``Window``
+        sampler (the default one)."""
+        return self._window
+
+    @sample_window_size.setter
+    def sample_window_size(self, n: int) -> None:
+        if isinstance(self.sampler, Window):
+            self.sampler.size = Window(n).size  # validates
+        self._window = int(n)
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler (``zreplay.samplers``) that ``sample`` and friends draw with."""
+        return self.core.sampler
+
+    def update_priorities(self, indices, priorities) -> int:
+        """Set the priorities of what a batch drew (``batch["index"]``, int64: rows, or
+        the start rows of clips / n-step transitions) to ``priorities`` (e.g. ``|TD
+        error|``, one per index, or a scalar; numpy or torch).  Returns how many were
+        applied: rows evicted since they were drawn are skipped.  ``ValueError`` for NaN,
+        infinite or negative priorities; ``TypeError`` without a prioritized sampler."""
+        return self.core.update_priorities(indices, priorities)
+
+    def priorities(self, indices) -> np.ndarray:
+        """Tree leaves ``(p + eps) ** alpha`` (float64) of rows ``indices`` (0 for rows
+        evicted or not added yet)."""
+        return self.core.priorities(indices)
+
+    # -- RLinf API ------------------------------------------------------------------
+
+    def add_trajectories(self, trajectories: Iterable[Any], *, continues=None) -> list[int]:
+        """Append trajectories; returns their ids.
+
+        Each item: a :class:`zreplay.Trajectory`, an RLinf ``Trajectory`` or a dict of
+        ``[T, B, ...]`` arrays/tensors (nested dicts allowed).  All items are validated
+        before any is written; on error nothing is added.  Compression and the commit
+        happen on a background thread: call :meth:`flush` to wait for them.  The caller
+        may reuse its tensors as soon as this returns.
+
+        Episodes are cut after every step whose ``terminations``/``truncations`` (or
+        ``dones``) flag is set.  ``continues`` (bool or ``[B]`` bools; default
+        ``continue_episodes``): lane ``b``'s first step continues the episode lane ``b``
+        of the previous trajectory left running, so episodes may span trajectories.
+        """
+        cont = self.continue_episodes if continues is None else continues
+        items = [prepare(t) for t in trajectories]
+        for it in items:
+            it.continues = cont
+        return self.core.add(items)
+
+    def sample(
+        self,
+        num_chunks: int = 0,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+    ) -> dict[str, Any]:
+        """``num_chunks`` transitions drawn with replacement by the sampler (by default
+        uniformly from the last ``sample_window_size`` trajectories, as RLinf does).
+
+        Returns RLinf's nested dict of tensors ``[num_chunks, ...]`` (e.g.
+        ``actions [n, C*A]``, ``rewards [n, C]``, ``curr_obs/main_images [n, H, W, 3] uint8``).
+        A prioritized sampler adds ``index`` (int64 ``[n]``, for :meth:`update_priorities`)
+        and ``weight`` (float32 ``[n]`` importance weights, max possible 1); with
+        ``PrioritizedClips`` the batch holds ``num_chunks`` clips ``[n, history_len, ...]``.
+        Rows are gathered straight into the returned tensors' memory; with
+        ``pin_memory=True`` that memory is page-locked, so a following ``device="cuda"``
+        copy is asynchronous (``non_blocking``).  Without an accelerator, ``pin_memory`` is
+        ignored with a warning, as in ``torch.utils.data.DataLoader``.
+        """
+        if num_chunks <= 0:
+            raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
+        return self.sample_chunks(num_chunks, device=device, pin_memory=pin_memory)
+
+    def sample_chunks(
+        self,
+        num_chunks: int,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+    ) -> dict[str, Any]:
+        if self.sampler.clips is not None:
+            return nested_tensors(self.core.sample(num_chunks), device)
+        pin = pin_memory and can_pin()
+        tensors: dict[str, torch.Tensor] = {}
+
+        def alloc(key, shape, dtype):
+            t = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=pin)
+            tensors[key] = t
+            return t.numpy()
+
+        got = self.core.sample(num_chunks, alloc=alloc)
+        for k, v in got.items():  # the sampler's index/weight beside the data
+            if k not in tensors:
+                tensors[k] = torch.from_numpy(v)
+        if device is not None:
+            tensors = {k: t.to(device, non_blocking=pin) for k, t in tensors.items()}
+        return unflatten(tensors)
+
+    def prefetch(
+        self,
+        num_chunks: int,
+        depth: int = 2,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+    ) -> Prefetcher:
+        """An endless iterator of ``sample(num_chunks)`` batches drawn ``depth`` ahead on a
+        background thread, so disk reads overlap the training step.  Use as a context
+        manager (or call ``close()``).  Batches come from the same random stream, in order."""
+        return Prefetcher(
+            lambda: self.sample(num_chunks, device=device, pin_memory=pin_memory), depth
+        )
+
+    def __len__(self) -> int:
+        return self.core.num_trajectories
+
+    @property
+    def size(self) -> int:
+        return len(self)
+
+    @property
+    def total_samples(self) -> int:
+        """Transitions (rows) in the buffer: the sum of T*B over its trajectories."""
+        return self.core.num_rows
+
+    def is_ready(self, min_size: int) -> bool:
+        """RLinf: ``len(buffer) >= min_size``, counted in trajectories."""
+        return len(self) >= min_size
+
+    async def is_ready_async(self, min_size: int) -> bool:
+        return self.is_ready(min_size)
+
+    def get_stats(self) -> dict[str, Any]:
+        """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
+        st = self.core.stats()
+        return {
+            "num_trajectories": st["trajectories"],
+            "total_samples": st["rows"],
+            "cache_size": st["trajectories_in_ram"],
+            "rows_in_ram": st["rows_in_ram"],
+            "ram_bytes": st["ram_bytes"],
+            "committed_trajectories": st["committed_trajectories"],
+            "pending_trajectories": st["pending_trajectories"],
+            "path": st["path"],
+        }
+
+    def flush(self) -> None:
+        """Block until every added trajectory is committed to the store."""
+        self.core.flush()
+
+    def close(self, wait: bool = True) -> None:
+        """Flush, save the sampler state and release the writer lock. Idempotent."""
+        self.core.close()
+
+    def clear(self) -> None:
+        """Remove all trajectories, including their data on disk (ids are not reused)."""
+        self.core.clear()
+
+    def clear_cache(self) -> None:
+        """Drop the RAM tier's committed rows; the data stay sampleable from disk."""
+        self.core.drop_ram()
+
+    def __enter__(self) -> TrajectoryReplayBuffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        core = getattr(self, "core", None)
+        if core is not None and not core.closed:
+            try:
+                core.close()
+            except Exception:
+                pass
+
+    @property
+    def path(self) -> Path:
+        return self.core.path
+
+    @property
+    def schema(self):
+        return self.core.schema
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def save_checkpoint(self, save_path: str) -> None:
+        """Write a complete, consistent checkpoint of the buffer to ``save_path``.
+
+        Pending writes are committed first; the sampler's RNG state is included.  Data
+        files are hard-linked (no copying) where the filesystem allows.  The result is a
+        zreplay buffer directory: ``zreplay.open(save_path)`` reads it.
+        """
+        self.core.checkpoint(save_path)
+
+    def load_checkpoint(
+        self,
+        load_path: str,
+        is_distributed: bool = False,
+        local_rank: int = 0,
+        world_size: int = 1,
+        *,
+        allow_pickle: bool = False,
+        storage_options: Mapping | None = None,
+    ) -> None:
+        """Replace this buffer's contents with a checkpoint's (RLinf semantics).
+
+        ``load_path``: a directory from :meth:`save_checkpoint`, any zreplay buffer, or an
+        RLinf checkpoint directory (``metadata.json`` + ``trajectory_index.json``).  With
+        ``is_distributed``, rank ``local_rank`` of ``world_size`` takes its contiguous block
+        of trajectories (the first ``N % world_size`` ranks get one more), so ranks are
+        disjoint and cover all.  Trajectory ids are kept.  A full load resumes the saved
+        random stream; a rank's load seeds a rank-specific stream.  ``load_path`` may be
+        an ``s3://`` URL (``storage_options`` default to this buffer's own).
+        """
+        if is_distributed and not 0 <= local_rank < world_size:
+            raise ValueError(f"local_rank {local_rank} is outside [0, {world_size})")
+        if not is_distributed:
+            local_rank, world_size = 0, 1
+        src = locate(load_path, storage_options or self.core.storage_options)
+        if not self.core.engine.temporary and str(src.resolve()) == str(self.path.resolve()):
+            if is_distributed and world_size > 1:
+                raise ValueError(
+                    f"{load_path} is this buffer's own directory; a rank's share must be "
+                    "loaded into another buffer (give each rank its own auto_save_path)"
+                )
+            return  # already resumed from it by the constructor
+        load_into(self.core, src, local_rank, world_size, is_distributed, allow_pickle=allow_pickle)
+
+    # -- episodes, clips and n-step (zreplay) -------------------------------------------
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes (whole or partly) in the visible data."""
+        return self.core.num_episodes
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (id, length, first_step, terminated, truncated)."""
+        return self.core.episode_table()
+
+    def sample_clips(
+        self,
+        num_clips: int,
+        history_len: int,
+        frameskip: int = 1,
+        pad: str | None = None,
+        action_keys: tuple[str, ...] = ("actions",),
+    ) -> dict[str, Any]:
+        """Clips ``[num_clips, history_len, ...]`` (tensors) drawn by the sampler over
+        every valid window of every episode (uniformly by default); never across an
+        episode boundary."""
+        spec = ClipSpec(history_len, frameskip, pad, action_keys)
+        return nested_tensors(self.core.sample_clips(spec, num_clips))
+
+    def sample_nstep(self, num_chunks: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
+        """Transitions with n-step returns (tensors); ``next_obs`` n steps ahead from the
+        stored ``next_obs`` (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
+        kw.setdefault(
+            "obs_key",
+            "curr_obs" if "curr_obs" in {k.split("/")[0] for k in self.core.keys} else None,
+        )
+        spec = NStepSpec(n, gamma, **kw)
+        return nested_tensors(self.core.sample_nstep(spec, num_chunks))
+
+    def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite") -> None:
+        """Write every episode as ``"hdf5"`` or a ``"zarr"`` episode buffer."""
+        dump(self, path, format=format, mode=mode)
+
+    def export(self, path: str, format: str | None = None) -> int:
+        """Write RLinf 0.3's on-disk layout (``trajectory_{id}_{weights}.pt|.pkl``,
+        ``metadata.json``, ``trajectory_index.json``); returns trajectories written."""
+        fmt = format or ("pt" if self.trajectory_format == "pt" else "pkl")
+        return export_rlinf(self.core, Path(path), fmt, self.seed)
+
+    def trajectory(self, i: int) -> dict[str, Any]:
+        """Visible trajectory ``i`` (0 = oldest kept) as nested ``[T, B, ...]`` numpy arrays,
+        plus ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
+        return trajectory_dict(self.core.trajectory(i))
+
+
+def trajectory_dict(rec) -> dict[str, Any]:
+    """A :class:`~zreplay.core.TrajectoryRecord` as nested arrays plus its metadata."""
+    out = unflatten(rec.columns)
+    out["trajectory_id"] = rec.trajectory_id
+    out["max_episode_length"] = rec.max_episode_length
+    out["model_weights_id"] = rec.model_weights_id
+    return out
+
+
+def import_rlinf(
+    src_dir: str,
+    dst_path: str,
+    *,
+    allow_pickle: bool = False,
+    progress: Callable[[int], None] | None = None,
+    **buffer_kwargs,
+) -> int:
+    """Read an RLinf buffer directory into a new zreplay buffer at ``dst_path``.
+
+    Trajectory ids, order, ``max_episode_length`` and ``model_weights_id`` are kept;
+    ``.pt`` files load with ``torch.load(weights_only=True)``; ``.pkl`` files only with
+    ``allow_pickle=True``.  ``progress(1)`` is called after each trajectory file is read
+    (for progress bars).  ``buffer_kwargs`` go to :class:`TrajectoryReplayBuffer`.
+    Returns the number of trajectories imported.
+    """
+    src = Path(src_dir)
+    meta, ids, index = read_rlinf_index(src)
+    # Refuse (hostile names, missing files, pickles) before anything is created.
+    rlinf_files(src, ids, index, meta.get("trajectory_format", "pt"), allow_pickle)
+    buf = TrajectoryReplayBuffer(
+        seed=int(meta.get("seed", 1234)),
+        auto_save=True,
+        auto_save_path=str(dst_path),
+        trajectory_format=meta.get("trajectory_format", "pt"),
+        **buffer_kwargs,
+    )
+    try:
+        load_into(buf.core, src, 0, 1, False, allow_pickle=allow_pickle, progress=progress)
+        return len(buf)
+    finally:
+        buf.close()

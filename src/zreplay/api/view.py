@@ -1,0 +1,235 @@
+"""``zreplay.open(path)``: a read-only view of a buffer directory, like opening a dataset.
+
+A view sees the union of every writer's segment, each clamped to its last commit, and
+takes no lock: writers may keep appending in other processes; :meth:`BufferView.refresh`
+picks up what they have committed since.  Positions (``sample``, ``__getitem__``,
+``trajectory``) run over visible rows/trajectories in segment-name order.
+
+A thin adapter of a read-only :class:`~zreplay.core.BufferCore` (``self.core``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core import BufferCore
+from ..index.episodes import EpisodeView
+from ..sampling.clips import ClipSpec
+from ..sampling.nstep import NStepSpec
+from ..schema import unflatten
+from .trajectory_buffer import trajectory_dict
+
+
+class BufferView:
+    """Read-only access to a zreplay buffer directory (numpy in, numpy out).
+
+    ``sampler`` (a :mod:`zreplay.samplers` sampler or a ``fn(step, view, batch_size,
+    history_len)`` hook; default uniform) draws ``sample``, ``sample_clips`` and
+    ``sample_nstep``.  A prioritized sampler starts from the priorities each writer saved
+    with its last commit (as tree leaves; use the writer's ``alpha``/``eps``), follows
+    ``refresh()`` and keeps ``update_priorities`` in this process only: a view never
+    writes.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        seed: int | None = None,
+        sampler=None,
+        storage_options: dict | None = None,
+    ):
+        self._seed, self._sampler_arg = seed, sampler
+        self.core = BufferCore.reader(
+            path, sampler=sampler, seed=seed, owner=self, storage_options=storage_options
+        )
+        self.root = self.core.engine.root
+        self.path = self.core.path
+
+    # Handed to DataLoader workers as its location and options: each worker reopens it.
+
+    def __getstate__(self) -> dict:
+        return {
+            "path": str(self.path),
+            "seed": self._seed,
+            "sampler": self._sampler_arg,
+            "options": self.core.storage_options,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(
+            state["path"],
+            seed=None,
+            sampler=state.get("sampler"),
+            storage_options=state.get("options"),
+        )
+
+    # -- what it holds ----------------------------------------------------------------
+
+    @property
+    def sampler(self):
+        """The sampler ``sample``, ``sample_clips`` and ``sample_nstep`` draw with."""
+        return self.core.sampler
+
+    @property
+    def schema(self):
+        return self.core.schema
+
+    @property
+    def step(self) -> int:
+        """Batches drawn (a hook's step; a prioritized sampler's beta clock)."""
+        return self.core.stream.step
+
+    def refresh(self) -> bool:
+        """Re-read every segment's commit; returns True if anything new became visible."""
+        return self.core.refresh()
+
+    def episodes(self) -> EpisodeView:
+        """The visible episodes of every segment (rows as visible positions)."""
+        return self.core.episodes()
+
+    @property
+    def num_episodes(self) -> int:
+        return self.core.num_episodes
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (episode id, length, first_step, terminated, truncated)."""
+        return self.core.episode_table()
+
+    @property
+    def num_rows(self) -> int:
+        """Visible transitions (rows) over all segments."""
+        return self.core.num_rows
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.core.num_trajectories
+
+    @property
+    def writer_ids(self) -> list[str]:
+        return self.core.engine.writer_ids
+
+    @property
+    def next_trajectory_id(self) -> int:
+        return self.core.next_trajectory_id
+
+    def keys(self) -> list[str]:
+        """Stored key paths, e.g. ``["actions", "curr_obs/main_images", ...]``."""
+        return self.core.keys
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __repr__(self) -> str:
+        return (
+            f"<zreplay view {self.path}: {self.num_trajectories} trajectories, "
+            f"{self.num_rows} rows, {len(self.writer_ids)} segment(s), keys={self.keys()}>"
+        )
+
+    # -- reads ------------------------------------------------------------------------
+
+    def num_clips(self, history_len: int = 1, frameskip: int = 1, pad: str | None = None) -> int:
+        """Valid clips of ``history_len`` frames ``frameskip`` apart (see sample_clips)."""
+        return self.core.num_clips(ClipSpec(history_len, frameskip, pad))
+
+    def sample_clips(self, batch_size: int, history_len: int = 1, **kw) -> dict[str, Any]:
+        """``batch_size`` clips ``[batch, history_len, ...]`` drawn by the sampler over all
+        valid clips (uniformly by default); never across an episode boundary.  ``kw``:
+        ``frameskip``, ``pad``, ``keys``, ``action_keys`` (see :meth:`clips`)."""
+        spec, keys = _clip_args(history_len, **kw)
+        return unflatten(self.core.sample_clips(spec, batch_size, keys))
+
+    def clips(self, indices, history_len: int = 1, **kw) -> dict[str, Any]:
+        """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first.
+
+        ``frameskip``: frames ``frameskip`` steps apart, ``action_keys`` kept dense and
+        reshaped to ``(history_len, frameskip * action_dim)``; ``pad``: ``None``,
+        ``"zero"`` or ``"repeat"`` (clips may start before an episode, ``is_pad`` marks
+        the padded frames); ``keys``: stored keys to return (default all)."""
+        spec, keys = _clip_args(history_len, **kw)
+        return unflatten(self.core.clips(spec, indices, keys))
+
+    def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
+        """n-step transitions (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
+        keys = kw.pop("keys", None)
+        spec = NStepSpec(n, gamma, **kw)
+        return unflatten(self.core.sample_nstep(spec, batch_size, keys))
+
+    def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
+        """Visible steps of episode ``e`` (oldest first) as nested ``[L, ...]`` arrays."""
+        return unflatten(self.core.episode(e, keys))
+
+    def rows(self, positions, keys: list[str] | None = None) -> dict[str, Any]:
+        """Rows at visible positions ``[0, num_rows)`` as a nested dict of numpy arrays."""
+        return unflatten(self.core.rows(positions, keys))
+
+    def sample(self, n: int, keys: list[str] | None = None) -> dict[str, Any]:
+        """``n`` rows drawn with replacement by the sampler (uniformly by default), as a
+        nested dict of numpy arrays; a prioritized sampler adds ``index`` (int64 ``[n]``)
+        and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips."""
+        if n <= 0:
+            raise ValueError(f"n must be > 0, got {n}")
+        return unflatten(self.core.sample(n, keys))
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return index_tree(self.rows([i]), 0)
+
+    def update_priorities(self, indices, priorities) -> int:
+        """Set the priorities of what a batch drew (``batch["index"]``) in this view's
+        sampler (this process only; the store is never written); returns how many were
+        applied.  Needs a prioritized sampler (``TypeError`` otherwise)."""
+        return self.core.update_priorities(indices, priorities)
+
+    def priorities(self, indices) -> np.ndarray:
+        """Tree leaves (float64) of rows ``indices`` in this view's prioritized sampler."""
+        return self.core.priorities(indices)
+
+    def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
+        """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
+        per segment.  Segment rows are never reused, so unlike positions (which shift when
+        an earlier segment grows or evicts) they name the same rows after a ``refresh()``
+        and in another process."""
+        return self.core.engine.segment_rows(start, stop)
+
+    def positions_of(self, writer_id: str, rows) -> np.ndarray:
+        """Current positions (for :meth:`rows`) of rows of segment ``writer_id``; an
+        IndexError if any is not visible (evicted, or not yet seen by ``refresh()``)."""
+        return self.core.engine.positions_of(writer_id, rows)
+
+    def trajectory(self, i: int) -> dict[str, Any]:
+        """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""
+        return trajectory_dict(self.core.trajectory(i))
+
+
+def _clip_args(
+    history_len: int,
+    frameskip: int = 1,
+    pad: str | None = None,
+    keys: list[str] | None = None,
+    action_keys: tuple[str, ...] = ("action",),
+) -> tuple[ClipSpec, list[str] | None]:
+    return ClipSpec(history_len, frameskip, pad, action_keys), keys
+
+
+def index_tree(tree: Any, i: int) -> Any:
+    """Item ``i`` of every array in a nested dict."""
+    if isinstance(tree, dict):
+        return {k: index_tree(v, i) for k, v in tree.items()}
+    return tree[i]
+
+
+def open(  # noqa: A001
+    path: str | Path,
+    seed: int | None = None,
+    sampler=None,
+    *,
+    storage_options: dict | None = None,
+) -> BufferView:
+    """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
+    URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.
+    ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment).
+    ``sampler``: a :mod:`zreplay.samplers` sampler or hook for ``sample``/``sample_clips``/
+    ``sample_nstep``."""
+    return BufferView(path, seed=seed, sampler=sampler, storage_options=storage_options)

@@ -1,0 +1,88 @@
+"""Episodes out of any buffer or view: ``dump(src, path, format="hdf5" | "zarr", mode=...)``.
+
+HDF5: one file (layout in :mod:`zreplay.compat.hdf5`).  Zarr: a zreplay buffer directory
+holding one trajectory ``[L, 1]`` per episode, as :class:`~zreplay.ReplayBuffer` writes
+them (its random stream and clip sampling resume on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..errors import FormatError
+from ..store.location import locate
+from ..store.root import is_buffer
+from .hdf5 import MODES, write_hdf5
+
+# RAM kept decoded while a Zarr dump is written (as ReplayBuffer's default).
+DUMP_RAM_BYTES = 1 << 30
+
+
+def episode_items(
+    core: BufferCore, progress=None
+) -> Iterator[tuple[dict[str, np.ndarray], bool, bool]]:
+    """``(columns [L, ...], terminated, truncated)`` per visible episode, oldest first."""
+    view = core.episodes()
+    for e in range(len(view)):
+        cols = core.episode(e)
+        if progress is not None:
+            progress(1)
+        yield cols, bool(view.terminated[e]), bool(view.truncated[e])
+
+
+def dump(
+    src,
+    path: str | Path,
+    format: str = "hdf5",
+    mode: str = "overwrite",
+    *,
+    progress: Callable[[int], None] | None = None,
+    **kw,
+) -> None:
+    """Write every visible episode of ``src`` (a buffer, a view or a ``BufferCore``) to
+    ``path``: ``format="hdf5"`` (one file; ``kw``: ``compression``, ``level``) or
+    ``"zarr"`` (a buffer directory; ``kw``: ``layout``, ``durable``, ...).  ``mode``:
+    ``"overwrite"`` (written aside and renamed in), ``"append"`` (same columns) or
+    ``"error"`` (refuse an existing path).  ``progress(1)`` after each episode is read."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    path = Path(path)
+    if mode == "error" and path.exists():
+        raise FileExistsError(f"{path} exists (mode='error'); pick another path or mode")
+    core = getattr(src, "core", src)
+    core.flush()
+    if format == "hdf5":
+        write_hdf5(episode_items(core, progress), path, mode, **kw)
+    elif format == "zarr":
+        _dump_zarr(core, path, mode, progress, **kw)
+    else:
+        raise ValueError(f"format must be 'hdf5' or 'zarr', got {format!r}")
+
+
+def _dump_zarr(core: BufferCore, path: Path, mode: str, progress=None, **kw) -> None:
+    if mode == "overwrite" and path.exists():
+        if not is_buffer(path):
+            raise FormatError(f"{path} exists and is not a zreplay buffer; delete it yourself")
+        loc = locate(path)
+        loc.backend.remove_tree(loc)
+    existing = BufferCore.reader(path).num_rows if path.exists() else 0
+    need = existing + int(core.episodes().length.sum())
+    dst = BufferCore.writer(
+        path,
+        stream=RandomStream(tag="swm"),
+        capacity=max(1, need),
+        ram=RamPolicy(enabled=True, trajectories=None, max_bytes=DUMP_RAM_BYTES),
+        **kw,
+    )
+    try:
+        for cols, _term, _trunc in episode_items(core, progress):
+            n = len(next(iter(cols.values())))
+            dst.add(
+                [Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)]
+            )
+    finally:
+        dst.close()

@@ -1,0 +1,274 @@
+"""RLinf 0.3's on-disk layout, both ways, and checkpoint loading.
+
+RLinf directory layout (what ``export_rlinf`` writes and ``import_rlinf`` reads)::
+
+    trajectory_{trajectory_id}_{model_weights_id}.pt   torch.save of {field: [T, B, ...] tensor
+                                                      or nested dict, max_episode_length,
+                                                      model_weights_id}   (.pkl: pickle)
+    metadata.json          {"trajectory_format", "size", "total_samples",
+                            "trajectory_counter", "seed"}
+    trajectory_index.json  {"trajectory_index": {"<id>": {"num_samples", "trajectory_id",
+                            "max_episode_length", "shape", "model_weights_id"}},
+                            "trajectory_id_list": [...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core import BufferCore
+from ..core.ranks import rank_block
+from ..errors import CorruptBufferError, FormatError, PickleRefusedError
+from ..schema import unflatten
+from ..store.root import is_buffer
+from .rlinf_trajectory import prepare
+
+BATCH = 64
+
+
+def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Path:
+    """RLinf's ``trajectory_{id}_{model_weights_id}.{ext}`` in ``directory``; a weights id
+    that would lead out of it (a path separator, NUL) is refused."""
+    name = f"trajectory_{tid}_{weights_id}.{ext}"
+    if not isinstance(weights_id, str) or any(c in weights_id for c in "/\\\0"):
+        raise FormatError(
+            f"model_weights_id {weights_id!r} of trajectory {tid} cannot be part of a file "
+            f"name in {directory} (RLinf names files trajectory_<id>_<model_weights_id>); "
+            "use ids without '/', '\\' or NUL"
+        )
+    return directory / name
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _to_torch(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _to_torch(v) for k, v in tree.items()}
+    if isinstance(tree, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(tree))
+    return tree
+
+
+# -- export ---------------------------------------------------------------------------
+
+
+def export_rlinf(
+    core: BufferCore, out: Path, fmt: str, seed: int, progress: Callable[[int], None] | None = None
+) -> int:
+    """Write every visible trajectory of ``core`` in RLinf 0.3's layout under ``out``
+    (``seed``: RLinf's metadata field); ``progress(1)`` after each trajectory."""
+    if fmt not in ("pt", "pkl"):
+        raise ValueError(f"format must be 'pt' or 'pkl', got {fmt!r}")
+    core.flush()
+    out.mkdir(parents=True, exist_ok=True)
+    index: dict[str, dict] = {}
+    id_list: list[int] = []
+    total = 0
+    for rec in core.trajectories():
+        tid, wid = rec.trajectory_id, rec.model_weights_id
+        traj = unflatten(rec.columns)
+        traj["max_episode_length"] = rec.max_episode_length
+        traj["model_weights_id"] = wid
+        shape_src = traj.get("prev_logprobs", traj.get("rewards"))
+        if shape_src is None:
+            shape_src = next(v for v in traj.values() if isinstance(v, np.ndarray))
+        T, B = shape_src.shape[:2]
+        path = trajectory_file(out, tid, wid, fmt)
+        payload = _to_torch(traj)
+        if fmt == "pt":
+            _atomic_write_bytes(path, lambda f, p=payload: torch.save(p, f))
+        else:
+            _atomic_write_bytes(path, lambda f, p=payload: pickle.dump(p, f))
+        index[str(tid)] = {
+            "num_samples": int(T * B),
+            "trajectory_id": int(tid),
+            "max_episode_length": int(rec.max_episode_length),
+            "shape": [int(d) for d in shape_src.shape],
+            "model_weights_id": wid,
+        }
+        id_list.append(int(tid))
+        total += int(T * B)
+        if progress is not None:
+            progress(1)
+    meta = {
+        "trajectory_format": fmt,
+        "size": len(id_list),
+        "total_samples": total,
+        "trajectory_counter": core.next_trajectory_id,
+        "seed": seed,
+    }
+    idx = {"trajectory_index": index, "trajectory_id_list": id_list}
+    _atomic_write_bytes(out / "trajectory_index.json", lambda f: f.write(json.dumps(idx).encode()))
+    _atomic_write_bytes(out / "metadata.json", lambda f: f.write(json.dumps(meta).encode()))
+    return len(id_list)
+
+
+# -- import ---------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FormatError(f"{path} is missing; not an RLinf buffer directory") from None
+    except ValueError as e:
+        raise CorruptBufferError(f"{path} is not valid JSON ({e})") from None
+
+
+def read_rlinf_index(src: Path) -> tuple[dict, list[int], dict]:
+    meta = _read_json(src / "metadata.json")
+    idx = _read_json(src / "trajectory_index.json")
+    try:
+        index = {int(k): dict(v) for k, v in idx.get("trajectory_index", {}).items()}
+        ids = [int(i) for i in idx.get("trajectory_id_list", sorted(index))]
+    except (TypeError, ValueError, AttributeError) as e:
+        raise CorruptBufferError(
+            f"{src / 'trajectory_index.json'}: trajectory ids must be integers and entries "
+            f"objects ({e})"
+        ) from None
+    return meta, ids, index
+
+
+def load_rlinf_file(path: Path, allow_pickle: bool) -> dict:
+    """One RLinf trajectory file as a dict; ``.pt`` with ``weights_only=True``."""
+    if path.suffix == ".pt":
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            raise CorruptBufferError(f"{path}: cannot load with weights_only=True ({e})") from None
+    if not allow_pickle:
+        raise PickleRefusedError(
+            f"{path} is a pickle, which can run arbitrary code when loaded; pass "
+            "allow_pickle=True only if you trust its source"
+        )
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def rlinf_files(
+    src: Path, ids: list[int], index: dict, fmt: str, allow_pickle: bool
+) -> list[tuple[int, dict, Path]]:
+    """``(id, index entry, file)`` of each listed trajectory, checked before anything is
+    loaded: every entry and file must exist, and pickles need ``allow_pickle``."""
+    ext = "pt" if fmt == "pt" else "pkl"
+    if ext == "pkl" and ids and not allow_pickle:
+        raise PickleRefusedError(
+            f"{src} holds pickles (trajectory_format={fmt!r}), which can run arbitrary code "
+            "when loaded; pass allow_pickle=True only if you trust its source"
+        )
+    out = []
+    for tid in ids:
+        entry = index.get(tid)
+        if entry is None:
+            raise CorruptBufferError(f"{src}: trajectory {tid} is listed but has no index entry")
+        path = trajectory_file(src, tid, entry.get("model_weights_id", ""), ext)
+        if not path.is_file():
+            raise CorruptBufferError(
+                f"{src}: trajectory {tid} is indexed but its file {path.name} is missing"
+            )
+        out.append((tid, entry, path))
+    return out
+
+
+def iter_rlinf(files: list[tuple[int, dict, Path]], allow_pickle: bool, progress=None):
+    for tid, entry, path in files:
+        item = prepare(load_rlinf_file(path, allow_pickle))
+        item.trajectory_id = tid
+        if "max_episode_length" in entry and not item.max_episode_length:
+            item.max_episode_length = int(entry["max_episode_length"])
+        if progress is not None:
+            progress(1)
+        yield item
+
+
+def _add_batched(core: BufferCore, items) -> None:
+    batch = []
+    for it in items:
+        batch.append(it)
+        if len(batch) >= BATCH:
+            core.add(batch)
+            batch = []
+    core.add(batch)
+
+
+def is_rlinf_dir(path) -> bool:
+    """RLinf 0.3's buffer directory: ``metadata.json`` + ``trajectory_index.json``."""
+    return (path / "metadata.json").is_file() and (path / "trajectory_index.json").is_file()
+
+
+def checkpoint_kind(path) -> str:
+    """``"zreplay"`` or ``"rlinf"``; ``FormatError`` for anything else."""
+    if is_buffer(path):
+        return "zreplay"
+    if is_rlinf_dir(path):
+        return "rlinf"
+    raise FormatError(
+        f"{path} is neither a zreplay buffer nor an RLinf checkpoint directory "
+        "(metadata.json + trajectory_index.json)"
+    )
+
+
+def load_into(
+    core: BufferCore,
+    src,
+    rank: int,
+    world: int,
+    distributed: bool,
+    allow_pickle: bool = False,
+    progress=None,
+) -> None:
+    """Fill the writable ``core`` with rank ``rank``'s block of the trajectories at
+    ``src`` (an RLinf directory or a zreplay buffer location)."""
+    if checkpoint_kind(src) == "rlinf":
+        meta, ids, index = read_rlinf_index(src)
+        start, stop = rank_block(len(ids), rank, world)
+        fmt = meta.get("trajectory_format", "pt")
+        # Refuse (missing files, pickles) before this buffer's contents are replaced.
+        files = rlinf_files(src, ids[start:stop], index, fmt, allow_pickle)
+        core.reseed(int(meta.get("seed", core.stream.seed)), rank if distributed else None)
+        core.clear(reset_schema=True)
+        _add_batched(core, iter_rlinf(files, allow_pickle, progress))
+        core.reserve_trajectory_ids(
+            max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
+        )
+        core.flush()
+        return
+
+    view = BufferCore.reader(src, storage_options=src.backend.storage_options)
+    segs = [(wid, c) for wid, c in view.segments() if c.n_traj > c.low_traj]
+    start, stop = rank_block(sum(c.n_traj - c.low_traj for _, c in segs), rank, world)
+    if not segs:
+        core.clear(reset_schema=True)
+        return
+    if len(segs) == 1:
+        wid, c = segs[0]
+        state = c.sampler
+        if distributed:
+            core.reseed(int(c.sampler.get("seed", core.stream.seed)), rank)
+            # the block keeps the source's sampler state (priorities) with a rank's stream
+            state = {**c.sampler, **core.stream.state()}
+        core.adopt(src, wid, c.low_traj + start, c.low_traj + stop, state)
+        return
+    # Several writers' segments: copy the rank's block through the normal add path.
+    core.reseed(core.stream.seed, rank if distributed else None)
+    core.clear(reset_schema=True)
+    _add_batched(core, (rec.prepared() for rec in view.trajectories(start, stop)))
+    core.reserve_trajectory_ids(view.next_trajectory_id)
+    core.flush()

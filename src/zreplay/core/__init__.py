@@ -1,0 +1,11 @@
+"""The buffer core: an engine (writer or reader), a bound sampler and a random stream.
+
+Facades (``TrajectoryReplayBuffer``, ``ReplayBuffer``, views, the TorchRL storage) are
+thin adapters of :class:`BufferCore`; see README "The buffer core".
+"""
+
+from ..engine.ramtier import RamPolicy
+from .buffer import BufferCore, Prepared, TrajectoryRecord
+from .stream import RandomStream
+
+__all__ = ["BufferCore", "Prepared", "RamPolicy", "RandomStream", "TrajectoryRecord"]

@@ -1,0 +1,104 @@
+"""A sampler bound to one buffer: draws over the buffer's snapshots with the buffer's
+random stream, and decides when a writer saves its priorities.
+
+Priorities are saved as tree leaves beside the segment (``store/priority.py``, FORMAT.md)
+with a commit: the writer asks :meth:`BoundSampler.priorities_to_save` for them while it
+builds each commit, and writes them to the copy the current commit does not name before
+publishing the commit that names it.  Saves happen when the leaves changed, at most every
+``save_every_s`` seconds for background commits, and always for ``flush``/``close``/
+``save_checkpoint``; a save whose commit failed is taken again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..sampling.samplers.base import Context, Drawn, Sampler, Units, claim
+
+
+class BoundSampler:
+    """``sampler`` drawing for one buffer: ``core`` claims a stateful sampler (one
+    buffer per prioritized sampler); ``owner`` is what a hook receives as ``buffer``."""
+
+    def __init__(self, sampler: Sampler, core: Any, owner: Any):
+        claim(sampler, core)
+        self.sampler = sampler
+        self._owner = owner
+        self._last_save = -float("inf")
+
+    @property
+    def prioritized(self) -> bool:
+        return self.sampler.prioritized
+
+    def context(self, rng: np.random.Generator, snapshot, step: int) -> Context:
+        return Context(rng, snapshot.space, step, self._owner)
+
+    def draw_rows(self, rng, snapshot, n: int, step: int) -> Drawn:
+        return self.sampler.draw_rows(self.context(rng, snapshot, step), n)
+
+    def pick(self, rng, n: int, step: int) -> Callable[[Units, object], Drawn]:
+        """A ``pick(units, snapshot)`` for the clip and n-step plans."""
+        return lambda units, snap: self.sampler.draw_units(self.context(rng, snap, step), units, n)
+
+    # -- priorities -----------------------------------------------------------------
+
+    def update_priorities(self, space, index, priorities) -> int:
+        return self.sampler.update_priorities(space, _as_numpy(index), _as_numpy(priorities))
+
+    def priorities(self, space, index) -> np.ndarray:
+        return self.sampler.priorities(space, _as_numpy(index))
+
+    def priorities_to_save(self, space, n_rows: int, explicit: bool):
+        """``(meta, leaves)`` to save with a commit of ``n_rows`` rows, or None: nothing
+        changed, or a background commit within ``save_every_s`` of the last save."""
+        s = self.sampler
+        if not s.prioritized:
+            return None
+        s.sync(space)
+        now = time.monotonic()
+        if not explicit and now - self._last_save < s.save_every_s:
+            return None
+        snap = s.snapshot(0, n_rows)
+        if snap is None:
+            return None
+        self._last_save = now
+        return snap
+
+    def save_failed(self) -> None:
+        """The commit carrying the last snapshot was not published: take it again."""
+        self.sampler.mark_changed(0)
+
+    # -- state ----------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """JSON for a commit: ``{"sampler": sampler.state_dict()}``."""
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state(self, state: Mapping | None) -> None:
+        """Restore the sampler's JSON state from a commit if it is of the same kind."""
+        got = (state or {}).get("sampler")
+        if got and got.get("kind") == type(self.sampler).__name__:
+            self.sampler.load_state_dict(dict(got))
+
+    def full_state(self, space) -> dict:
+        """JSON state plus the priorities as arrays (``ReplayBuffer.state_dict``)."""
+        out = self.state()
+        if self.sampler.prioritized:
+            self.sampler.sync(space)
+            out["priorities"] = self.sampler.priorities_state()
+        return out
+
+    def load_full_state(self, state: Mapping, space: Callable[[], Any]) -> None:
+        self.load_state(state)
+        if self.sampler.prioritized and state.get("priorities") is not None:
+            self.sampler.load_priorities_state(state["priorities"], space())
+
+
+def _as_numpy(x) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)

@@ -1,0 +1,387 @@
+"""The buffer core: one engine, one bound sampler, one random stream; what facades call.
+
+A :class:`BufferCore` is either writable (over a
+:class:`~zreplay.engine.writer.SegmentWriter`: one writer's segment of a buffer, plus
+in-process sampling of it) or read-only (over a
+:class:`~zreplay.engine.reader.BufferReader`: the union of every segment, as
+``zreplay.open`` gives).  Either way it draws with its sampler and random stream, reads
+through the one gather, and returns flat ``{key path: numpy array}`` dicts; a facade
+adds its nesting, tensors and names.  Writable cores save the stream's and the sampler's
+state (priorities included) with every commit and resume them when reopened.
+
+Everything a facade needs is a public method here; see README "The buffer core".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..engine.prepared import Prepared
+from ..engine.reader import BufferReader
+from ..engine.writer import SegmentWriter
+from ..errors import EmptyBufferError, ReadOnlyError
+from ..index.episodes import EpisodeView
+from ..index.trajectories import time_major
+from ..sampling import plans
+from ..sampling.clips import ClipSpec
+from ..sampling.nstep import NStepSpec
+from ..sampling.samplers import Sampler, as_sampler
+from .bound_sampler import BoundSampler
+from .stream import RandomStream
+
+__all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
+
+
+@dataclass
+class TrajectoryRecord:
+    """One visible trajectory: ``columns`` (flat key path -> ``[T, B, ...]``) and its
+    metadata; ``continues`` (bool ``[B]``): lanes whose first step continues an episode
+    of the segment's previous trajectory."""
+
+    columns: dict[str, np.ndarray]
+    trajectory_id: int
+    max_episode_length: int
+    model_weights_id: str
+    T: int
+    B: int
+    continues: np.ndarray
+
+    def prepared(self) -> Prepared:
+        """This trajectory as an item to add to another buffer (same id and metadata)."""
+        return Prepared(
+            self.columns,
+            self.T,
+            self.B,
+            self.max_episode_length,
+            self.model_weights_id,
+            self.trajectory_id,
+            continues=self.continues,
+        )
+
+
+class BufferCore:
+    """A buffer's engine, sampler and random stream (see the module docstring).
+
+    Construct with :meth:`writer` or :meth:`reader`.  ``owner`` is the facade object a
+    sampler hook ``fn(step, buffer, batch_size, history_len)`` receives as ``buffer``.
+    """
+
+    def __init__(self, engine, sampler: Sampler, stream: RandomStream, owner: Any = None):
+        self.engine = engine
+        self.stream = stream
+        self._owner = owner if owner is not None else self
+        self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
+        return f"<zreplay buffer {self.path} ({kind})>"
+
+    @classmethod
+    def writer(
+        cls, path, *, sampler=None, stream: RandomStream | None = None, owner=None, **options
+    ) -> BufferCore:
+        """A writable core on segment ``options["writer_id"]`` of the buffer at ``path``
+        (``None``: a private temporary store); ``options`` are
+        :class:`~zreplay.engine.writer.SegmentWriter`'s (capacity, ram, layout, durable,
+        overwrite, break_lock, storage_options).  Resumes the stream and sampler state
+        saved with the segment's last commit."""
+        core = cls(SegmentWriter(path, **options), sampler, stream or RandomStream(), owner)
+        core.load_state(core.engine.commit.sampler)
+        core.engine.attach(core)
+        return core
+
+    @classmethod
+    def reader(
+        cls, path, *, sampler=None, seed: int | None = None, owner=None, storage_options=None
+    ) -> BufferCore:
+        """A read-only core over every segment of the buffer at ``path``."""
+        return cls(BufferReader(path, storage_options), sampler, RandomStream(seed), owner)
+
+    # -- what it holds --------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return self.engine.writable
+
+    @property
+    def path(self):
+        return self.engine.path
+
+    @property
+    def storage_options(self) -> dict:
+        return self.engine.path.backend.storage_options
+
+    @property
+    def schema(self):
+        return self.engine.schema
+
+    @property
+    def keys(self) -> list[str]:
+        schema = self.engine.schema
+        return [] if schema is None else list(schema.keys)
+
+    @property
+    def num_rows(self) -> int:
+        """Visible transitions (rows)."""
+        return self.engine.num_rows
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.engine.num_trajectories
+
+    @property
+    def next_trajectory_id(self) -> int:
+        return self.engine.next_trajectory_id
+
+    def episodes(self) -> EpisodeView:
+        """The visible episodes (per-episode lengths, flags; ``(episode, step) -> row``)."""
+        self._check_process()
+        return self.engine.episodes()
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes())
+
+    def episode_table(self) -> dict[str, np.ndarray]:
+        """Per-episode columns (episode id, length, first_step, terminated, truncated)."""
+        return plans.episode_table(self.episodes())
+
+    def stats(self) -> dict:
+        return self._writer().stats()
+
+    @property
+    def closed(self) -> bool:
+        return self.engine.closed
+
+    # -- sampler --------------------------------------------------------------------
+
+    @property
+    def sampler(self) -> Sampler:
+        return self._bound.sampler
+
+    def set_sampler(self, sampler) -> None:
+        """Draw with ``sampler`` from now on (a sampler, hook or None for uniform)."""
+        self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
+
+    def update_priorities(self, indices, priorities) -> int:
+        """Set the priorities of what a batch drew (``batch["index"]``); returns how many
+        were applied (rows evicted since they were drawn are skipped)."""
+        return self.engine.locked(
+            lambda snap: self._bound.update_priorities(snap.space, indices, priorities)
+        )
+
+    def priorities(self, indices) -> np.ndarray:
+        """Tree leaves (float64) of ``indices`` (0 for rows no longer or not yet visible)."""
+        return self.engine.locked(lambda snap: self._bound.priorities(snap.space, indices))
+
+    # -- reading --------------------------------------------------------------------
+
+    def _check_process(self) -> None:
+        # A reader handed to another process (DataLoader workers) reopens there, and must
+        # not replay its parent's draws.
+        if os.getpid() != self._pid and not self.writable:
+            self._pid = os.getpid()
+            self.stream.unseeded()
+            self.engine.check_process()
+
+    def read(self, draw: Callable[[Any], object], alloc=None) -> tuple[object, dict]:
+        """``draw(snapshot)`` at one consistent instant, then gather what it asks for (see
+        ``SegmentWriter.read``); returns ``(what draw returned, {name: array})``."""
+        self._check_process()
+        return self.engine.read(draw, alloc)
+
+    def _read(self, fn) -> dict:
+        return self.read(fn)[1]
+
+    def pick(self, n: int, step: int | None = None):
+        """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
+        taken now unless ``step`` is given)."""
+        if int(n) <= 0:
+            raise ValueError(f"the number of samples must be > 0, got {n}")
+        step = self.stream.take_step(step)
+        return self._bound.pick(self.stream.rng, int(n), step)
+
+    def sample(self, n: int, keys: list[str] | None = None, alloc=None) -> dict[str, np.ndarray]:
+        """``n`` rows drawn by the sampler (flat dict; ``index``/``weight`` beside the data
+        for a prioritized sampler), or ``n`` clips for a sampler with a clip shape.
+        ``alloc(name, shape, dtype)`` provides each data output (rows only)."""
+        clips = self.sampler.clips
+        if clips is not None:
+            return self.sample_clips(clips, n, keys)
+        extra: dict = {}
+        box: dict = {}
+
+        def draw(snap):
+            if snap.num_rows <= 0:
+                raise EmptyBufferError(self.engine.empty_message())
+            if "step" not in box:  # a view's retry draws again with the same step
+                box["step"] = self.stream.take_step()
+            rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"])
+            extra.clear()
+            extra.update(got)
+            self.stream.num_sampled += n
+            return rows if keys is None else {k: (k, rows) for k in keys}
+
+        _, out = self.read(draw, alloc)
+        return plans.add_extra(out, extra)
+
+    def sample_clips(
+        self, spec: ClipSpec, n: int, keys: list[str] | None = None, step: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """``n`` clips ``{key: [n, history_len, ...]}`` drawn by the sampler over every
+        valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized)."""
+        return plans.gather_clips(self._read, spec, keys or self.keys, self.pick(n, step))
+
+    def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
+        """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
+        return plans.gather_clips(self._read, spec, keys or self.keys, plans.fixed(indices))
+
+    def num_clips(self, spec: ClipSpec) -> int:
+        return spec.num_clips(self.episodes())
+
+    def sample_nstep(
+        self, spec: NStepSpec, n: int, keys: list[str] | None = None, step: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
+        return plans.gather_nstep(self._read, spec, self.keys, self.pick(n, step), keys)
+
+    def episode(self, e: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Every visible step of episode ``e`` as ``[L, ...]`` arrays."""
+        return plans.gather_episode(self._read, keys or self.keys, e)
+
+    def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
+        writer)."""
+        pos = np.asarray(positions, np.int64).reshape(-1)
+        keys = self.keys if keys is None else list(keys)
+
+        def draw(snap):
+            lo = int(snap.bounds[0])
+            if len(pos) and (pos.min() < lo or pos.max() >= lo + snap.num_rows):
+                raise IndexError(f"row positions must lie in [{lo}, {lo + snap.num_rows})")
+            return {k: (k, pos) for k in keys}
+
+        return self.read(draw)[1]
+
+    def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
+        """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
+        keys = self.keys if keys is None else list(keys)
+        box = {}
+
+        def draw(snap):
+            ref = box["ref"] = snap.trajectory(i)
+            pos = ref.positions()
+            return {k: (k, pos) for k in keys}
+
+        _, flat = self.read(draw)
+        ref = box["ref"]
+        meta = ref.metadata()
+        T, B = meta["T"], meta["B"]
+        columns = {k: time_major(v, T, B) for k, v in flat.items()}
+        return TrajectoryRecord(columns, continues=ref.part.index.continues(ref.j), **meta)
+
+    def trajectories(self, start: int = 0, stop: int | None = None) -> Iterator[TrajectoryRecord]:
+        """Visible trajectories ``[start, stop)``, oldest first."""
+        stop = self.num_trajectories if stop is None else stop
+        for i in range(start, stop):
+            yield self.trajectory(i)
+
+    def refresh(self) -> bool:
+        """A reader re-reads the commits (True if anything new became visible)."""
+        self._check_process()
+        return self.engine.refresh() if not self.writable else False
+
+    def segments(self) -> list[tuple[str, Any]]:
+        """``(writer_id, commit)`` of every visible segment (readers)."""
+        return self._reader().segments()
+
+    # -- writing (writable cores) ----------------------------------------------------
+
+    def _writer(self) -> SegmentWriter:
+        if not self.writable:
+            raise ReadOnlyError(
+                f"{self.path} is open read-only (zreplay.open); write through a buffer"
+            )
+        return self.engine
+
+    def _reader(self) -> BufferReader:
+        if self.writable:
+            raise TypeError("segments() lists the segments of a read-only core")
+        return self.engine
+
+    def add(self, items: list[Prepared]) -> list[int]:
+        """Validate, then append trajectories (all or none pass); returns their ids."""
+        return self._writer().add(items)
+
+    def reserve_trajectory_ids(self, stop: int) -> None:
+        self._writer().reserve_trajectory_ids(stop)
+
+    def flush(self) -> None:
+        """Block until everything added is committed (with the sampler state)."""
+        if self.writable:
+            self.engine.flush()
+
+    def clear(self, reset_schema: bool = False) -> None:
+        self._writer().clear(reset_schema)
+
+    def drop_ram(self) -> None:
+        self._writer().drop_ram()
+
+    def checkpoint(self, dest) -> None:
+        self._writer().checkpoint(dest)
+
+    def adopt(self, src, writer_id: str, first: int, stop: int, state: Mapping) -> None:
+        """Replace this segment with trajectories ``[first, stop)`` of segment
+        ``writer_id`` of the buffer at ``src`` (hard links), taking ``state`` (a commit's
+        sampler state) as this buffer's stream and sampler state."""
+        self._writer().adopt(src, writer_id, first, stop, dict(state))
+        self.load_state(state)
+
+    def close(self) -> None:
+        if self.writable:
+            self.engine.close()
+
+    # -- state ----------------------------------------------------------------------
+
+    def load_state(self, state: Mapping | None) -> bool:
+        """Resume a saved stream (and the sampler's state with it); True if it did."""
+        if not self.stream.load(state):
+            return False
+        self._bound.load_state(state)
+        return True
+
+    def reseed(self, seed: int, rank: int | None = None) -> None:
+        """Restart the random stream (``rank``: that rank's own stream)."""
+        self.stream.reseed(seed, rank)
+
+    def full_state(self) -> dict:
+        """The stream and sampler state, priorities as arrays (for ``torch.save``)."""
+        out = self.stream.state()
+        out.update(self.engine.locked(lambda snap: self._bound.full_state(snap.space)))
+        return out
+
+    def load_full_state(self, state: Mapping) -> None:
+        self.stream.load(state)
+        self.engine.locked(lambda snap: self._bound.load_full_state(state, lambda: snap.space))
+
+    # The writer's StateSource: what it saves with every commit.
+
+    @property
+    def keeps_priorities(self) -> bool:
+        return self._bound.prioritized
+
+    def state(self) -> dict:
+        return {**self.stream.state(), **self._bound.state()}
+
+    def priorities_to_save(self, n_rows: int, explicit: bool):
+        space = self.engine.snapshot().space  # the writer holds its lock while it asks
+        return self._bound.priorities_to_save(space, n_rows, explicit)
+
+    def save_failed(self) -> None:
+        self._bound.save_failed()

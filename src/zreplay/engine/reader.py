@@ -1,0 +1,253 @@
+"""The read-only reader of a whole buffer: the union of every writer's committed segment.
+
+A reader takes no lock: writers may keep appending in other processes; :meth:`refresh`
+re-reads every segment's commit and picks up what they committed since.  Positions run
+over the visible rows (and trajectories) of the segments in name order.  Reads that meet
+rows a writer evicted and deleted meanwhile are retried on a refreshed snapshot.
+
+A reader handed to another process (DataLoader workers) reopens the store there instead
+of using handles (and TensorStore threads) inherited from its parent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import EmptyBufferError
+from ..index.episodes import EpisodeView, concat_pieces
+from ..index.rowspace import RowSpace, SegmentRows
+from ..index.trajectories import TrajectoryIndex
+from ..store.commit import Commit, read_commit
+from ..store.priority import saved_priorities
+from ..store.root import BufferRoot
+from ..store.segment import Segment
+from .gather import Evicted, Part, Snapshot, gather
+
+RETRIES = 5
+
+
+class _SegmentState:
+    def __init__(self, segment: Segment, commit: Commit, index: TrajectoryIndex, before=None):
+        self.segment, self.commit, self.index = segment, commit, index
+        # Same rows as the state it follows (a sampler keeps what it knows of them), or
+        # rows renumbered from scratch (the writer cleared or replaced its segment).
+        self.epoch = before.epoch if before is not None and _continues(before, self) else object()
+
+    def reclaimed(self, row: int) -> bool:
+        """Has the writer (since this state was read) announced deleting ``row``'s shard?"""
+        now = read_commit(self.segment.dir)
+        return now is not None and now.reclaimed_below > row
+
+
+def _continues(old: _SegmentState, new: _SegmentState) -> bool:
+    j = old.index.n - 1
+    if j < 0:
+        return True
+    if new.index.n <= j or new.commit.n_rows < old.commit.n_rows:
+        return False
+    col = "trajectory_id"
+    return int(new.index.column(col)[j]) == int(old.index.column(col)[j])
+
+
+class BufferReader:
+    """Read-only access to the committed contents of a buffer directory."""
+
+    writable = False
+    closed = False
+
+    def __init__(self, path, storage_options: dict | None = None):
+        self.root = BufferRoot(path, storage_options)
+        self.path = self.root.path
+        self.root.read_meta()  # fails fast on a non-buffer
+        self._pid = os.getpid()
+        self._segs: dict[str, _SegmentState] = {}
+        self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
+        self.schema = None
+        self._layouts = None
+        self.refresh()
+
+    @property
+    def storage_options(self) -> dict:
+        return self.path.backend.storage_options
+
+    def check_process(self) -> bool:
+        """In a process other than the one that opened it: reopen (True if it did)."""
+        if os.getpid() == self._pid:
+            return False
+        self._pid = os.getpid()
+        self._segs = {}
+        self.schema = None
+        self.refresh()
+        return True
+
+    # -- discovery ------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Re-read every segment's commit; returns True if anything new became visible."""
+        if self.check_process():
+            return True
+        changed = False
+        if self.schema is None:
+            self.schema, self._layouts = self.root.schema()
+            if self.schema is None:
+                self._rebuild()
+                return False
+        for wid in self.root.writer_ids():
+            seg_dir = self.root.segment_dir(wid)
+            commit = read_commit(seg_dir)
+            if commit is None:
+                continue
+            st = self._segs.get(wid)
+            if st is not None and st.commit.gen == commit.gen:
+                continue
+            seg = st.segment if st else Segment(seg_dir, self.schema, self._layouts, writable=False)
+            index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
+            self._segs[wid] = _SegmentState(seg, commit, index, before=st)
+            self._seg_keys.setdefault(wid, len(self._seg_keys))
+            changed = True
+        self._rebuild()
+        return changed
+
+    def _rebuild(self) -> None:
+        states = [self._segs[w] for w in sorted(self._segs)]
+        self._order = states
+        rows = [s.index.visible_rows for s in states]
+        trajs = [s.index.num_visible for s in states]
+        self._cum_rows = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        self._cum_traj = np.concatenate([[0], np.cumsum(trajs, dtype=np.int64)])
+        self._episodes: EpisodeView | None = None
+        self._space: RowSpace | None = None
+        self._snapshot: Snapshot | None = None
+
+    def segments(self) -> list[tuple[str, Commit]]:
+        """``(writer_id, commit)`` of every visible segment, in name order."""
+        return [(s.segment.writer_id, s.commit) for s in self._order]
+
+    def episodes(self) -> EpisodeView:
+        """The visible episodes of every segment (rows as visible positions)."""
+        if self._episodes is None:
+            parts = []
+            for si, st in enumerate(self._order):
+                p = dict(st.index.pieces.visible())
+                p["start"] = p["start"] - st.index.low_row + self._cum_rows[si]
+                parts.append(p)
+            self._episodes = EpisodeView(concat_pieces(parts))
+        return self._episodes
+
+    def space(self) -> RowSpace:
+        """The visible rows as sampler positions (built once per refresh); each segment's
+        saved priorities are read from what its writer saved."""
+        if self._space is None:
+            offs, segs = [], []
+            for si, st in enumerate(self._order):
+                idx, pos0 = st.index, int(self._cum_rows[si])
+                offs.append(idx.offsets[idx.low : idx.n] - idx.low_row + pos0)
+                segs.append(
+                    SegmentRows(
+                        self._seg_keys[st.segment.writer_id],
+                        st.epoch,
+                        idx.low_row,
+                        idx.n_rows,
+                        pos0,
+                        lambda st=st: saved_priorities(st.segment.dir, st.commit),
+                    )
+                )
+            offsets = np.concatenate([*offs, self._cum_rows[-1:]]).astype(np.int64)
+            self._space = RowSpace(offsets, self._cum_traj.astype(np.int64), segs)
+        return self._space
+
+    # -- shape of the data ----------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._cum_rows[-1])
+
+    @property
+    def num_trajectories(self) -> int:
+        return int(self._cum_traj[-1])
+
+    @property
+    def writer_ids(self) -> list[str]:
+        return [s.segment.writer_id for s in self._order]
+
+    @property
+    def next_trajectory_id(self) -> int:
+        return max((s.commit.next_trajectory_id for s in self._order), default=0)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The visible rows as of the last refresh."""
+        if self._snapshot is None:
+            parts = [
+                Part(st.segment, st.index, int(self._cum_rows[si]), reclaimed=st.reclaimed)
+                for si, st in enumerate(self._order)
+            ]
+            self._snapshot = Snapshot(
+                self.schema, parts, self.episodes, self.space, given_bounds=self._cum_rows
+            )
+        return self._snapshot
+
+    def read(self, draw: Callable[[Snapshot], object], alloc=None) -> tuple[object, dict]:
+        """``draw(snapshot)``, then gather what it asks for (as ``SegmentWriter.read``);
+        drawn again on a refreshed snapshot if its rows were evicted meanwhile."""
+        self.check_process()
+        for _ in range(RETRIES):
+            snap = self.snapshot()
+            drawn = draw(snap)
+            if self.schema is None:
+                return drawn, {}
+            if isinstance(drawn, dict):
+                requests = drawn
+            else:
+                rows = np.asarray(drawn, np.int64)
+                requests = {k: (k, rows) for k in self.schema.keys}
+            try:
+                return drawn, gather(snap, requests, alloc)
+            except Evicted:
+                self.refresh()
+        raise EmptyBufferError("rows kept being evicted while reading; sample again")
+
+    def locked(self, fn: Callable[[Snapshot], object]) -> object:
+        """``fn(snapshot)`` (a reader has no lock: its snapshot changes only on refresh)."""
+        self.check_process()
+        return fn(self.snapshot())
+
+    def empty_message(self) -> str:
+        return f"{self.path} holds no committed transitions"
+
+    def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
+        """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
+        per segment.  Segment rows are never reused, so unlike positions (which shift when
+        an earlier segment grows or evicts) they name the same rows after a ``refresh()``
+        and in another process."""
+        stop = self.num_trajectories if stop is None else stop
+        if not 0 <= start <= stop <= self.num_trajectories:
+            raise IndexError(f"[{start}, {stop}) is not within [0, {self.num_trajectories}]")
+        out = []
+        for si, st in enumerate(self._order):
+            lo = max(start, int(self._cum_traj[si])) - int(self._cum_traj[si])
+            hi = min(stop, int(self._cum_traj[si + 1])) - int(self._cum_traj[si])
+            if hi > lo:
+                off = st.index.offsets
+                j0, j1 = st.index.low + lo, st.index.low + hi
+                out.append((st.segment.writer_id, int(off[j0]), int(off[j1])))
+        return out
+
+    def positions_of(self, writer_id: str, rows) -> np.ndarray:
+        """Current positions of rows of segment ``writer_id``; an IndexError if any is not
+        visible (evicted, or not yet seen by ``refresh()``)."""
+        rows = np.asarray(rows, np.int64)
+        for si, st in enumerate(self._order):
+            if st.segment.writer_id == writer_id:
+                idx = st.index
+                if rows.size and (rows.min() < idx.low_row or rows.max() >= idx.n_rows):
+                    raise IndexError(
+                        f"rows of segment {writer_id!r} outside its visible rows "
+                        f"[{idx.low_row}, {idx.n_rows}) (evicted, or refresh() first)"
+                    )
+                return self._cum_rows[si] + (rows - idx.low_row)
+        raise IndexError(f"{self.path} has no visible segment {writer_id!r}")

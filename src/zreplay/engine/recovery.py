@@ -1,0 +1,149 @@
+"""Opening a writer's segment: what its last commit says, with the debris of a crash removed.
+
+A writer killed at any moment leaves its previous commit intact; on the next open, under
+the writer lock, temp files of writes in flight are removed, shards that the commit says
+were reclaimed but a killed reclaim left behind are deleted, and everything past the
+commit (rows, index entries) is ignored: the in-RAM index is read up to the commit only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CorruptBufferError, FormatError, WriterLockedError
+from ..index.split import Lanes, lanes_after
+from ..index.trajectories import TrajectoryIndex
+from ..schema import Schema
+from ..store.commit import Commit, read_commit, remove_orphans
+from ..store.format import ID_BITS
+from ..store.lock import WriterLock
+from ..store.root import BufferRoot, is_buffer
+from ..store.segment import Segment
+
+
+@dataclass
+class OpenedSegment:
+    """A writer's segment as its last commit left it."""
+
+    commit: Commit
+    schema: Schema | None
+    layouts: dict | None
+    segment: Segment | None
+    index: TrajectoryIndex
+    lanes: Lanes | None
+    next_trajectory_id: int
+    next_episode: int
+    largest_trajectory: int  # rows of the largest visible trajectory (sizes the RAM tier)
+
+
+def open_arrays(seg_dir, schema: Schema, layouts: dict, durable: bool) -> Segment:
+    """The segment's arrays, created (or completed) first if needed."""
+    Segment.create_arrays(seg_dir, schema.specs, layouts)
+    return Segment(seg_dir, schema, layouts, writable=True, durable=durable)
+
+
+def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
+    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock)."""
+    seg_dir = root.segment_dir(writer_id)
+    schema, layouts = root.schema()
+    commit = read_commit(seg_dir) or Commit(writer_id=writer_id)
+    if commit.writer_number < 0:
+        commit = Commit(**{**vars(commit), "writer_number": root.writer_number(writer_id)})
+    committed = {
+        str(seg_dir / "data" / k / "c"): commit.n_rows // lay.shard_rows
+        for k, lay in (layouts or {}).items()
+    }
+    remove_orphans(seg_dir, committed)
+    next_id = max(commit.next_trajectory_id, commit.writer_number << ID_BITS)
+    opened = OpenedSegment(
+        commit, schema, layouts, None, TrajectoryIndex(), None, next_id, commit.next_episode, 1
+    )
+    if schema is None:
+        return opened
+    missing = Segment.missing_arrays(seg_dir, schema.specs)
+    if missing and commit.n_traj:
+        # Recreating them would serve fill values as committed data.
+        raise CorruptBufferError(
+            f"{seg_dir}: arrays {missing} are missing, but commit.json says "
+            f"{commit.n_traj} trajectories were committed; restore the segment from "
+            "a checkpoint (zreplay.verify(path) reports all damage)"
+        )
+    seg = opened.segment = open_arrays(seg_dir, schema, layouts, durable)
+    if commit.reclaimed_below:
+        seg.remove_reclaimed(commit.reclaimed_below)
+    cols = seg.read_index(commit)
+    index = opened.index = TrajectoryIndex(cols, low=commit.low_traj)
+    if index.n:
+        i = index.n - 1
+        p0 = int(cols["piece_end"][i - 1]) if i else 0
+        last = {c: v[p0:] for c, v in cols["pieces"].items()}
+        opened.lanes = lanes_after(
+            last, int(index.offsets[i]), int(cols["T"][i]), int(cols["B"][i])
+        )
+        sizes = cols["T"] * cols["B"]
+        opened.largest_trajectory = int(sizes[index.low :].max(initial=1))
+    return opened
+
+
+def remove_for_overwrite(path) -> None:
+    """Delete the buffer at ``path`` (``overwrite=True``): refused while any of its
+    segments has a live writer, and for anything that is not a zreplay buffer."""
+    if is_buffer(path):
+        root = BufferRoot(path)
+        for wid in root.writer_ids():
+            info = WriterLock(root.segment_dir(wid)).live_holder()
+            if info is not None:
+                raise WriterLockedError(
+                    f"overwrite=True refused: segment {wid!r} of {path} is being "
+                    f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
+                    "close that writer first"
+                )
+        path.backend.remove_tree(path)
+    elif any(True for _ in path.iterdir()):
+        raise FormatError(
+            f"overwrite=True refused: {path} is not a zreplay buffer; delete it yourself"
+        )
+
+
+@dataclass
+class Adoptable:
+    """A committed segment whose trajectories another writer adopts by hard links."""
+
+    seg_dir: object
+    schema: Schema
+    layouts: dict
+    commit: Commit
+    offsets: object
+    piece_end: object
+
+    def commit_for(
+        self, current: Commit, first: int, stop: int, next_id: int, sampler: dict
+    ) -> Commit:
+        """The adopting writer's commit (after ``current``) showing trajectories
+        ``[first, stop)`` of this segment."""
+        off, ends, src = self.offsets, self.piece_end, self.commit
+        return Commit(
+            writer_id=current.writer_id,
+            gen=current.gen + 1,
+            n_rows=int(off[stop]),
+            n_traj=stop,
+            low_row=int(off[first]),
+            low_traj=first,
+            reclaimed_below=src.reclaimed_below,
+            next_trajectory_id=max(next_id, src.next_trajectory_id),
+            n_pieces=int(ends[stop - 1]) if stop else 0,
+            low_piece=int(ends[first - 1]) if first else 0,
+            next_episode=src.next_episode,
+            writer_number=current.writer_number,
+            sampler=sampler,
+        )
+
+
+def read_adoptable(src_root, src_writer: str) -> Adoptable:
+    """Segment ``src_writer`` of the buffer at ``src_root``, read up to its commit."""
+    src = BufferRoot(src_root)
+    schema, layouts = src.schema()
+    src_dir = src.segment_dir(src_writer)
+    commit = read_commit(src_dir)
+    cols = Segment(src_dir, schema, layouts, writable=False).read_index(commit)
+    return Adoptable(src_dir, schema, layouts, commit, cols["offsets"], cols["piece_end"])

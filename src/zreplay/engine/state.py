@@ -1,0 +1,186 @@
+"""What a writer's segment holds at one instant, and the one place it changes.
+
+:class:`SegmentState` owns the commit record, the in-RAM index, the next trajectory and
+episode ids, the lanes left open by the last trajectory and the RAM tier.  Every change
+goes through one of its methods; its writer calls them with its lock held and does the
+waiting and the I/O around them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..index.rowspace import RowSpace, SegmentRows
+from ..index.split import split_pieces
+from ..schema import Schema
+from ..store.commit import Commit
+from ..store.segment import Segment
+from .committer import Job, StateSource, build_job, sampler_state
+from .gather import Part, Snapshot
+from .prepared import Prepared
+from .ramtier import RamPolicy, RamTier
+from .recovery import OpenedSegment
+
+
+class SegmentState:
+    """The state of one writer's segment.
+
+    Invariants: ``commit.n_rows <= index.n_rows``; with a tier, ``tier.hi ==
+    index.n_rows`` between adds (an add reserves tier rows first and publishes them to the
+    index last), rows ``[tier.lo, tier.hi)`` are in RAM and rows ``>= commit.n_rows`` are
+    only there (the tier never drops uncommitted rows); trajectory ids (``next_trajectory_id``),
+    episode ids (``next_episode``) and rows only grow: nothing is ever renumbered, except
+    that :meth:`reopen` replaces everything with what a commit on disk says.
+    """
+
+    def __init__(self, writer_id: str, opened: OpenedSegment, ram: RamPolicy, capacity):
+        self.writer_id = writer_id
+        self.ram = ram
+        self.capacity = capacity
+        self.reopen(opened)
+
+    def reopen(self, o: OpenedSegment) -> None:
+        """Take the segment as opened from disk (open, clear, adopt)."""
+        self.schema: Schema | None = o.schema
+        self.layouts = o.layouts
+        self.commit: Commit = o.commit
+        self.segment: Segment | None = o.segment
+        self.index = o.index
+        self.lanes = o.lanes
+        self.next_trajectory_id = o.next_trajectory_id
+        self.next_episode = o.next_episode
+        self.tier: RamTier | None = None
+        if self.index.n:
+            self.make_tier(o.largest_trajectory)
+            self._preload_tier()
+
+    def set_schema(self, schema: Schema | None, layouts, segment: Segment | None) -> None:
+        self.schema, self.layouts, self.segment = schema, layouts, segment
+
+    def set_commit(self, commit: Commit, job: Job | None = None) -> None:
+        """``commit`` was published (for ``job``, announcing a reclaim, or by the writer)."""
+        self.commit = commit
+        if job is not None and not self.ram.enabled and self.tier is not None:
+            self.tier.release_below(commit.n_rows)
+
+    # -- the RAM tier ---------------------------------------------------------------
+
+    def make_tier(self, traj_rows: int) -> None:
+        self.tier = RamTier(self.schema, self.ram.rows_for(self.schema, traj_rows))
+        self.tier.reset(self.index.n_rows)
+
+    def regrow_tier(self, traj_rows: int) -> RamTier:
+        """A larger tier for trajectories of ``traj_rows`` (the caller waited until every
+        row the current tier holds is committed)."""
+        self.tier = self.tier.resized(self.ram.rows_for(self.schema, traj_rows))
+        return self.tier
+
+    def empty_tier(self) -> None:
+        """Drop the tier's rows (they stay readable from disk)."""
+        if self.tier is not None:
+            self.tier = RamTier(self.schema, self.tier.capacity)
+            self.tier.reset(self.index.n_rows)
+
+    def _preload_tier(self) -> None:
+        """Fill the RAM tier with the newest committed rows (one range read per key)."""
+        if not self.ram.enabled or self.tier is None:
+            return
+        hi = self.index.n_rows
+        lo = max(self.index.low_row, hi - self.tier.capacity)
+        if hi <= lo:
+            return
+        futs = {k: self.segment.read_range(k, lo, hi) for k in self.schema.keys}
+        rows = {k: f.result() for k, f in futs.items()}
+        self.tier.reset(lo)
+        self.tier.reserve(hi - lo)
+        for k, r in rows.items():
+            self.tier.put_rows(k, lo, r)
+
+    # -- adding ---------------------------------------------------------------------
+
+    def publish(self, it: Prepared, start: int) -> int:
+        """Publish ``it``, whose rows were copied to tier rows from ``start``: assign its
+        id, cut its episodes, append it to the index and evict down to ``capacity``.
+        Returns its trajectory id."""
+        tid = self.next_trajectory_id if it.trajectory_id is None else int(it.trajectory_id)
+        self.next_trajectory_id = max(self.next_trajectory_id, tid + 1)
+        pieces, self.lanes, self.next_episode = split_pieces(
+            it.columns,
+            it.T,
+            it.B,
+            start,
+            self.next_episode,
+            lanes=self.lanes,
+            continues=it.continues,
+            split=it.split_episodes,
+        )
+        self.index.append(it.T, it.B, tid, it.max_episode_length, it.weights_bytes, pieces)
+        if self.capacity is not None:
+            self.index.evict_to(self.capacity)
+            self.tier.release_below(self.index.low_row)
+        return tid
+
+    def reserve_trajectory_ids(self, stop: int) -> None:
+        """Never hand out trajectory ids below ``stop``."""
+        self.next_trajectory_id = max(self.next_trajectory_id, int(stop))
+
+    # -- commits --------------------------------------------------------------------
+
+    def next_job(self, source: StateSource | None, explicit: bool) -> Job:
+        """The next commit's job, with the sampler state and the priorities to save."""
+        job = build_job(
+            self.writer_id,
+            self.index,
+            self.commit,
+            self.tier,
+            self.schema,
+            self.segment,
+            self.next_trajectory_id,
+            self.next_episode,
+        )
+        job.commit.sampler, job.priorities = self.sampler_state(source, job.commit.n_rows, explicit)
+        return job
+
+    def sampler_state(self, source, n_rows: int | None = None, explicit: bool = False):
+        """``(state, priorities to save)`` for a commit after the current one."""
+        return sampler_state(source, self.commit.sampler.get("priority"), n_rows, explicit)
+
+    def cleared_commit(self, source) -> Commit:
+        """The commit of this segment emptied (ids keep counting)."""
+        return Commit(
+            writer_id=self.writer_id,
+            gen=self.commit.gen + 1,
+            next_trajectory_id=self.next_trajectory_id,
+            writer_number=self.commit.writer_number,
+            sampler=self.sampler_state(source)[0],
+        )
+
+    # -- reading --------------------------------------------------------------------
+
+    def snapshot(self, persisted) -> Snapshot:
+        """The visible rows now; ``persisted()`` gives the priorities the commit names."""
+        idx, tier = self.index, self.tier
+        tier_lo = tier.lo if tier is not None else idx.n_rows
+        part = Part(self.segment, idx, idx.low_row, tier=tier, tier_lo=tier_lo)
+
+        def space() -> RowSpace:
+            seg = SegmentRows(0, idx, idx.low_row, idx.n_rows, idx.low_row, persisted)
+            return RowSpace.of_index(idx, seg)
+
+        return Snapshot(self.schema, [part], idx.episodes, space)
+
+    def stats(self) -> dict:
+        """Counts: visible trajectories/rows, what the RAM tier holds (whole trajectories
+        and rows), what is committed and what is still pending."""
+        idx, tier, commit = self.index, self.tier, self.commit
+        first_in_ram = max(tier.lo if tier is not None else idx.n_rows, idx.low_row)
+        in_ram = int(np.searchsorted(idx.offsets, first_in_ram, "left")) if idx.n else 0
+        return {
+            "trajectories": idx.num_visible,
+            "rows": idx.visible_rows,
+            "trajectories_in_ram": idx.n - max(in_ram, idx.low) if idx.n else 0,
+            "rows_in_ram": max(0, idx.n_rows - first_in_ram),
+            "ram_bytes": 0 if tier is None else tier.nbytes,
+            "committed_trajectories": commit.n_traj - commit.low_traj,
+            "pending_trajectories": idx.n - commit.n_traj,
+        }

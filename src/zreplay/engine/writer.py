@@ -1,0 +1,386 @@
+"""The writer of one segment: its in-RAM index, the RAM tier and the background committer.
+
+Life of a trajectory:
+
+1. ``add`` (caller's thread): rows are reserved, copied env-major into the RAM tier and
+   published to the in-RAM index, so in-process sampling sees them at once.
+2. The committer thread writes every published-but-uncommitted row range and index entry,
+   then atomically replaces ``commit.json`` and hands the new commit back.  Only then may
+   the RAM tier overwrite those rows (backpressure instead of data loss).
+3. ``read`` lets a draw see a consistent :class:`~zreplay.engine.gather.Snapshot` under
+   the lock (so a concurrent ``add`` can never tear a row or evict a drawn one) and
+   gathers it: RAM-tier rows under the lock, the rest from disk with shard deletion held
+   off.
+
+The buffer core (:mod:`zreplay.core`) sits on top of this class.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BufferClosedError, SchemaError, WriteFailedError
+from ..schema import Schema
+from ..store.checkpoint import link_tree, write_snapshot
+from ..store.commit import Commit, write_commit
+from ..store.layout import layouts_for
+from ..store.location import locate
+from ..store.lock import WriterLock
+from ..store.priority import PriorityArrays, saved_priorities
+from ..store.root import BufferRoot
+from .committer import Committer, Job, StateSource
+from .gather import Snapshot, gather_begin, gather_finish
+from .prepared import Prepared, check_batch
+from .ramtier import RamPolicy
+from .recovery import open_arrays, open_segment, read_adoptable, remove_for_overwrite
+from .state import SegmentState
+
+log = logging.getLogger("zreplay")
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_writers() -> None:
+    # Daemon writer threads still run during atexit, so unclosed buffers commit what was
+    # added instead of losing it (and never hang in a __del__ during finalization).
+    for w in list(_LIVE):
+        try:
+            w.close()
+        except Exception as e:  # noqa: BLE001 - best effort at exit
+            log.error("zreplay: closing %s at exit failed: %r", w.path, e)
+
+
+class SegmentWriter:
+    """A writable buffer segment with in-process readers. Thread-safe.
+
+    Its :class:`~zreplay.engine.state.SegmentState` (``state``: commit, index, ids, RAM
+    tier) changes only under ``cond``, through the state's methods, called from here and
+    from the committer's hand-offs (``next_job``, ``committed``).  Adds are serialised by
+    a second lock; the copy into the RAM tier runs outside ``cond`` so sampling goes on.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None,
+        *,
+        writer_id: str = "default",
+        capacity: int | None = None,
+        ram: RamPolicy | None = None,
+        layout: Mapping[str, Mapping] | None = None,
+        durable: bool = True,
+        overwrite: bool = False,
+        break_lock: bool = False,
+        storage_options: Mapping | None = None,
+    ):
+        self.temporary = path is None
+        if self.temporary:
+            path = tempfile.mkdtemp(prefix="zreplay-")
+            # Removed on close(), or at interpreter exit if the owner never closed it.
+            self._finalizer = weakref.finalize(self, shutil.rmtree, path, ignore_errors=True)
+        self.root = BufferRoot(path, storage_options)
+        self.path = self.root.path
+        self.writer_id = writer_id
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"capacity must be a positive number of rows, got {capacity}")
+        self.ram = ram or RamPolicy()
+        self.durable = durable
+        self._layout_overrides = dict(layout or {})
+        self._source: Callable[[], StateSource | None] = lambda: None
+        self._priorities: PriorityArrays | None = None
+
+        self.cond = threading.Condition(threading.RLock())
+        self._add_lock = threading.Lock()
+        self._closed = False
+
+        if overwrite and self.path.exists() and not self.temporary:
+            remove_for_overwrite(self.path)
+        self.root.create()
+        self.seg_dir = self.root.segment_dir(writer_id)
+        self.seg_dir.mkdir(parents=True, exist_ok=True)
+        self._wlock = WriterLock(self.seg_dir)
+        self._wlock.acquire(break_lock=break_lock)
+        try:
+            opened = open_segment(self.root, writer_id, durable)
+            self.state = SegmentState(writer_id, opened, self.ram, capacity)
+        except BaseException:
+            self._wlock.release()
+            raise
+        self._committer = Committer(self)
+        _LIVE.add(self)
+
+    def attach(self, source: StateSource) -> None:
+        """Save ``source``'s state with every commit from now on (held weakly: the
+        committer thread must not keep the owning buffer alive)."""
+        self._source = weakref.ref(source)
+
+    # Read-only views of the state, for the core and the committer.
+    @property
+    def schema(self) -> Schema | None:
+        return self.state.schema
+
+    @property
+    def layouts(self):
+        return self.state.layouts
+
+    @property
+    def commit(self) -> Commit:
+        return self.state.commit
+
+    @property
+    def segment(self):
+        return self.state.segment
+
+    @property
+    def capacity(self) -> int | None:
+        return self.state.capacity
+
+    writable = True
+
+    @property
+    def num_rows(self) -> int:
+        return self.state.index.visible_rows
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.state.index.num_visible
+
+    @property
+    def next_trajectory_id(self) -> int:
+        return self.state.next_trajectory_id
+
+    def episodes(self):
+        return self.state.index.episodes()
+
+    def empty_message(self) -> str:
+        return "Cannot sample from an empty buffer."
+
+    def _reopen(self) -> None:
+        self._priorities = None
+        self.state.reopen(open_segment(self.root, self.writer_id, self.durable))
+
+    # -- adding ---------------------------------------------------------------------
+
+    def add(self, items: list[Prepared]) -> list[int]:
+        """Validate, then append trajectories; returns their trajectory ids.
+
+        Nothing is written unless every item passes validation.
+        """
+        if not items:
+            return []
+        with self._add_lock:
+            self._check_open()
+            st = self.state
+            lanes_b = None if st.lanes is None else len(st.lanes.episode)
+            schema = check_batch(items, st.schema, lanes_b, st.capacity)
+            self._committer.before_add()
+            if st.schema is None:
+                self._fix_schema(schema, items[0].n_rows)
+            elif st.tier is None:
+                with self.cond:
+                    st.make_tier(items[0].n_rows)
+            return [self._add_one(it) for it in items]
+
+    def _fix_schema(self, schema: Schema, first_rows: int) -> None:
+        layouts = layouts_for(schema.specs, self._layout_overrides)
+        try:
+            self.root.set_schema(schema, layouts)
+            segment = open_arrays(self.seg_dir, schema, layouts, self.durable)
+        except OSError as e:
+            # Both steps are idempotent: the next add completes what this one began.
+            raise WriteFailedError(
+                f"could not create the arrays of {self.seg_dir} ({type(e).__name__}: {e}); "
+                "nothing was added. Fix the cause (disk space, permissions) and add again"
+            ) from e
+        with self.cond:
+            self.state.set_schema(schema, layouts, segment)
+            self.state.make_tier(first_rows)
+
+    def _add_one(self, it: Prepared) -> int:
+        k, st = it.n_rows, self.state
+        with self.cond:
+            tier = st.tier
+            if k * 2 > tier.capacity:
+                # Larger trajectories than the tier was sized for: regrow it by the policy.
+                self._committer.wait_committed(tier.hi)
+                tier = st.regrow_tier(k)
+            # Rows about to be overwritten must be on disk first.
+            self._committer.wait_committed(tier.hi + k - tier.capacity)
+            start = tier.reserve(k)
+        tier.write_trajectory(start, it.columns, it.T, it.B)
+        with self.cond:
+            tid = st.publish(it, start)
+            self._committer.request()
+        return tid
+
+    def reserve_trajectory_ids(self, stop: int) -> None:
+        """Never hand out trajectory ids below ``stop`` (ids an imported buffer used)."""
+        with self.cond:
+            self.state.reserve_trajectory_ids(stop)
+
+    def flush(self) -> None:
+        """Block until everything added so far is committed (and the sampler state saved)."""
+        with self.cond:
+            self._check_open()
+        self._committer.flush()
+
+    # -- the committer's hand-offs (condition held) -----------------------------------
+
+    def next_job(self, explicit: bool) -> Job:
+        return self.state.next_job(self._source(), explicit)
+
+    def committed(self, commit: Commit, job: Job | None) -> None:
+        self.state.set_commit(commit, job)
+
+    def job_failed(self, job: Job) -> None:
+        source = self._source()
+        if job.priorities is not None and source is not None:
+            source.save_failed()
+
+    def priority_arrays(self) -> PriorityArrays:
+        if self._priorities is None:
+            self._priorities = PriorityArrays(self.seg_dir, writable=True, durable=self.durable)
+        return self._priorities
+
+    def saved_priorities(self):
+        """The priorities the current commit names (for a sampler that starts afresh)."""
+        return saved_priorities(self.seg_dir, self.state.commit, self.priority_arrays())
+
+    # -- reading --------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The visible rows at this instant (call with ``cond`` held)."""
+        return self.state.snapshot(self.saved_priorities)
+
+    def read(self, draw: Callable[[Snapshot], object], alloc=None) -> tuple[object, dict]:
+        """Call ``draw(snapshot)`` under the lock, then gather what it asks for: positions
+        (global rows; every key is gathered at them) or requests ``{name: (key, positions
+        of any shape)}`` (see :mod:`zreplay.engine.gather`).  Drawing under the lock that
+        guards eviction means every drawn row is still readable when it is read: no sample
+        ever mixes fields of different transitions.  ``alloc(name, shape, dtype)`` provides
+        each output (e.g. pinned memory); rows are gathered straight into it."""
+        with self.cond:
+            self._check_open()
+            snap = self.snapshot()
+            drawn = draw(snap)
+            if snap.schema is None:
+                return drawn, {}
+            if isinstance(drawn, dict):
+                requests = drawn
+            else:
+                rows = np.asarray(drawn, np.int64)
+                requests = {k: (k, rows) for k in snap.schema.keys}
+            pending = gather_begin(snap, requests, alloc)
+            if not pending.reads:
+                return drawn, pending.out
+            self._committer.begin_disk_read()
+        try:
+            return drawn, gather_finish(pending)
+        finally:
+            self._committer.end_disk_read()
+
+    def locked(self, fn: Callable[[Snapshot], object]) -> object:
+        """``fn(snapshot)`` under the lock: nothing is added or evicted while it runs."""
+        with self.cond:
+            self._check_open()
+            return fn(self.snapshot())
+
+    def stats(self) -> dict:
+        """See :meth:`SegmentState.stats`; plus the buffer's ``path``."""
+        with self.cond:
+            return {**self.state.stats(), "path": None if self.temporary else str(self.path)}
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BufferClosedError(
+                "this buffer was closed; create a new TrajectoryReplayBuffer on the same "
+                "path (or zreplay.open(path)) to use its data again"
+            )
+
+    def clear(self, reset_schema: bool = False) -> None:
+        """Remove every trajectory of this segment, on disk too.
+
+        Trajectory ids keep counting up (ids are never reused).  The schema is kept unless
+        ``reset_schema`` (allowed only when no other segment of the buffer exists).
+        """
+        with self._add_lock:
+            self.flush()
+            with self.cond:
+                self._clear_locked(reset_schema)
+
+    def _clear_locked(self, reset_schema: bool) -> None:
+        if reset_schema and set(self.root.writer_ids()) - {self.writer_id}:
+            raise SchemaError(
+                f"{self.path} has other writers' segments; their schema cannot be reset"
+            )
+        self.root.remove_segment_data(self.writer_id)
+        commit = self.state.cleared_commit(self._source())
+        write_commit(self.seg_dir, commit, durable=self.durable)
+        self.state.set_commit(commit)
+        if reset_schema:
+            self.root.replace_schema(None, None)
+        self._reopen()
+
+    def checkpoint(self, dest) -> None:
+        """Write a complete, consistent copy-free snapshot of this segment to ``dest``."""
+        with self._add_lock:
+            self.flush()
+            with self.cond:
+                state, _ = self.state.sampler_state(self._source())
+                commit = replace(self.state.commit, sampler=state)
+            dest = locate(dest, self.path.backend.storage_options)
+            write_snapshot(self.path, self.writer_id, commit, dest, self.durable)
+
+    def adopt(self, src_root, src_writer: str, first: int, stop: int, sampler: dict) -> None:
+        """Replace this segment's contents with trajectories ``[first, stop)`` of a
+        zreplay segment, by hard-linking its files (no data copy)."""
+        src = read_adoptable(src_root, src_writer)
+        with self._add_lock:
+            self.flush()
+            with self.cond:
+                self._clear_locked(reset_schema=True)
+                self.root.remove_segment_data(self.writer_id)
+                link_tree(src.seg_dir, self.seg_dir)
+                self.root.replace_schema(src.schema, src.layouts)
+                st = self.state
+                commit = src.commit_for(st.commit, first, stop, st.next_trajectory_id, sampler)
+                write_commit(self.seg_dir, commit, durable=self.durable)
+                st.set_commit(commit)
+                self._reopen()
+
+    def drop_ram(self) -> None:
+        """Release the RAM tier's committed rows (they stay readable from disk)."""
+        with self._add_lock:  # no add may be copying into the tier we replace
+            self.flush()
+            with self.cond:
+                self.state.empty_tier()
+
+    def close(self) -> None:
+        """Commit everything added, save the sampler state, stop the writer, unlock."""
+        with self._add_lock:  # an add in flight finishes (and is committed) first
+            if self._closed:
+                return
+            try:
+                self.flush()
+            finally:
+                self._committer.stop()
+                self._closed = True
+                self._wlock.release()
+                if self.temporary:
+                    self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

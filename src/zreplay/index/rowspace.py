@@ -1,0 +1,82 @@
+"""Visible rows as *positions*: what a sampler draws over.
+
+A writable buffer's positions are its global row ids (``[low_row, n_rows)``); a view's
+are ``[0, num_rows)`` over its segments in name order.  Each segment's visible
+trajectories are contiguous there, oldest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# A segment's saved priorities: (metadata, read(lo, hi) -> float64 leaves of rows [lo, hi)).
+Persisted = tuple[dict, Callable[[int, int], np.ndarray]]
+
+
+@dataclass
+class SegmentRows:
+    """One writer's visible rows in a row space.
+
+    ``key``: a number naming the segment for as long as the sampler lives (a writable
+    buffer's is 0).  ``epoch``: an object that is replaced (compared by identity) when the
+    segment's rows were renumbered from scratch (cleared, replaced by a checkpoint): state
+    kept for the old rows is then dropped.  Global rows ``[low_row, n_rows)`` sit at
+    positions ``[pos0, pos0 + n_rows - low_row)``.  ``persisted()`` returns the priorities
+    saved with the segment, if any.
+    """
+
+    key: int
+    epoch: object
+    low_row: int
+    n_rows: int
+    pos0: int
+    persisted: Callable[[], Persisted | None] | None = None
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        return rows - self.low_row + self.pos0
+
+
+@dataclass
+class RowSpace:
+    """Visible trajectories as row positions: trajectory ``g`` holds positions
+    ``[offsets[g], offsets[g + 1])`` (``offsets`` int64[G + 1]); segment ``s`` holds
+    trajectories ``[bounds[s], bounds[s + 1])`` (``bounds`` int64[S + 1]), oldest first."""
+
+    offsets: np.ndarray
+    bounds: np.ndarray
+    segments: list[SegmentRows] = field(default_factory=list)
+
+    @classmethod
+    def of_index(cls, index, segment: SegmentRows) -> RowSpace:
+        """The space of one writer's in-RAM index (positions are global rows)."""
+        off = index.offsets[index.low :]
+        return cls(off, np.array([0, len(off) - 1], np.int64), [segment])
+
+    @property
+    def lo(self) -> int:
+        return int(self.offsets[0])
+
+    @property
+    def hi(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_rows(self) -> int:
+        return self.hi - self.lo
+
+    def trajectory_of(self, positions: np.ndarray) -> np.ndarray:
+        """Trajectory ordinal ``g`` holding each position."""
+        return np.searchsorted(self.offsets, positions, side="right") - 1
+
+    def age(self, g: np.ndarray) -> np.ndarray:
+        """Trajectories its writer added after trajectory ``g`` (0 = its newest)."""
+        seg = np.searchsorted(self.bounds, g, side="right") - 1
+        return self.bounds[seg + 1] - 1 - g
+
+    def tails(self, n: int) -> list[tuple[int, int]]:
+        """Trajectory ordinal ranges ``[g0, g1)`` of the newest ``n`` of each segment."""
+        b = self.bounds
+        return [(max(int(b[s]), int(b[s + 1]) - n), int(b[s + 1])) for s in range(len(b) - 1)]

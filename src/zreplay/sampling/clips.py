@@ -1,0 +1,110 @@
+"""Clips: ``history_len`` frames ``frameskip`` apart inside one episode, planned as rows
+to gather per key over an :class:`~zreplay.index.episodes.EpisodeView`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..conventions import ACTION_KEYS
+from ..index.episodes import EpisodeView
+
+# How clips may start before an episode's first step: padded frames zeroed or repeated.
+PAD_MODES = ("zero", "repeat")
+
+
+@dataclass
+class ClipSpec:
+    """``history_len`` frames ``frameskip`` apart; ``action_keys`` dense over the span."""
+
+    history_len: int = 1
+    frameskip: int = 1
+    pad: str | None = None
+    action_keys: tuple[str, ...] = ACTION_KEYS
+
+    def __post_init__(self):
+        if int(self.history_len) <= 0:
+            raise ValueError(f"history_len must be >= 1, got {self.history_len}")
+        if int(self.frameskip) <= 0:
+            raise ValueError(f"frameskip must be >= 1, got {self.frameskip}")
+        if self.pad not in (None, *PAD_MODES):
+            raise ValueError(f"pad must be None, 'zero' or 'repeat', got {self.pad!r}")
+        self.history_len, self.frameskip = int(self.history_len), int(self.frameskip)
+        self.action_keys = tuple(self.action_keys)
+
+    @property
+    def span(self) -> int:
+        return self.history_len * self.frameskip
+
+    @property
+    def pad_left(self) -> int:
+        """How far before step 0 a padded clip may start (its last frame stays real)."""
+        return (self.history_len - 1) * self.frameskip if self.pad else 0
+
+    def counts(self, view: EpisodeView) -> np.ndarray:
+        return np.maximum(0, view.length - self.span + 1 + self.pad_left)
+
+    def cumulative(self, view: EpisodeView) -> np.ndarray:
+        return view.cumulative(("clip", self.span, self.pad_left), lambda: self.counts(view))
+
+    def num_clips(self, view: EpisodeView) -> int:
+        cum = self.cumulative(view)
+        return int(cum[-1]) if len(cum) else 0
+
+
+@dataclass
+class ClipPlan:
+    """Rows to gather per key (``[n, h]`` strided or ``[n, span]`` dense) and pad masks."""
+
+    rows: dict[str, np.ndarray]
+    pad: dict[str, np.ndarray]
+    is_pad: np.ndarray
+    episode: np.ndarray
+    start: np.ndarray
+
+
+def plan_clips(view: EpisodeView, spec: ClipSpec, flat: np.ndarray, keys: list[str]) -> ClipPlan:
+    """Rows of clips at flat clip indices ``flat`` (in ``[0, spec.num_clips(view))``)."""
+    cum = spec.cumulative(view)
+    ep, k = EpisodeView.locate(cum, np.asarray(flat, np.int64))
+    s0 = k - spec.pad_left
+    h, fs = spec.history_len, spec.frameskip
+    strided = s0[:, None] + np.arange(h) * fs
+    rows_s = view.rows(ep[:, None], np.maximum(strided, 0))
+    pad_s = strided < 0
+    rows, pad = {}, {}
+    dense = None
+    for key in keys:
+        if _is_action(key, spec.action_keys) and fs > 1:
+            if dense is None:
+                steps = s0[:, None] + np.arange(h * fs)
+                dense = (view.rows(ep[:, None], np.maximum(steps, 0)), steps < 0)
+            rows[key], pad[key] = dense
+        else:
+            rows[key], pad[key] = rows_s, pad_s
+    return ClipPlan(rows, pad, pad_s, ep, s0)
+
+
+def _is_action(key: str, action_keys: tuple[str, ...]) -> bool:
+    return any(key == a or key.startswith(a + "/") for a in action_keys)
+
+
+def finish_clips(
+    plan: ClipPlan, gathered: Mapping[str, np.ndarray], spec: ClipSpec
+) -> dict[str, np.ndarray]:
+    """Gathered ``[n, m, ...]`` rows -> ``[n, h, ...]`` clips (dense actions reshaped to
+    ``(h, frameskip * action_dim)``), padded frames zeroed for ``pad="zero"``."""
+    out = {}
+    h = spec.history_len
+    for key, a in gathered.items():
+        r = plan.rows[key]
+        if spec.pad == "zero":
+            m = plan.pad[key]
+            if m.any():
+                a[m] = 0
+        if r.shape[1] != h:  # dense action block
+            a = a.reshape(r.shape[0], h, -1)
+        out[key] = a
+    return out

@@ -1,0 +1,170 @@
+"""Array handles: one Zarr array of a segment, whichever library moves its bytes.
+
+:class:`ArrayHandle` follows an array's growth (reopening it when another handle grew it)
+and is what segments and priorities read and write through.  Which library opens the
+array is the backend's choice (``Backend.open_array``): TensorStore for local files,
+zarr-python (:class:`ZarrArray`, the subset of a TensorStore handle zreplay uses) for
+object stores and for processes forked from another one (TensorStore aborts there).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import zarr
+
+from ..errors import CorruptBufferError, ZReplayError
+
+# TensorStore aborts a forked child that touches it ("fork() use detected"); zarr-python
+# resets its event loop after a fork.  So a process forked from another (DataLoader workers
+# under the default "fork" start method) reads through zarr-python instead: same files,
+# same checksums, slower per call.
+_FORKED = False
+_ZARR_RETRIES = 8
+
+
+def _mark_forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+def forked() -> bool:
+    """True in a process forked from another one (TensorStore must not be used)."""
+    return _FORKED
+
+
+def _grow(current: int, needed: int, unit: int) -> int:
+    """Next capacity >= needed: at least double, rounded up to a whole number of units."""
+    target = max(needed, 2 * current, unit)
+    return -(-target // unit) * unit
+
+
+class ArrayHandle:
+    """A handle on one Zarr array that can follow the array's growth."""
+
+    def __init__(self, path, context, writable: bool):
+        self.path = path
+        self._context = context
+        self._writable = writable
+        self._lock = threading.Lock()
+        self.fills_missing = True  # set by _open
+        self.store = self._open()
+
+    def _open(self):
+        try:
+            store, self.fills_missing = self.path.backend.open_array(
+                self.path, self._writable, self._context
+            )
+        except ZReplayError:
+            raise
+        except Exception as e:  # noqa: BLE001 - TensorStore/zarr/fsspec raise many kinds
+            raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
+        return store
+
+    @property
+    def rows(self) -> int:
+        return int(self.store.shape[0])
+
+    def reopen_if_short(self, rows_needed: int):
+        """Return a handle covering ``rows_needed`` rows (another handle may have grown it)."""
+        store = self.store
+        if rows_needed > store.shape[0]:
+            with self._lock:
+                if rows_needed > self.store.shape[0]:
+                    self.store = self._open()
+                store = self.store
+        return store
+
+    def grow_to(self, rows_needed: int, unit: int) -> None:
+        """Writer only: grow capacity (metadata only) so ``rows_needed`` rows fit."""
+        if rows_needed <= self.rows:
+            return
+        new = _grow(self.rows, rows_needed, unit)
+        shape = list(self.store.shape)
+        shape[0] = new
+        with self._lock:
+            self.store = self.store.resize(
+                exclusive_max=shape, resize_metadata_only=True, expand_only=True
+            ).result()
+
+
+class ZarrArray:
+    """The subset of a TensorStore handle zreplay uses (``shape``, ``[sel].read()``,
+    ``[sel].write(v)``, ``resize``) over zarr-python, for forked processes (reads only)
+    and object stores.  Reads and writes run on a small thread pool, so several keys are
+    in flight at once as with TensorStore."""
+
+    def __init__(self, path, writable: bool = False):
+        store = path.backend.zarr_store(path, read_only=not writable)
+        arr = zarr.open_array(store, mode="r+" if writable else "r")
+        # write_empty_chunks is not stored with the array: all-zero chunks must be stored
+        # too (a missing chunk is damage; see format.STORED_ATTRS).
+        self._arr = arr.with_config({"write_empty_chunks": True}) if writable else arr
+        self.shape = self._arr.shape
+
+    def __getitem__(self, sel) -> ZarrIO:
+        return ZarrIO(self._arr, sel)
+
+    def resize(self, exclusive_max, **_ignored) -> Future:
+        self._arr.resize(tuple(exclusive_max))
+        self.shape = self._arr.shape
+        return _done(self)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL, _POOL_PID
+    if _POOL is None or _POOL_PID != os.getpid():  # threads do not survive a fork
+        _POOL, _POOL_PID = ThreadPoolExecutor(4, thread_name_prefix="zreplay-io"), os.getpid()
+    return _POOL
+
+
+def _submit(fn, *args) -> Future:
+    try:
+        return _pool().submit(fn, *args)
+    except RuntimeError:  # interpreter shutdown (buffers closed at exit): run inline
+        return _done(fn(*args))
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class ZarrIO:
+    def __init__(self, arr, sel):
+        self._arr, self._sel = arr, sel
+
+    def read(self) -> Future:
+        return _submit(self._read)
+
+    def write(self, value: np.ndarray) -> Future:
+        return _submit(self._arr.__setitem__, self._sel, value)
+
+    def _read(self) -> np.ndarray:
+        # zarr-python reads a shard's index and then its chunks with separate opens: if the
+        # writer replaces the shard file in between (it rewrites the shard holding the
+        # newest rows), the old index meets the new file and the checksum fails.  The
+        # replacement is atomic, so a re-read sees one consistent file; damage persists.
+        for attempt in range(_ZARR_RETRIES):
+            try:
+                if isinstance(self._sel, np.ndarray):
+                    return self._arr.get_orthogonal_selection((self._sel,))
+                return self._arr[self._sel]
+            except Exception:  # noqa: BLE001 - re-raised on the last attempt
+                if attempt == _ZARR_RETRIES - 1:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
+        raise AssertionError("unreachable")

@@ -1,0 +1,105 @@
+"""What the on-disk format needs from the place a buffer lives: the store backend seam.
+
+A *location* is a path inside one backend with the small ``pathlib.Path`` surface the
+store layer uses (``/``, ``name``, ``parent``, ``with_name``, ``read_bytes``,
+``read_text``, ``write_bytes``, ``is_file``, ``is_dir``, ``exists``, ``iterdir``, ``mkdir``,
+``unlink``, ``resolve``) plus ``.backend``, the :class:`Backend` it belongs to.  Local
+buffers use :class:`~zreplay.store.backend_local.LocalPath` (a ``pathlib.Path``), object
+stores :class:`~zreplay.store.backend_fsspec.ObjectPath`.  :func:`zreplay.store.location.locate`
+is the one place that picks a backend for a path or URL.
+
+Every operation whose guarantee differs between backends is a method here; nothing above
+the backends asks which backend it has.  A new backend (obstore, GCS) is one new file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+
+class Backend(ABC):
+    """Operations of one kind of store (see the module docstring)."""
+
+    #: True for a local filesystem (paths usable with ``open``, ``os``, h5py).
+    is_local: bool = False
+
+    @property
+    @abstractmethod
+    def storage_options(self) -> dict:
+        """Options that reach this store again (fsspec ``storage_options``; {} locally)."""
+
+    # -- files --------------------------------------------------------------------
+
+    @abstractmethod
+    def publish(self, loc, data: bytes, durable: bool) -> None:
+        """Atomically replace ``loc`` with ``data``: a reader sees the old content or the
+        new, never a torn file (temp + fsync + rename locally; one PUT in S3).  An
+        ``OSError`` names ``loc``; on failure nothing is left behind."""
+
+    @abstractmethod
+    def create_exclusive(self, loc, data: bytes) -> bool:
+        """Create ``loc`` holding ``data`` only if nothing is there (False if something
+        is).  Nobody ever sees the file without its content."""
+
+    @abstractmethod
+    def remove_tree(self, loc) -> None:
+        """Delete ``loc`` and everything under it; a missing ``loc`` is not an error."""
+
+    @abstractmethod
+    def walk_files(self, loc) -> Iterator[tuple[str, Any]]:
+        """Every file under ``loc`` as ``(relative path with '/', location)``."""
+
+    @abstractmethod
+    def import_file(self, src, dst) -> bool:
+        """Make ``dst`` (in this backend) hold the bytes of ``src`` (any backend): a hard
+        link or server-side copy where possible; returns True if it was linked (shares
+        storage with ``src``).  ``FileNotFoundError`` if ``src`` is gone."""
+
+    @abstractmethod
+    def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
+        """Delete temp files a killed writer left under ``loc`` (recovery); see
+        :func:`zreplay.store.commit.remove_orphans`."""
+
+    @abstractmethod
+    def guard(self, loc) -> contextlib.AbstractContextManager:
+        """An exclusive cross-process guard named after ``loc`` (a flock beside it), or a
+        no-op where the store has none."""
+
+    @abstractmethod
+    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
+        """Build a new directory tree that appears at ``dest`` whole: yields the location
+        to build in; on a clean exit it replaces ``dest``, on an exception it is removed.
+        The caller writes the root's ``zarr.json`` last, so where the store cannot rename
+        (object stores build in place) an interrupted build is not a buffer."""
+
+    @abstractmethod
+    def du(self, loc) -> int:
+        """Bytes of the files under ``loc`` (a file's own size for a file)."""
+
+    # -- arrays -------------------------------------------------------------------
+
+    @abstractmethod
+    def zarr_store(self, loc, read_only: bool = False):
+        """What ``zarr.open_group``/``open_array`` take to reach ``loc``."""
+
+    @abstractmethod
+    def array_context(self, durable: bool) -> Any:
+        """Shared state of the arrays of one segment (opaque; passed to open_array)."""
+
+    @abstractmethod
+    def open_array(self, loc, writable: bool, context: Any) -> tuple[Any, bool]:
+        """Open the Zarr array at ``loc`` for reading (and writing): returns ``(handle,
+        fills_missing)`` where ``handle`` offers ``shape``, ``[sel].read()`` and
+        ``[sel].write(v)`` returning futures, and ``resize(exclusive_max=...)``;
+        ``fills_missing`` says a missing chunk reads as fill values instead of failing."""
+
+
+def read_optional(loc, read: Callable[[Any], bytes] | None = None) -> bytes | None:
+    """``loc``'s bytes, or None if it does not exist."""
+    try:
+        return (read or (lambda p: p.read_bytes()))(loc)
+    except FileNotFoundError:
+        return None

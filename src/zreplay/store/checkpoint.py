@@ -1,0 +1,88 @@
+"""Copy-free snapshots of a segment: hard links to immutable files.
+
+Every data, index and metadata file is replaced atomically when rewritten (a new inode),
+never modified in place, so a hard link taken now keeps today's bytes forever while the
+live buffer goes on.  Where linking is impossible (another filesystem) files are copied;
+in an object store objects are copied server-side (each backend's ``import_file``).
+"""
+
+from __future__ import annotations
+
+from ..errors import FormatError
+from .commit import Commit, write_commit
+from .format import COMMIT_NAME, LOCK_NAME, SEGMENTS, WRITERS, is_temp_name
+from .location import Location
+from .root import is_buffer
+
+
+def _skipped(name: str) -> bool:
+    """Files a snapshot never takes: the commit (the caller writes the one it means), the
+    writer lock and its companions, and temp files of writes in flight."""
+    return name == COMMIT_NAME or name.startswith(LOCK_NAME) or is_temp_name(name)
+
+
+def link_tree(src: Location, dst: Location) -> tuple[int, int]:
+    """Hard-link (or copy) every file under ``src`` into ``dst``; returns (linked, copied).
+
+    Lock and commit files are skipped: the caller writes the commit it means.
+    """
+    linked = copied = 0
+    backend = dst.backend
+    made = set()
+    for rel, s in src.backend.walk_files(src):
+        if _skipped(rel.rsplit("/", 1)[-1]):
+            continue
+        d = dst / rel
+        if d.parent not in made:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            made.add(d.parent)
+        if backend.is_local and d.exists():
+            d.unlink()
+        try:
+            if backend.import_file(s, d):
+                linked += 1
+            else:
+                copied += 1
+        except FileNotFoundError:
+            continue  # an evicted shard deleted while we walked
+    return linked, copied
+
+
+def _claim_number(dest: Location, writer_id: str, commit: Commit) -> None:
+    """The copy keeps its writer number (and so its trajectory-id range): claim it in the
+    new buffer too, so a later writer there never gets the same number."""
+    if commit.writer_number >= 0:
+        (dest / WRITERS).mkdir(exist_ok=True)
+        dest.backend.create_exclusive(
+            dest / WRITERS / str(commit.writer_number), writer_id.encode()
+        )
+
+
+def write_snapshot(
+    root: Location, writer_id: str, commit: Commit, dest: Location, durable: bool
+) -> None:
+    """Materialise ``root``'s segment ``writer_id`` at ``commit`` as a new buffer at ``dest``.
+
+    Built where the backend stages new trees (beside ``dest``, renamed into place; in
+    place in an object store, with the root's ``zarr.json`` written last), so a crash
+    never leaves half a checkpoint under the final name.  An existing zreplay buffer (an
+    older checkpoint) at ``dest`` is replaced; any other non-empty directory is refused.
+    """
+    if dest.exists() and not is_buffer(dest) and not _is_empty_dir(dest):
+        raise FormatError(
+            f"checkpoint path {dest} exists and is not an empty directory or a zreplay "
+            "buffer; refusing to overwrite it"
+        )
+    backend = dest.backend
+    with backend.staged_tree(dest) as tmp:
+        seg_dst = tmp / SEGMENTS / writer_id
+        link_tree(root / SEGMENTS / writer_id, seg_dst)
+        write_commit(seg_dst, commit, durable=durable)
+        _claim_number(tmp, writer_id, commit)
+        (tmp / SEGMENTS).mkdir(parents=True, exist_ok=True)
+        for meta in (f"{SEGMENTS}/zarr.json", "zarr.json"):  # the root's metadata last
+            backend.import_file(root / meta, tmp / meta, link=False)
+
+
+def _is_empty_dir(loc: Location) -> bool:
+    return loc.is_dir() and not any(True for _ in loc.iterdir())
