@@ -28,7 +28,7 @@ def test_device_cpu_same_rows(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-accelerator fallback")
 def test_pin_memory_without_cuda_warns_and_still_samples(tmp_path):
-    import zreplay.api.tensors as mod
+    import zreplay.api.batches as mod
 
     mod._pin_warned = False
     with filled(tmp_path / "a") as buf:

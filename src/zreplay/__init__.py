@@ -17,13 +17,15 @@ Public names:
 """
 
 from . import errors, samplers
-from .api.episode_buffer import ReplayBuffer, classic_filter, load_hdf5
+from .api.episode_buffer import ReplayBuffer
+from .api.imports import import_rlinf, load_hdf5
 from .api.torch_data import ClipDataset, RankShard, ReplayDataset, rank_loader
-from .api.trajectory_buffer import TrajectoryReplayBuffer, import_rlinf
+from .api.trajectory_buffer import TrajectoryReplayBuffer
 from .api.view import BufferView, open
 from .compat.dumps import dump
 from .compat.hdf5 import iter_hdf5
 from .compat.rlinf_trajectory import Trajectory
+from .compat.swm_episode import classic_filter
 from .errors import (
     BufferClosedError,
     CapacityError,

@@ -28,23 +28,21 @@ import numpy as np
 import torch.utils.data
 
 from ..compat.dumps import dump
-from ..compat.hdf5 import hdf5_info, iter_hdf5
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..compat.swm_episode import (
+    EPISODE_DATA_KEY,
+    as_trajectory,
+    check_columns,
+    episode_columns,
+)
+from ..core import BufferCore, RamPolicy, RandomStream
 from ..errors import SchemaError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
-from ..schema import as_numpy, flatten, unflatten
+from ..schema import unflatten
 
-EPISODE_DATA_KEY = "_episode_data"
 DEFAULT_RAM_BYTES = 1 << 30
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
-
-
-def classic_filter(ep: Mapping[str, Any]) -> dict[str, Any]:
-    """stable-worldmodel's filter: keep pixels, action, reward, terminated, truncated."""
-    keep = ("pixels", "action", "reward", "terminated", "truncated")
-    return {k: v for k, v in ep.items() if k in keep}
 
 
 class ReplayBuffer(torch.utils.data.Dataset):
@@ -197,43 +195,13 @@ class ReplayBuffer(torch.utils.data.Dataset):
             ep = dict(self.key_filter(ep))
             if not ep:
                 return
-        cols = {k: _per_step(k, v) for k, v in flatten(ep).items()}
-        lengths = {k: len(v) for k, v in cols.items()}
-        n = next(iter(lengths.values()))
-        for k, ln in lengths.items():
-            if ln != n:
-                raise SchemaError(f"column {k!r} has length {ln}, expected {n}")
+        cols, n = episode_columns(ep)
         if n == 0:
             return
         if n > self.max_steps:
             raise SchemaError(f"episode length {n} exceeds max_steps={self.max_steps}")
-        self._check_schema(cols)
-        self.core.add(
-            [Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)]
-        )
-
-    def _check_schema(self, cols: Mapping[str, np.ndarray]) -> None:
-        schema = self.core.schema
-        if schema is None:
-            return
-        missing = sorted(set(schema.keys) - set(cols))
-        extra = sorted(set(cols) - set(schema.keys))
-        if missing or extra:
-            raise SchemaError(
-                f"ReplayBuffer.write_episode: schema mismatch. missing={missing}, extra={extra}"
-            )
-        for k, v in cols.items():
-            spec = schema.specs[k]
-            if tuple(v.shape[1:]) != tuple(spec.row_shape):
-                raise SchemaError(
-                    f"column {k!r} per-step shape {tuple(v.shape[1:])} mismatches expected "
-                    f"{tuple(spec.row_shape)}"
-                )
-            if v.dtype != spec.dtype:
-                raise SchemaError(
-                    f"column {k!r} dtype {v.dtype} mismatches expected {spec.dtype} (cast it "
-                    "explicitly; stable-worldmodel would silently truncate)"
-                )
+        check_columns(self.core.schema, cols)
+        self.core.add([as_trajectory(cols, n)])
 
     def flush(self) -> None:
         """Wait until every written episode is committed to the store."""
@@ -409,35 +377,3 @@ def _batch(batch_size: int) -> int:
     if int(batch_size) <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
     return int(batch_size)
-
-
-def _coerce(value: Any, key: str) -> np.ndarray:
-    if type(value).__module__.startswith("torch"):
-        return as_numpy(value, key)
-    return np.asarray(value)
-
-
-def _per_step(key: str, value: Any) -> np.ndarray:
-    if isinstance(value, (list, tuple)):
-        steps = [_coerce(v, key) for v in value]
-        arr = np.stack(steps) if steps else np.zeros((0,))
-    else:
-        arr = _coerce(value, key)
-    if arr.ndim == 0:
-        raise SchemaError(f"column {key!r} is scalar; expected a per-step array")
-    return np.ascontiguousarray(arr)
-
-
-def load_hdf5(h5_path: str | Path, max_steps: int | None = None, **kw) -> ReplayBuffer:
-    """A :class:`ReplayBuffer` holding the episodes of a zreplay HDF5 file (``max_steps``
-    defaults to the file's total steps; ``kw`` go to ``ReplayBuffer``, e.g. ``path=`` for
-    a persistent buffer)."""
-    info = hdf5_info(h5_path)
-    rb = ReplayBuffer(max(1, max_steps or info["steps"]), **kw)
-    try:
-        rb.write_episodes(iter_hdf5(h5_path))
-        rb.flush()
-    except BaseException:
-        rb.close()
-        raise
-    return rb

@@ -24,8 +24,9 @@ import torch
 import torch.utils.data
 
 from ..core.ranks import distributed, rank_block, resolve_rank
+from .batches import index_tree
 from .prefetch import Prefetcher
-from .view import BufferView, index_tree
+from .view import BufferView
 
 
 class ClipDataset(torch.utils.data.Dataset):

@@ -16,7 +16,7 @@ A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +24,15 @@ import numpy as np
 import torch
 
 from ..compat.dumps import dump
-from ..compat.rlinf_files import export_rlinf, load_into, read_rlinf_index, rlinf_files
+from ..compat.rlinf_files import export_rlinf, load_into
 from ..compat.rlinf_trajectory import prepare
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
-from ..schema import unflatten
 from ..store.location import locate
+from .batches import nested_tensors, sample_tensors, trajectory_dict
 from .prefetch import Prefetcher
-from .tensors import can_pin, nested_tensors, torch_dtype
 
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
 
@@ -221,23 +220,7 @@ class TrajectoryReplayBuffer:
         device: str | torch.device | None = None,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
-        if self.sampler.clips is not None:
-            return nested_tensors(self.core.sample(num_chunks), device)
-        pin = pin_memory and can_pin()
-        tensors: dict[str, torch.Tensor] = {}
-
-        def alloc(key, shape, dtype):
-            t = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=pin)
-            tensors[key] = t
-            return t.numpy()
-
-        got = self.core.sample(num_chunks, alloc=alloc)
-        for k, v in got.items():  # the sampler's index/weight beside the data
-            if k not in tensors:
-                tensors[k] = torch.from_numpy(v)
-        if device is not None:
-            tensors = {k: t.to(device, non_blocking=pin) for k, t in tensors.items()}
-        return unflatten(tensors)
+        return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def prefetch(
         self,
@@ -356,19 +339,8 @@ class TrajectoryReplayBuffer:
         random stream; a rank's load seeds a rank-specific stream.  ``load_path`` may be
         an ``s3://`` URL (``storage_options`` default to this buffer's own).
         """
-        if is_distributed and not 0 <= local_rank < world_size:
-            raise ValueError(f"local_rank {local_rank} is outside [0, {world_size})")
-        if not is_distributed:
-            local_rank, world_size = 0, 1
         src = locate(load_path, storage_options or self.core.storage_options)
-        if not self.core.engine.temporary and str(src.resolve()) == str(self.path.resolve()):
-            if is_distributed and world_size > 1:
-                raise ValueError(
-                    f"{load_path} is this buffer's own directory; a rank's share must be "
-                    "loaded into another buffer (give each rank its own auto_save_path)"
-                )
-            return  # already resumed from it by the constructor
-        load_into(self.core, src, local_rank, world_size, is_distributed, allow_pickle=allow_pickle)
+        load_into(self.core, src, local_rank, world_size, is_distributed, allow_pickle)
 
     # -- episodes, clips and n-step (zreplay) -------------------------------------------
 
@@ -419,46 +391,3 @@ class TrajectoryReplayBuffer:
         """Visible trajectory ``i`` (0 = oldest kept) as nested ``[T, B, ...]`` numpy arrays,
         plus ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
         return trajectory_dict(self.core.trajectory(i))
-
-
-def trajectory_dict(rec) -> dict[str, Any]:
-    """A :class:`~zreplay.core.TrajectoryRecord` as nested arrays plus its metadata."""
-    out = unflatten(rec.columns)
-    out["trajectory_id"] = rec.trajectory_id
-    out["max_episode_length"] = rec.max_episode_length
-    out["model_weights_id"] = rec.model_weights_id
-    return out
-
-
-def import_rlinf(
-    src_dir: str,
-    dst_path: str,
-    *,
-    allow_pickle: bool = False,
-    progress: Callable[[int], None] | None = None,
-    **buffer_kwargs,
-) -> int:
-    """Read an RLinf buffer directory into a new zreplay buffer at ``dst_path``.
-
-    Trajectory ids, order, ``max_episode_length`` and ``model_weights_id`` are kept;
-    ``.pt`` files load with ``torch.load(weights_only=True)``; ``.pkl`` files only with
-    ``allow_pickle=True``.  ``progress(1)`` is called after each trajectory file is read
-    (for progress bars).  ``buffer_kwargs`` go to :class:`TrajectoryReplayBuffer`.
-    Returns the number of trajectories imported.
-    """
-    src = Path(src_dir)
-    meta, ids, index = read_rlinf_index(src)
-    # Refuse (hostile names, missing files, pickles) before anything is created.
-    rlinf_files(src, ids, index, meta.get("trajectory_format", "pt"), allow_pickle)
-    buf = TrajectoryReplayBuffer(
-        seed=int(meta.get("seed", 1234)),
-        auto_save=True,
-        auto_save_path=str(dst_path),
-        trajectory_format=meta.get("trajectory_format", "pt"),
-        **buffer_kwargs,
-    )
-    try:
-        load_into(buf.core, src, 0, 1, False, allow_pickle=allow_pickle, progress=progress)
-        return len(buf)
-    finally:
-        buf.close()

@@ -20,7 +20,7 @@ from ..index.episodes import EpisodeView
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import unflatten
-from .trajectory_buffer import trajectory_dict
+from .batches import index_tree, trajectory_dict
 
 
 class BufferView:
@@ -211,13 +211,6 @@ def _clip_args(
     action_keys: tuple[str, ...] = ("action",),
 ) -> tuple[ClipSpec, list[str] | None]:
     return ClipSpec(history_len, frameskip, pad, action_keys), keys
-
-
-def index_tree(tree: Any, i: int) -> Any:
-    """Item ``i`` of every array in a nested dict."""
-    if isinstance(tree, dict):
-        return {k: index_tree(v, i) for k, v in tree.items()}
-    return tree[i]
 
 
 def open(  # noqa: A001

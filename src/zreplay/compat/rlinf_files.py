@@ -234,8 +234,21 @@ def load_into(
     allow_pickle: bool = False,
     progress=None,
 ) -> None:
-    """Fill the writable ``core`` with rank ``rank``'s block of the trajectories at
-    ``src`` (an RLinf directory or a zreplay buffer location)."""
+    """RLinf's ``load_checkpoint``: fill the writable ``core`` with rank ``rank``'s block
+    of the trajectories at ``src`` (an RLinf directory or a zreplay buffer location; the
+    whole of it unless ``distributed``).  Loading a buffer's own directory is a no-op (it
+    resumed it when it opened)."""
+    if distributed and not 0 <= rank < world:
+        raise ValueError(f"local_rank {rank} is outside [0, {world})")
+    if not distributed:
+        rank, world = 0, 1
+    if not core.temporary and str(src.resolve()) == str(core.path.resolve()):
+        if distributed and world > 1:
+            raise ValueError(
+                f"{src} is this buffer's own directory; a rank's share must be loaded into "
+                "another buffer (give each rank its own auto_save_path)"
+            )
+        return
     if checkpoint_kind(src) == "rlinf":
         meta, ids, index = read_rlinf_index(src)
         start, stop = rank_block(len(ids), rank, world)

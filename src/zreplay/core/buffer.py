@@ -114,6 +114,11 @@ class BufferCore:
         return self.engine.path
 
     @property
+    def temporary(self) -> bool:
+        """A private temporary store (deleted on close)."""
+        return self.writable and self.engine.temporary
+
+    @property
     def storage_options(self) -> dict:
         return self.engine.path.backend.storage_options
 

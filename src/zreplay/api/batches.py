@@ -1,0 +1,83 @@
+"""How facades hand out what the core reads: nested dicts, torch tensors (dtypes, pinned
+memory, devices), trajectories with their metadata."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..schema import unflatten
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    t = _TORCH_DTYPES.get(dtype)
+    if t is None:
+        t = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype)).dtype
+    return t
+
+
+_pin_warned = False
+
+
+def can_pin() -> bool:
+    """Whether pinned memory helps here (a CUDA device); warns once when it does not."""
+    global _pin_warned
+    if torch.cuda.is_available():
+        return True
+    if not _pin_warned:
+        warnings.warn(
+            "pin_memory=True but no CUDA device is available; returning unpinned tensors",
+            stacklevel=5,
+        )
+        _pin_warned = True
+    return False
+
+
+def nested_tensors(flat: Mapping[str, np.ndarray], device=None) -> dict:
+    """``{"a/b": array}`` -> ``{"a": {"b": tensor}}`` (on ``device`` if given)."""
+    return unflatten({k: torch.from_numpy(v).to(device or "cpu") for k, v in flat.items()})
+
+
+def trajectory_dict(rec) -> dict[str, Any]:
+    """A :class:`~zreplay.core.TrajectoryRecord` as nested arrays plus its metadata."""
+    out = unflatten(rec.columns)
+    out["trajectory_id"] = rec.trajectory_id
+    out["max_episode_length"] = rec.max_episode_length
+    out["model_weights_id"] = rec.model_weights_id
+    return out
+
+
+def index_tree(tree: Any, i: int) -> Any:
+    """Item ``i`` of every array in a nested dict."""
+    if isinstance(tree, dict):
+        return {k: index_tree(v, i) for k, v in tree.items()}
+    return tree[i]
+
+
+def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False) -> dict:
+    """``core.sample(n)`` as a nested dict of tensors.  Rows are gathered straight into
+    the tensors' memory, page-locked with ``pin_memory`` where a CUDA device makes that
+    worthwhile (then the copy to ``device`` is ``non_blocking``)."""
+    if core.sampler.clips is not None:
+        return nested_tensors(core.sample(n), device)
+    pin = pin_memory and can_pin()
+    tensors: dict[str, torch.Tensor] = {}
+
+    def alloc(key, shape, dtype):
+        t = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=pin)
+        tensors[key] = t
+        return t.numpy()
+
+    got = core.sample(n, alloc=alloc)
+    for k, v in got.items():  # the sampler's index/weight beside the data
+        if k not in tensors:
+            tensors[k] = torch.from_numpy(v)
+    if device is not None:
+        tensors = {k: t.to(device, non_blocking=pin) for k, t in tensors.items()}
+    return unflatten(tensors)

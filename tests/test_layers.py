@@ -1,0 +1,152 @@
+"""The package's layers: imports go downward only, never in a circle, and no file grows
+past the size where it is two concepts.  Every import counts: module level, inside
+functions (lazy) and under ``TYPE_CHECKING``.  The order and its reasons are in the
+README ("How it works")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = "zreplay"
+
+# Bottom to top.  A module may import modules of its own layer or of layers below.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("zreplay.errors", "zreplay.schema", "zreplay.conventions")),
+    ("store", ("zreplay.store",)),
+    ("index", ("zreplay.index",)),
+    ("engine", ("zreplay.engine",)),
+    ("sampling", ("zreplay.sampling",)),
+    ("core", ("zreplay.core",)),
+    ("compat", ("zreplay.compat",)),
+    ("api", ("zreplay.api", "zreplay.samplers", "zreplay")),
+    ("cli", ("zreplay.cli",)),
+]
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / PKG).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def layer_of(module: str) -> int:
+    best, depth = None, -1
+    for i, (_name, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and p.count(".") > depth:
+                best, depth = i, p.count(".")
+    if best is None:
+        raise AssertionError(f"{module} belongs to no layer; add it to LAYERS")
+    return best
+
+
+def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """zreplay modules ``module`` imports (an imported name that is a submodule counts as
+    that submodule)."""
+    is_pkg = path.name == "__init__.py"
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - (node.level - 1)]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target]
+            names += [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:  # "zreplay.store.x.y" -> nearest module
+                name = name.rpartition(".")[0]
+            if name.startswith(PKG) and name != module:
+                found.add(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imports(m, p, known) for m, p in known.items()}
+
+
+def test_every_module_has_a_layer():
+    for m in modules():
+        layer_of(m)
+
+
+def test_imports_go_downward_only():
+    upward = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+        for m, deps in graph().items()
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(m) and not (m == PKG and d.startswith(PKG + "."))
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    g = graph()
+    # The package's own __init__ re-exports the public names: it imports everything and
+    # nothing imports it back (checked by the downward test for every module below api).
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(g[m]):
+            if state.get(d) == 1:
+                cycle = stack[stack.index(d) :] + [d]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_a_lazy_upward_import(tmp_path):
+    """The check can fail: a function-level import of a higher layer is found."""
+    mod = tmp_path / "x.py"
+    mod.write_text("def f():\n    from ..core.buffer import BufferCore\n")
+    known = {**modules(), "zreplay.store.x": mod}
+    got = imports("zreplay.store.x", mod, known)
+    assert "zreplay.core.buffer" in got and layer_of("zreplay.core.buffer") > layer_of(
+        "zreplay.store.x"
+    )
+
+
+def test_no_file_is_two_concepts():
+    long = {
+        m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+def test_only_the_location_module_picks_a_store_backend():
+    """No code outside store/location.py asks which kind of store it has."""
+    names = ("ObjectPath", "LocalPath", "FsspecBackend", "LocalBackend")
+    offenders = []
+    for m, p in modules().items():
+        if m == "zreplay.store.location" or m.startswith("zreplay.store.backend"):
+            continue  # the choice, and each backend's own type
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance":
+                if any(isinstance(a, ast.Name) and a.id in names for a in ast.walk(node)):
+                    offenders.append(f"{m}:{node.lineno}")
+    assert not offenders, offenders
