@@ -326,10 +326,13 @@ def describe_machine(title: str, extra_packages) -> dict:
 # -- child processes -------------------------------------------------------------------
 
 
-def run_child_job(script: str, system: str, job: dict, wdir) -> tuple[dict, dict]:
+def run_child_job(
+    script: str, system: str, job: dict, wdir, env: dict | None = None
+) -> tuple[dict, dict]:
     """Run ``python script --child job.json`` (the system measured in a fresh process);
     returns its JSON result (``{"error", "stderr_tail"}`` on failure) and the CPU section
-    measured around it (``CpuMeter``: other processes' load meanwhile)."""
+    measured around it (``CpuMeter``: other processes' load meanwhile).  ``env``: the
+    child's environment (default: this process's)."""
     tag = job.get("tag", system)
     job_path, out = Path(wdir) / f"job_{tag}.json", Path(wdir) / f"res_{tag}.json"
     job = {**job, "system": system, "wdir": str(wdir), "out": str(out)}
@@ -341,6 +344,7 @@ def run_child_job(script: str, system: str, job: dict, wdir) -> tuple[dict, dict
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     section = meter.stop()
     res = json.loads(out.read_text()) if out.exists() else {}
