@@ -103,7 +103,7 @@ CONFIGS = {
         "image_fill_traj": 60,  # image fill of (d)
         "warm_adds": 20,  # (d) isolated adds after the fill, per kind
         "prio_traj": 100,  # x [1000, 10] = 1M small rows: (f)
-        "ram_repeats": 500,
+        "ram_repeats": 2000,
         "disk_repeats": 50,
         "view_repeats": 50,
         "clips_repeats": 100,
@@ -117,11 +117,11 @@ CONFIGS = {
         "image_fill_traj": 8,
         "warm_adds": 4,
         "prio_traj": 10,
-        "ram_repeats": 200,
+        "ram_repeats": 1000,
         "disk_repeats": 8,
         "view_repeats": 8,
         "clips_repeats": 20,
-        "prio_iters": 300,
+        "prio_iters": 500,
         "prio_warmup": 20,
     },
 }
@@ -607,7 +607,7 @@ def round_ratio_lines(summary: dict, labels: dict) -> list[str]:
         faster = sum(r < 1 for r in rs)
         quiet = f"quiet rounds {len(q)}, median {np.median(q):.2f}" if q else "no quiet round"
         out.append(
-            f"  {labels[fig].split(' ', 1)[0]} {' '.join(f'{r:.2f}' for r in rs)}  "
+            f"  {labels[fig][:3]} {fig:<12} {' '.join(f'{r:.2f}' for r in rs)}  "
             f"(new faster in {faster}/{len(rs)}; {quiet})"
         )
     return out
