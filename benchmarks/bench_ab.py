@@ -101,7 +101,7 @@ CONFIGS = {
         "state_traj": 100,  # x [1000, 10] = 1M state rows: (a) and the state fill of (d)
         "image_traj": 60,  # x [50, 8] = 24k image rows: the dataset of (b), (c), (e)
         "image_fill_traj": 60,  # image fill of (d)
-        "warm_adds": 20,  # (d) isolated adds after the fill, per kind
+        "warm_adds": 30,  # (d) isolated adds after the fill, per kind
         "prio_traj": 100,  # x [1000, 10] = 1M small rows: (f)
         "ram_repeats": 2000,
         "disk_repeats": 50,
@@ -115,7 +115,7 @@ CONFIGS = {
         "state_traj": 5,
         "image_traj": 8,
         "image_fill_traj": 8,
-        "warm_adds": 4,
+        "warm_adds": 8,
         "prio_traj": 10,
         "ram_repeats": 1000,
         "disk_repeats": 8,
