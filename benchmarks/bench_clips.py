@@ -56,21 +56,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_peers import (  # noqa: E402  (numpy-only module: children start fast)
+from benchlib import (  # noqa: E402  (numpy-only module: children start fast)
+    CpuMeter,
     WorkloadTable,
-    fmt_time,
-    proc_status,
-    ratio,
-    wait_idle,
-    warm_allocator,
-)
-from benchlib import (  # noqa: E402
     describe_machine,
     dir_bytes,
+    fmt_time,
+    med,
+    proc_status,
+    ratio,
     repeat,
     run_child_job,
     run_undisturbed,
     stats,
+    wait_idle,
+    warm_allocator,
     warm_page_cache,
     write_json,
 )
@@ -749,10 +749,6 @@ def child_main(job_path: Path) -> int:
 # -- the parent -------------------------------------------------------------------------
 
 
-def med(d: dict | None, key: str = "median_s") -> float | None:
-    return None if not d or key not in d else d[key]
-
-
 def build_table(meta: dict, R: dict) -> tuple[WorkloadTable, dict, dict]:
     t = WorkloadTable()
     z, zv, zo = R.get("zreplay", {}), R.get("zreplay_view", {}), R.get("zreplay_online", {})
@@ -973,8 +969,6 @@ def main(argv=None) -> int:
     mode = "quick" if args.quick else "default"
     cfg = CONFIGS[mode]
     t_start = time.perf_counter()
-    from bench_foundation import CpuMeter
-
     info = describe_machine(f"zreplay clip benchmark ({mode})", EXTRA_PACKAGES)
     sections: dict = {}
     idle0 = wait_idle(args.wait_idle) if args.wait_idle > 0 else None

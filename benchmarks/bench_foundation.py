@@ -17,13 +17,9 @@ for the compression rows.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import json
 import os
-import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +27,12 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import (
+    CpuMeter,
+    copy_tree,
     dir_bytes,
+    machine_info,
     repeat,
+    run_child,
     stats,
     warm_page_cache,
     write_json,
@@ -93,54 +93,12 @@ def flat_items(tree: dict, prefix: str = ""):
             yield path, v
 
 
-def copy_tree(tree: dict) -> dict:
-    return {k: copy_tree(v) if isinstance(v, dict) else v.copy() for k, v in tree.items()}
-
-
 def tree_nbytes(tree: dict) -> int:
     return sum(v.nbytes for _, v in flat_items(tree))
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-class CpuMeter:
-    """Wall time of a section and the CPU other processes used meanwhile (in cores).
-
-    Another process busy on this 2-core machine skews every figure; the JSON records it."""
-
-    def __init__(self):
-        self.hz = os.sysconf("SC_CLK_TCK")
-        self.t = self.busy = self.own = 0.0
-
-    @staticmethod
-    def _busy_ticks() -> int:
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:8]]
-        except OSError:
-            return 0
-        return v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
-
-    @staticmethod
-    def _own() -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    def start(self) -> CpuMeter:
-        self.t, self.busy, self.own = time.perf_counter(), self._busy_ticks(), self._own()
-        return self
-
-    def stop(self) -> dict:
-        wall = time.perf_counter() - self.t
-        busy = (self._busy_ticks() - self.busy) / self.hz
-        own = self._own() - self.own
-        return {
-            "wall_s": wall,
-            "own_cpu_cores": own / wall,
-            "foreign_cpu_cores": max(0.0, (busy - own) / wall),
-        }
 
 
 def ms(s: float) -> str:
@@ -209,57 +167,6 @@ def small_trajectory(seed: int) -> dict:
         "actions": rng.standard_normal((*shape, 2), dtype=np.float32),
         "rewards": rng.standard_normal((*shape, 1), dtype=np.float32),
         "dones": np.zeros((*shape, 1), bool),
-    }
-
-
-# -- machine ----------------------------------------------------------------------------
-
-
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_kb = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_kb = int(line.split()[1])
-    except OSError:
-        pass
-    versions = {}
-    for pkg in ("zreplay", "zarr", "tensorstore", "numpy", "torch", "numcodecs"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
-
-    def git(*a: str) -> str | None:
-        try:
-            r = subprocess.run(
-                ["git", "-C", str(HERE.parent), *a], capture_output=True, text=True, check=False
-            )
-        except OSError:
-            return None
-        return r.stdout.strip()
-
-    return {
-        "git": {"head": git("rev-parse", "HEAD"), "dirty_src": git("status", "--porcelain", "src")},
-        "cpu_model": cpu,
-        "cores": cores,
-        "cpu_count": os.cpu_count(),
-        "mem_total_gib": None if mem_kb is None else round(mem_kb / 2**20, 1),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "versions": versions,
     }
 
 
@@ -602,49 +509,6 @@ def bench_compression(main_dir: Path, table: Table) -> None:
         buffer_dir_bytes=everything,
         rows=n_rows,
     )
-
-
-OPEN_CHILD = r"""
-import json, resource, sys, time
-import zreplay
-
-
-def vmrss_kb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-mode, path = sys.argv[1], sys.argv[2]
-rss0 = vmrss_kb()
-t0 = time.perf_counter()
-n = 0
-if mode == "view":
-    v = zreplay.open(path)
-    n = v.num_trajectories
-elif mode == "buffer":
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, enable_cache=False)
-    n = len(b)
-dt = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-rss1 = vmrss_kb()
-if mode == "buffer":
-    b.close()
-print(json.dumps({"seconds": dt, "maxrss_kb": peak, "vmrss_delta_kb": rss1 - rss0, "n": n}))
-"""
-
-
-def run_child(mode: str, path: Path) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-c", OPEN_CHILD, mode, str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"open subprocess ({mode}) failed:\n{r.stderr}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def build_small(path: Path, n: int, budget_s: float) -> tuple[int, float]:

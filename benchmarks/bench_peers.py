@@ -38,20 +38,28 @@ from pathlib import Path
 
 import numpy as np
 
-# bench_foundation (machine info, CPU meter, open-time child, copy helpers) imports zreplay
-# and so torch; it is imported lazily so that the numpy/zarr/h5py children start fast.
+# benchlib imports neither zreplay nor torch, so the numpy/zarr/h5py children start fast.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (
+    CpuMeter,
+    WorkloadTable,
+    copy_tree,
     describe_machine,
     dir_bytes,
     files_under,
+    med,
     minor_faults,
     nest,
+    proc_status,
+    ratio,
     repeat,
+    run_child,
     run_child_job,
     run_undisturbed,
     stats,
+    wait_idle,
+    warm_allocator,
     warm_page_cache,
     write_json,
     zarr_and_tensorstore_gathers,
@@ -123,16 +131,6 @@ def fname(key: str) -> str:
     return key.replace("/", "__")
 
 
-def proc_status() -> dict:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":", 1)
-                out[k] = int(v.split()[0])
-    return out
-
-
 class PeakRss:
     """Peak resident memory of one build: VmHWM reset through ``/proc/self/clear_refs``
     (Linux >= 4.0) at start, so the figure is the build's own peak over what the process
@@ -194,16 +192,6 @@ def allocated_bytes(path) -> int:
         except FileNotFoundError:
             pass
     return total
-
-
-def fmt_time(s: float | None) -> str:
-    if s is None:
-        return "n/a"
-    if s >= 1.0:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.0f} us"
 
 
 def fmt_bytes(b: float) -> str:
@@ -460,8 +448,6 @@ def child_numpy(job, meta, data) -> dict:
 
 
 def child_zreplay(job, meta, data) -> dict:
-    from bench_foundation import copy_tree
-
     import zreplay
     from zreplay import TrajectoryReplayBuffer
 
@@ -850,18 +836,6 @@ CHILDREN = {
 }
 
 
-def warm_allocator() -> None:
-    """Put glibc malloc in the state of any process that has freed a large buffer.
-
-    Until then glibc mmaps every allocation >= 128 KiB afresh, so each result array
-    (e.g. 256 images = 3 MB) page-faults on every call (~1,500 faults, ~3 ms on this VM);
-    freeing one large block raises the mmap threshold (to at most 32 MiB) and later
-    results reuse heap memory.  Which state a child lands in otherwise depends on what it
-    happened to free, so every child starts from the warm one."""
-    block = np.ones(24 << 20, np.uint8)
-    del block
-
-
 def child_main(job_path: Path) -> int:
     job = json.loads(job_path.read_text())
     wdir = Path(job["wdir"])
@@ -884,108 +858,6 @@ def child_main(job_path: Path) -> int:
 
 
 # -- the parent: run children, build tables and targets ---------------------------------
-
-
-def foreign_processes(limit: int = 5) -> list[dict]:
-    """The processes (other than ours) using the most CPU right now, for the record."""
-    try:
-        import psutil
-    except ImportError:
-        return []
-    me = os.getpid()
-    procs = list(psutil.process_iter(["pid", "name", "cmdline"]))
-    for p in procs:
-        try:
-            p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    time.sleep(0.5)
-    out = []
-    for p in procs:
-        try:
-            if p.pid == me:
-                continue
-            c = p.cpu_percent(None)
-            if c > 5:
-                cmd = " ".join(p.info.get("cmdline") or [])[:120] or p.info.get("name")
-                out.append({"pid": p.pid, "cpu_percent": c, "cmd": cmd})
-        except psutil.Error:
-            pass
-    return sorted(out, key=lambda d: -d["cpu_percent"])[:limit]
-
-
-def wait_idle(max_s: float) -> dict:
-    """Wait up to ``max_s`` for other processes to use <= 0.2 cores (1 s samples)."""
-    from bench_foundation import CpuMeter
-
-    t0 = time.perf_counter()
-    while True:
-        chk = CpuMeter().start()
-        time.sleep(1.0)
-        chk = chk.stop()
-        if chk["foreign_cpu_cores"] <= 0.2 or time.perf_counter() - t0 >= max_s:
-            break
-    chk["waited_s"] = time.perf_counter() - t0
-    chk["loadavg"] = os.getloadavg()
-    if chk["foreign_cpu_cores"] > 0.2:
-        chk["busy_processes"] = foreign_processes()
-        print(
-            f"  WARNING: other processes use {chk['foreign_cpu_cores']:.2f} cores "
-            f"(waited {chk['waited_s']:.0f}s); figures will be noisy: "
-            + "; ".join(f"{p['cmd'][:60]} {p['cpu_percent']:.0f}%" for p in chk["busy_processes"]),
-            flush=True,
-        )
-    return chk
-
-
-def med(d: dict | None, key: str = "median_s") -> float | None:
-    return None if not d or key not in d else d[key]
-
-
-class WorkloadTable:
-    COLS = f"{'figure':<30} {'system':<38} {'median':>10} {'p90':>10} {'ratio':>8}  vs"
-
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def add(self, figure, system, median=None, p90=None, ratio=None, vs="", text=None, **data):
-        self.rows.append(
-            {
-                "figure": figure,
-                "system": system,
-                "median": median,
-                "p90": p90,
-                "ratio": ratio,
-                "vs": vs,
-                "text": text,
-                **data,
-            }
-        )
-
-    @staticmethod
-    def fmt(r: dict) -> str:
-        if r["text"] is not None:
-            m, p = r["text"]
-        else:
-            m, p = fmt_time(r["median"]), fmt_time(r["p90"])
-            if r["median"] is None:
-                m, p = "n/a", ""
-        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        return f"{r['figure']:<30} {r['system']:<38} {m:>10} {p:>10} {ratio:>8}  {r['vs']}"
-
-    def text(self) -> str:
-        out, last = [self.COLS, "-" * len(self.COLS)], None
-        for r in self.rows:
-            if last is not None and r["figure"] != last:
-                out.append("")
-            fig = r["figure"] if r["figure"] != last else ""
-            out.append(self.fmt({**r, "figure": fig}))
-            last = r["figure"]
-        return "\n".join(out)
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
 
 
 def build_table(w: str, meta: dict, R: dict, opens: dict) -> tuple[WorkloadTable, dict]:
@@ -1327,8 +1199,6 @@ def fmt_target(t: dict) -> str:
 
 
 def run_workload(w: str, cfg: dict, tmp: Path, args, sections: dict) -> dict:
-    from bench_foundation import CpuMeter, run_child
-
     wdir = tmp / w
     wdir.mkdir()
     print(f"\n=== workload ({w}): {WORKLOADS[w]} ===", flush=True)

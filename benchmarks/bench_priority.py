@@ -51,8 +51,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_peers import fmt_time, wait_idle  # noqa: E402  (numpy-only module)
-from benchlib import describe_machine, run_child_job, stats, write_json  # noqa: E402
+from benchlib import (  # noqa: E402  (numpy-only module)
+    describe_machine,
+    fmt_time,
+    run_child_job,
+    stats,
+    wait_idle,
+    write_json,
+)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "priority.json"
