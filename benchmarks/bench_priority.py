@@ -112,7 +112,8 @@ def chi_like_check(drawn_priorities: np.ndarray, all_priorities: np.ndarray) -> 
 
 
 def child_zreplay(cfg: dict, initial: np.ndarray, new_p: np.ndarray) -> dict:
-    from zreplay.sumtree import PrioritizedState, SumTree
+    from zreplay.sampling.prioritized_state import PrioritizedState
+    from zreplay.sampling.sumtree import SumTree
 
     n = initial.size
     out = {}
