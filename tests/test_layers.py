@@ -150,3 +150,42 @@ def test_only_the_location_module_picks_a_store_backend():
                 if any(isinstance(a, ast.Name) and a.id in names for a in ast.walk(node)):
                     offenders.append(f"{m}:{node.lineno}")
     assert not offenders, offenders
+
+
+def _readme_map() -> list[str]:
+    """Files named in the README's code map (the block under "How it works"): a line
+    ``name.py ...`` (or ``a.py b.py ...``) names files of the directory it is indented
+    under; a directory line ``dir/ ...`` names every ``.py`` word on it as its files."""
+    text = (SRC.parent / "README.md").read_text()
+    block = text.split("## How it works", 1)[1].split("```\nsrc/zreplay/", 1)[1].split("```", 1)[0]
+    out, stack = [], []  # directories by indentation
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2  # 1: directly under src/zreplay/
+        words = line.split()
+        stack = stack[: depth - 1]
+        if words[0].endswith("/"):
+            stack.append(words[0])
+            run = [w for w in words[1:] if w.endswith(".py")]
+        else:
+            run = []
+            for w in words:
+                if not w.endswith(".py"):
+                    break
+                run.append(w)
+        out += ["".join(stack) + w for w in run]
+    if not out:
+        raise AssertionError("the README's code map was not found")
+    return out
+
+
+def test_the_readme_maps_every_module_and_nothing_else():
+    listed = set(_readme_map())
+    on_disk = {
+        p.relative_to(SRC / PKG).as_posix()
+        for p in (SRC / PKG).rglob("*.py")
+        if p.name != "__init__.py" or p.parent in (SRC / PKG, SRC / PKG / "cli")
+    }
+    assert not listed - on_disk, f"the README names files that do not exist: {listed - on_disk}"
+    assert not on_disk - listed, f"modules missing from the README's map: {on_disk - listed}"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -43,25 +42,31 @@ class Evicted(Exception):
     read (a view reading another process's segment): draw again from a fresh snapshot."""
 
 
-@dataclass
 class Part:
     """One segment's visible trajectories (``index.low`` on) and global rows
-    ``[low_row, n_rows)``, at positions ``[pos0, pos0 + n_rows - low_row)``.
+    ``[low_row, n_rows)`` (``index``'s, passed in), at positions ``[pos0, pos0 + n_rows -
+    low_row)``.
 
     ``tier``: the writer's RAM tier (rows at or above ``tier_lo`` are read from RAM);
     ``reclaimed(row)``: for segments another process writes, whether that writer has
     announced deleting the shard holding ``row`` since the snapshot was taken (then a
     failed or fill-value read means the rows were evicted, not damaged)."""
 
-    segment: Segment
-    index: TrajectoryIndex
-    pos0: int
-    tier: RamTier | None = None
-    tier_lo: int = 0
-    reclaimed: Callable[[int], bool] | None = None
+    __slots__ = ("segment", "index", "pos0", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
 
-    def __post_init__(self):
-        self.low_row, self.n_rows = self.index.low_row, self.index.n_rows
+    def __init__(
+        self,
+        segment: Segment,
+        index: TrajectoryIndex,
+        low_row: int,
+        n_rows: int,
+        pos0: int,
+        tier: RamTier | None = None,
+        tier_lo: int = 0,
+        reclaimed: Callable[[int], bool] | None = None,
+    ):
+        self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
+        self.pos0, self.tier, self.tier_lo, self.reclaimed = pos0, tier, tier_lo, reclaimed
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
         if self.pos0 == self.low_row:
@@ -69,46 +74,66 @@ class Part:
         return positions + (self.low_row - self.pos0)
 
 
-@dataclass
 class Snapshot:
     """What one read sees: consistent at one instant (taken under the writer's lock, or
-    from one refresh of a view).  ``episodes`` and ``space`` are computed on first use."""
+    from one refresh of a view).  ``episodes``, ``space`` and ``bounds`` (part ``i`` holds
+    positions ``[bounds[i], bounds[i + 1])``) are computed on first use (a plain class:
+    ``functools.cached_property`` takes a lock per first access on Python 3.11, a
+    measurable cost on the sampling path)."""
 
-    schema: Schema | None
-    parts: list[Part]
-    make_episodes: Callable[[], EpisodeView]
-    make_space: Callable[[], RowSpace]
-    # Part i holds positions [bounds[i], bounds[i + 1]) (computed from the parts if None).
-    given_bounds: np.ndarray | None = None
+    __slots__ = ("schema", "parts", "_make_episodes", "_make_space", "_bounds", "_episodes")
+    __slots__ += ("_space", "_traj")
 
-    @cached_property
+    def __init__(
+        self,
+        schema: Schema | None,
+        parts: list[Part],
+        make_episodes: Callable[[], EpisodeView],
+        make_space: Callable[[], RowSpace],
+        bounds: np.ndarray | None = None,
+    ):
+        self.schema, self.parts = schema, parts
+        self._make_episodes, self._make_space = make_episodes, make_space
+        self._bounds = bounds
+        self._episodes = self._space = self._traj = None
+
+    @property
     def bounds(self) -> np.ndarray:
-        if self.given_bounds is not None:
-            return self.given_bounds
-        sizes = [p.n_rows - p.low_row for p in self.parts]
-        pos0 = self.parts[0].pos0 if self.parts else 0
-        return pos0 + np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        if self._bounds is None:
+            sizes = [p.n_rows - p.low_row for p in self.parts]
+            pos0 = self.parts[0].pos0 if self.parts else 0
+            self._bounds = pos0 + np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        return self._bounds
 
-    @cached_property
+    @property
     def episodes(self) -> EpisodeView:
-        return self.make_episodes()
+        if self._episodes is None:
+            self._episodes = self._make_episodes()
+        return self._episodes
 
-    @cached_property
+    @property
     def space(self) -> RowSpace:
-        return self.make_space()
+        if self._space is None:
+            self._space = self._make_space()
+        return self._space
 
     @property
     def num_rows(self) -> int:
+        if len(self.parts) == 1:
+            p = self.parts[0]
+            return p.n_rows - p.low_row
         return sum(p.n_rows - p.low_row for p in self.parts)
 
     @property
     def keys(self) -> list[str]:
         return [] if self.schema is None else self.schema.keys
 
-    @cached_property
+    @property
     def _traj_bounds(self) -> np.ndarray:
-        counts = [p.index.num_visible for p in self.parts]
-        return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        if self._traj is None:
+            counts = [p.index.num_visible for p in self.parts]
+            self._traj = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        return self._traj
 
     @property
     def num_trajectories(self) -> int:

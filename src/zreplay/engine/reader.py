@@ -183,11 +183,18 @@ class BufferReader:
         """The visible rows as of the last refresh."""
         if self._snapshot is None:
             parts = [
-                Part(st.segment, st.index, int(self._cum_rows[si]), reclaimed=st.reclaimed)
+                Part(
+                    st.segment,
+                    st.index,
+                    st.index.low_row,
+                    st.index.n_rows,
+                    int(self._cum_rows[si]),
+                    reclaimed=st.reclaimed,
+                )
                 for si, st in enumerate(self._order)
             ]
             self._snapshot = Snapshot(
-                self.schema, parts, self.episodes, self.space, given_bounds=self._cum_rows
+                self.schema, parts, self.episodes, self.space, bounds=self._cum_rows
             )
         return self._snapshot
 

@@ -160,12 +160,11 @@ class SegmentState:
     def snapshot(self, persisted) -> Snapshot:
         """The visible rows now; ``persisted()`` gives the priorities the commit names."""
         idx, tier = self.index, self.tier
-        tier_lo = tier.lo if tier is not None else idx.n_rows
-        part = Part(self.segment, idx, idx.low_row, tier=tier, tier_lo=tier_lo)
+        lo, hi = idx.low_row, idx.n_rows
+        part = Part(self.segment, idx, lo, hi, lo, tier, tier.lo if tier is not None else hi)
 
         def space() -> RowSpace:
-            seg = SegmentRows(0, idx, idx.low_row, idx.n_rows, idx.low_row, persisted)
-            return RowSpace.of_index(idx, seg)
+            return RowSpace.of_index(idx, SegmentRows(0, idx, lo, hi, lo, persisted))
 
         return Snapshot(self.schema, [part], idx.episodes, space)
 

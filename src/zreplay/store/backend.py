@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -95,11 +95,3 @@ class Backend(ABC):
         fills_missing)`` where ``handle`` offers ``shape``, ``[sel].read()`` and
         ``[sel].write(v)`` returning futures, and ``resize(exclusive_max=...)``;
         ``fills_missing`` says a missing chunk reads as fill values instead of failing."""
-
-
-def read_optional(loc, read: Callable[[Any], bytes] | None = None) -> bytes | None:
-    """``loc``'s bytes, or None if it does not exist."""
-    try:
-        return (read or (lambda p: p.read_bytes()))(loc)
-    except FileNotFoundError:
-        return None
