@@ -63,9 +63,8 @@ def index_tree(tree: Any, i: int) -> Any:
 def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False) -> dict:
     """``core.sample(n)`` as a nested dict of tensors.  Rows are gathered straight into
     the tensors' memory, page-locked with ``pin_memory`` where a CUDA device makes that
-    worthwhile (then the copy to ``device`` is ``non_blocking``)."""
-    if core.sampler.clips is not None:
-        return nested_tensors(core.sample(n), device)
+    worthwhile (then the copy to ``device`` is ``non_blocking``); clips (a clip sampler)
+    and the sampler's ``index``/``weight`` are wrapped as they come."""
     pin = pin_memory and can_pin()
     tensors: dict[str, torch.Tensor] = {}
 
@@ -75,7 +74,7 @@ def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False) -> di
         return t.numpy()
 
     got = core.sample(n, alloc=alloc)
-    for k, v in got.items():  # the sampler's index/weight beside the data
+    for k, v in got.items():
         if k not in tensors:
             tensors[k] = torch.from_numpy(v)
     if device is not None:

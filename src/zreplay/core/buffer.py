@@ -77,6 +77,7 @@ class BufferCore:
         self._owner = owner if owner is not None else self
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
+        self._is_reader = not engine.writable
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -190,7 +191,7 @@ class BufferCore:
     def _check_process(self) -> None:
         # A reader handed to another process (DataLoader workers) reopens there, and must
         # not replay its parent's draws.
-        if os.getpid() != self._pid and not self.writable:
+        if self._is_reader and os.getpid() != self._pid:
             self._pid = os.getpid()
             self.stream.unseeded()
             self.engine.check_process()
@@ -216,7 +217,7 @@ class BufferCore:
         """``n`` rows drawn by the sampler (flat dict; ``index``/``weight`` beside the data
         for a prioritized sampler), or ``n`` clips for a sampler with a clip shape.
         ``alloc(name, shape, dtype)`` provides each data output (rows only)."""
-        clips = self.sampler.clips
+        clips = self._bound.sampler.clips
         if clips is not None:
             return self.sample_clips(clips, n, keys)
         extra: dict = {}

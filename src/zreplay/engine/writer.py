@@ -271,7 +271,7 @@ class SegmentWriter:
         each output (e.g. pinned memory); rows are gathered straight into it."""
         with self.cond:
             self._check_open()
-            snap = self.snapshot()
+            snap = self.state.snapshot(self.saved_priorities)
             drawn = draw(snap)
             if snap.schema is None:
                 return drawn, {}
