@@ -16,7 +16,6 @@ import resource
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,10 +34,8 @@ def zarr_and_tensorstore_gathers(
     import tensorstore as ts
     import zarr
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # zarr lists commit.json as an unknown node
-        g = zarr.open_group(str(path), mode="r")
-        zarrs = {k: g[f"segments/default/data/{k}"] for k in keys}
+    g = zarr.open_group(str(path), mode="r")
+    zarrs = {k: g[f"segments/default/data/{k}"] for k in keys}
     stores = {
         k: ts.open(
             {

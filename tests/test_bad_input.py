@@ -188,7 +188,7 @@ def test_unsafe_names_never_touch_the_filesystem(tmp_path):
     buf.close()
     assert tree_state(tmp_path, skip=path) == outside
     # Inside: no file or directory named after any of them (close() commits, that's all).
-    assert set(tree_state(path)) - set(inside) == {"segments/default/commit.json"}
+    assert set(tree_state(path)) - set(inside) == {"segments/default/zreplay/commit.json"}
 
 
 def _declared(*shape):

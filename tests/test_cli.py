@@ -171,7 +171,7 @@ def test_truncated_commit_record(capsys, rlinf_buffer, tmp_path):
 
     bad = tmp_path / "bad.zarr"
     shutil.copytree(rlinf_buffer, bad)
-    commit = bad / "segments" / "default" / "commit.json"
+    commit = bad / "segments" / "default" / "zreplay" / "commit.json"
     commit.write_text(commit.read_text()[:40])
     got = zreplay_cli("info", str(bad))
     assert got.returncode == 1 and got.stdout == ""

@@ -474,9 +474,9 @@ def test_contenders_for_a_stale_lock_never_both_win(tmp_path):
     ctx = processes()
     for trial in range(5):
         seg = tmp_path / str(trial)
-        seg.mkdir()
+        (seg / "zreplay").mkdir(parents=True)
         dead = {"host": socket.gethostname(), "pid": 2**22 + 1, "token": "x", "time": 0}
-        (seg / "writer.lock").write_text(json.dumps(dead))
+        (seg / "zreplay" / "writer.lock").write_text(json.dumps(dead))
         barrier = ctx.Barrier(6)
         got = run_children([(_take_lock, (str(seg), barrier, 0.2))] * 6, timeout=30)
         held = sorted(g for g in got if g is not None)

@@ -345,7 +345,7 @@ def test_plain_zarr_reads_every_episode(tmp_path):
     got = []
     for wid in root["segments"].group_keys():
         seg = root["segments"][wid]
-        commit = json.load(open(f"{path}/segments/{wid}/commit.json"))
+        commit = json.load(open(f"{path}/segments/{wid}/zreplay/commit.json"))
         k0, k1 = commit["low_piece"], commit["n_pieces"]
         ep = {
             c: seg[f"episodes/{c}"][k0:k1]

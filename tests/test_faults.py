@@ -164,7 +164,7 @@ def _lock_fails(path: str) -> None:
     """The writer lock (~100 bytes of JSON) cannot be written: opening fails and leaves
     no half-written lock, which any other writer would take for a stale one."""
     zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path).close()
-    lock = os.path.join(path, "segments", "default", "writer.lock")
+    lock = os.path.join(path, "segments", "default", "zreplay", "writer.lock")
     with file_size_limit(50):
         with pytest.raises(OSError, match="File too large: .*writer.lock"):
             zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)

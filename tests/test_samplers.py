@@ -279,7 +279,7 @@ def test_priorities_are_a_zarr_array_beside_the_data(tmp_path):
     buf.close()
     # FORMAT.md's recipe, with zarr and json only
     path, wid = str(tmp_path / "b"), "default"
-    commit = json.loads((tmp_path / "b" / "segments" / wid / "commit.json").read_text())
+    commit = json.loads((tmp_path / "b" / "segments" / wid / "zreplay" / "commit.json").read_text())
     meta = commit["sampler"].get("priority")
     lo, hi = max(meta["low"], commit["low_row"]), min(meta["high"], commit["n_rows"])
     leaves = zarr.open_array(f"{path}/segments/{wid}/priority/{meta['slot']}", mode="r")[lo:hi]
@@ -320,7 +320,7 @@ def test_crash_between_priority_write_and_commit_keeps_the_named_copy(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert proc.returncode == 9, proc.stderr.decode()[-2000:]
     seg = tmp_path / "b" / "segments" / "default"
-    slot = json.loads((seg / "commit.json").read_text())["sampler"]["priority"]["slot"]
+    slot = json.loads((seg / "zreplay" / "commit.json").read_text())["sampler"]["priority"]["slot"]
     other = zarr.open_array(str(seg / "priority" / str(1 - slot)), mode="r")[:54]
     assert (other == 5.0).all()  # the unpublished copy was written before the crash
     buf = trb(path, sampler=Prioritized(alpha=1.0, eps=0.0))
@@ -500,7 +500,7 @@ def test_verify_reports_damaged_saved_priorities(tmp_path):
     buf.close()
     assert zreplay.verify(tmp_path / "b").ok
     seg = tmp_path / "b" / "segments" / "default"
-    slot = json.loads((seg / "commit.json").read_text())["sampler"]["priority"]["slot"]
+    slot = json.loads((seg / "zreplay" / "commit.json").read_text())["sampler"]["priority"]["slot"]
     chunk = seg / "priority" / str(slot) / "c" / "0"
     raw = bytearray(chunk.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -525,7 +525,9 @@ def test_background_commits_save_priorities_at_most_every_save_every_s(tmp_path)
     import time
 
     def saved_seq():
-        commit = json.loads((tmp_path / "b" / "segments" / "default" / "commit.json").read_text())
+        commit = json.loads(
+            (tmp_path / "b" / "segments" / "default" / "zreplay" / "commit.json").read_text()
+        )
         return commit["sampler"]["priority"]["seq"], commit["n_traj"]
 
     buf = trb(tmp_path / "b", sampler=Prioritized(save_every_s=3600))

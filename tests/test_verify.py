@@ -62,7 +62,7 @@ def test_truncated_shard_is_reported(written):
 
 
 def test_truncated_commit_record(written):
-    commit = written / "segments" / "default" / "commit.json"
+    commit = written / "segments" / "default" / "zreplay" / "commit.json"
     commit.write_text(commit.read_text()[:40])
     report = zreplay.verify(written)
     assert not report.ok and "commit record is unreadable" in report.problems[0]
@@ -109,18 +109,18 @@ def _flip(rel: str):
 
 def _commit_with(**fields):
     def damage(root):
-        c = json.loads((root / SEG / "commit.json").read_text())
-        (root / SEG / "commit.json").write_text(json.dumps({**c, **fields}))
+        c = json.loads((root / SEG / "zreplay" / "commit.json").read_text())
+        (root / SEG / "zreplay" / "commit.json").write_text(json.dumps({**c, **fields}))
 
     return damage
 
 
 REWARDS_SHARD = SEG + "data/rewards/c/0/0"
 DAMAGE = {  # name: (damage, what the error says)
-    "commit.json binary garbage": (_write(SEG + "commit.json", b"\xff\xfe\x00\x13junk"), "commit record is unreadable"),
-    "commit.json empty": (_write(SEG + "commit.json", b""), "commit record is unreadable"),
-    "commit.json a list": (_write(SEG + "commit.json", b"[1, 2]"), "commit record is unreadable"),
-    "commit.json truncated": (_truncate(SEG + "commit.json", 40), "commit record is unreadable"),
+    "commit.json binary garbage": (_write(SEG + "zreplay/commit.json", b"\xff\xfe\x00\x13junk"), "commit record is unreadable"),
+    "commit.json empty": (_write(SEG + "zreplay/commit.json", b""), "commit record is unreadable"),
+    "commit.json a list": (_write(SEG + "zreplay/commit.json", b"[1, 2]"), "commit record is unreadable"),
+    "commit.json truncated": (_truncate(SEG + "zreplay/commit.json", 40), "commit record is unreadable"),
     "commit.json unknown field": (_commit_with(evil=1), "unexpected keyword argument 'evil'"),
     "commit.json n_rows a string": (_commit_with(n_rows="72"), "field 'n_rows' is '72'"),
     "commit.json n_traj null": (_commit_with(n_traj=None), "field 'n_traj' is None"),
@@ -167,7 +167,7 @@ def test_damage_is_a_specific_error_everywhere_and_reported(pristine, tmp_path, 
     with pytest.raises(CorruptBufferError, match=re.escape(says)):
         with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(root)) as buf:
             check_rows(buf.sample(500))
-    assert not (root / SEG / "writer.lock").exists()  # the refused writer let go
+    assert not (root / SEG / "zreplay" / "writer.lock").exists()  # the refused writer let go
     report = zreplay.verify(root)
     assert not report.ok and any(says in p for p in report.problems), str(report)
     assert tree_state(tmp_path, skip=root) == outside

@@ -74,7 +74,7 @@ def test_plain_zarr_reads_every_trajectory(written):
     root = zarr.open_group(path, mode="r")
     schema = root.attrs["zreplay"]["schema"]
     seg = root["segments/default"]
-    commit = json.loads(open(f"{path}/segments/default/commit.json").read())
+    commit = json.loads(open(f"{path}/segments/default/zreplay/commit.json").read())
     off = seg["offsets"][: commit["n_traj"] + 1]
     T_col, B_col = seg["traj/T"][: commit["n_traj"]], seg["traj/B"][: commit["n_traj"]]
     for i in range(commit["low_traj"], commit["n_traj"]):

@@ -31,6 +31,7 @@ def buffer_info(path: Path) -> dict[str, Any]:
     import zreplay
 
     from ..store.commit import read_commit
+    from ..store.lock import WriterLock
 
     view = zreplay.open(path)
     segments = []
@@ -43,7 +44,8 @@ def buffer_info(path: Path) -> dict[str, Any]:
                 "trajectories": 0 if c is None else c.n_traj - c.low_traj,
                 "rows": 0 if c is None else c.n_rows - c.low_row,
                 "last_commit": None if c is None else c.time,
-                "writer_lock": (seg_dir / "writer.lock").exists(),
+                "writer_lock": WriterLock(seg_dir).holder() is not None
+                or (seg_dir / "writer.lock").exists(),
             }
         )
     keys = {}

@@ -49,7 +49,8 @@ def du(path) -> int:
 
 def writer_locks(path: Path) -> list[Path]:
     """``writer.lock`` files of a buffer's segments (a writer may be running)."""
-    return sorted((path / "segments").glob("*/writer.lock"))
+    segments = path / "segments"
+    return sorted([*segments.glob("*/zreplay/writer.lock"), *segments.glob("*/writer.lock")])
 
 
 def clear_for_output(

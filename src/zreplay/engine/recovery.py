@@ -14,7 +14,7 @@ from ..errors import CorruptBufferError, FormatError, WriterLockedError
 from ..index.split import Lanes, lanes_after
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
-from ..store.commit import Commit, read_commit, remove_orphans
+from ..store.commit import Commit, migrate_commit, read_commit, remove_orphans
 from ..store.format import ID_BITS
 from ..store.lock import WriterLock
 from ..store.root import BufferRoot, is_buffer
@@ -43,8 +43,11 @@ def open_arrays(seg_dir, schema: Schema, layouts: dict, durable: bool) -> Segmen
 
 
 def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
-    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock)."""
+    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock); a
+    format-2 buffer and segment are moved to format 3 first."""
     seg_dir = root.segment_dir(writer_id)
+    root.upgrade()
+    migrate_commit(seg_dir, durable)
     schema, layouts = root.schema()
     commit = read_commit(seg_dir) or Commit(writer_id=writer_id)
     if commit.writer_number < 0:

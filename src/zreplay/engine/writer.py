@@ -108,9 +108,11 @@ class SegmentWriter:
         self.root.create()
         self.seg_dir = self.root.segment_dir(writer_id)
         self.seg_dir.mkdir(parents=True, exist_ok=True)
+        self.root.create_meta_node(self.seg_dir)
         self._wlock = WriterLock(self.seg_dir)
         self._wlock.acquire(break_lock=break_lock)
         try:
+            self._wlock.remove_legacy()
             opened = open_segment(self.root, writer_id, durable)
             self.state = SegmentState(writer_id, opened, self.ram, capacity)
         except BaseException:

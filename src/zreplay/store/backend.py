@@ -49,6 +49,11 @@ class Backend(ABC):
         """Delete ``loc`` and everything under it; a missing ``loc`` is not an error."""
 
     @abstractmethod
+    def remove_file(self, loc, up_to) -> None:
+        """Delete the file ``loc`` (missing is fine) and every directory between it and
+        ``up_to`` that it leaves empty (object stores have none)."""
+
+    @abstractmethod
     def walk_files(self, loc) -> Iterator[tuple[str, Any]]:
         """Every file under ``loc`` as ``(relative path with '/', location)``."""
 

@@ -156,6 +156,9 @@ class FsspecBackend(Backend):
             pass
         self.fs.invalidate_cache(loc.key)
 
+    def remove_file(self, loc, up_to) -> None:
+        loc.unlink(missing_ok=True)  # no directories to leave behind
+
     def walk_files(self, loc) -> Iterator[tuple[str, ObjectPath]]:
         try:
             found = self.fs.find(loc.key, withdirs=False)

@@ -134,6 +134,16 @@ class LocalBackend(Backend):
     def remove_tree(self, loc) -> None:
         shutil.rmtree(loc, ignore_errors=True)
 
+    def remove_file(self, loc, up_to) -> None:
+        loc.unlink(missing_ok=True)
+        d = loc.parent
+        while d != up_to and up_to in d.parents:
+            try:
+                d.rmdir()
+            except OSError:  # not empty (or gone): stop
+                return
+            d = d.parent
+
     def walk_files(self, loc) -> Iterator[tuple[str, LocalPath]]:
         for dirpath, _dirs, files in os.walk(loc):
             for name in files:

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from ..errors import FormatError
 from .commit import Commit, write_commit
-from .format import COMMIT_NAME, LOCK_NAME, SEGMENTS, WRITERS, is_temp_name
+from .format import (
+    COMMIT_NAME,
+    LOCK_NAME,
+    META,
+    SEGMENTS,
+    claims_dir,
+    is_temp_name,
+    meta_node_json,
+)
 from .location import Location
 from .root import is_buffer
 
@@ -52,10 +60,9 @@ def _claim_number(dest: Location, writer_id: str, commit: Commit) -> None:
     """The copy keeps its writer number (and so its trajectory-id range): claim it in the
     new buffer too, so a later writer there never gets the same number."""
     if commit.writer_number >= 0:
-        (dest / WRITERS).mkdir(exist_ok=True)
-        dest.backend.create_exclusive(
-            dest / WRITERS / str(commit.writer_number), writer_id.encode()
-        )
+        claims = claims_dir(dest)
+        claims.mkdir(parents=True, exist_ok=True)
+        dest.backend.create_exclusive(claims / str(commit.writer_number), writer_id.encode())
 
 
 def write_snapshot(
@@ -78,6 +85,8 @@ def write_snapshot(
         seg_dst = tmp / SEGMENTS / writer_id
         link_tree(root / SEGMENTS / writer_id, seg_dst)
         write_commit(seg_dst, commit, durable=durable)
+        (tmp / META).mkdir(parents=True, exist_ok=True)
+        backend.create_exclusive(tmp / META / "zarr.json", meta_node_json())
         _claim_number(tmp, writer_id, commit)
         (tmp / SEGMENTS).mkdir(parents=True, exist_ok=True)
         for meta in (f"{SEGMENTS}/zarr.json", "zarr.json"):  # the root's metadata last

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from ..errors import CorruptBufferError
-from .format import COMMIT_NAME, FORMAT_VERSION
+from .format import FORMAT_VERSION, READABLE_FORMATS, commit_path, legacy_commit_path
 from .location import Location, locate
 
 
@@ -58,10 +58,10 @@ class Commit:
                 f"{where}: commit record is unreadable ({e}); the segment cannot be trusted. "
                 "Restore it from a checkpoint, or run zreplay.verify() for details"
             ) from None
-        if c.format != FORMAT_VERSION:
+        if c.format not in READABLE_FORMATS:
             raise CorruptBufferError(
                 f"{where}: format version {c.format} is not supported by this zreplay "
-                f"(supports {FORMAT_VERSION}); upgrade zreplay"
+                f"(reads {list(READABLE_FORMATS)}); upgrade zreplay"
             )
         if not (
             0 <= c.low_traj <= c.n_traj
@@ -83,23 +83,42 @@ def _check_types(c: Commit) -> None:
 
 
 def read_commit(segment_dir: Location) -> Commit | None:
-    """The segment's last commit, or None if it never committed."""
-    path = locate(segment_dir) / COMMIT_NAME
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except UnicodeDecodeError as e:
-        raise CorruptBufferError(f"{path}: commit record is not text ({e})") from None
-    return Commit.from_json(text, str(path))
+    """The segment's last commit, or None if it never committed (a format-2 segment's
+    record is read where format 2 kept it)."""
+    segment_dir = locate(segment_dir)
+    for path in (commit_path(segment_dir), legacy_commit_path(segment_dir)):
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        return Commit.from_json(text, str(path))
+    return None
 
 
 def write_commit(segment_dir: Location, commit: Commit, durable: bool = True) -> None:
-    """Atomically publish ``commit`` as the segment's ``commit.json`` (stamping its time)."""
+    """Atomically publish ``commit`` as the segment's commit record (stamping its time)."""
     segment_dir = locate(segment_dir)
     commit.time = time.time()
-    path = segment_dir / COMMIT_NAME
+    commit.format = FORMAT_VERSION
+    path = commit_path(segment_dir)
     path.backend.publish(path, commit.to_json().encode(), durable)
+
+
+def migrate_commit(segment_dir: Location, durable: bool = True) -> None:
+    """Move a format-2 commit record to where format 3 keeps it (the segment's writer,
+    under its lock): published at the new place first, then the old one removed, so a
+    reader always finds one."""
+    segment_dir = locate(segment_dir)
+    old = legacy_commit_path(segment_dir)
+    try:
+        text = old.read_bytes()
+    except FileNotFoundError:
+        return
+    new = commit_path(segment_dir)
+    if not new.is_file():
+        Commit.from_json(text, str(old))  # a damaged record is reported, not moved
+        new.backend.publish(new, text, durable)
+    old.unlink(missing_ok=True)
 
 
 def remove_orphans(root: Location, committed_shards: Mapping[str, int] | None = None) -> list:

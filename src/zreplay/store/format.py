@@ -1,29 +1,41 @@
-"""Names and fixed numbers of the on-disk format (version 2; see FORMAT.md).
+"""Names and fixed numbers of the on-disk format (version 3; see FORMAT.md).
 
 Everything that reads or writes a buffer takes its file names, array names and column
 layout from here, so the format is spelled out in one place.
 
 ```
 <root>/zarr.json                  group; attrs["zreplay"] = {format, schema, layout, created}
-<root>/writers/<n>                writer number n, claimed once by the writer id it holds
+<root>/zreplay/                   zero-size array node: zreplay's own files of the buffer
+    writers/<n>                   writer number n, claimed once by the writer id it holds
 <root>/segments/<writer_id>/      one writer's segment:
     data/<key>                    rows, shape (capacity, *row_shape), sharded
     offsets                       int64[n_traj + 1], cumulative rows per trajectory
     traj/<column>                 TRAJ_COLUMNS, one entry per trajectory
     episodes/<column>             PIECE_COLUMNS, one entry per episode piece
     priority/{0,1}                saved prioritized-replay leaves (two copies, in turn)
-    commit.json                   what is visible (the only source of truth)
-    writer.lock                   held by the segment's one writer
+    zreplay/                      zero-size array node: the segment's own files
+        commit.json               what is visible (the only source of truth)
+        writer.lock               held by the segment's one writer
 ```
+
+zreplay's own files (commit records, locks, writer claims, temp files of a publish) live
+inside the ``zreplay`` array nodes: Zarr never lists an array's directory, so a tree walk
+with plain zarr sees a valid hierarchy and warns about nothing.  Format 2 kept them beside
+the arrays (``segments/<w>/commit.json``, ``writer.lock``, ``<root>/writers/``); buffers
+written that way are read as they are and moved to format 3 by their next writer.
 """
 
 from __future__ import annotations
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# Formats this version reads (format 2: the same arrays, own files beside them).
+READABLE_FORMATS = (2, 3)
 
 # The root group's attribute holding zreplay's metadata.
 ATTR = "zreplay"
 SEGMENTS = "segments"
+# The zero-size array node holding zreplay's own files, in the root and in each segment.
+META = "zreplay"
 WRITERS = "writers"
 COMMIT_NAME = "commit.json"
 LOCK_NAME = "writer.lock"
@@ -72,3 +84,50 @@ def is_temp_name(name: str) -> bool:
     """Temp files of writes in flight: zarr ``*.partial``, TensorStore ``*.__lock``, commit
     and exclusive-create temps ``*.tmp``."""
     return name.endswith((".partial", ".__lock", ".tmp"))
+
+
+def meta_node_json() -> bytes:
+    """``zarr.json`` of a ``zreplay`` meta node: a uint8 array of shape [0] (no chunks),
+    so Zarr treats the directory as a leaf and never looks at the files in it."""
+    import json
+
+    meta = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [0],
+        "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0,
+        "codecs": [{"name": "bytes"}],
+        "attributes": {
+            ATTR: "zreplay's own files (commit record, writer lock, writer claims); FORMAT.md"
+        },
+        "dimension_names": None,
+    }
+    return json.dumps(meta, indent=2).encode()
+
+
+def commit_path(segment_dir):
+    return segment_dir / META / COMMIT_NAME
+
+
+def lock_path(segment_dir):
+    return segment_dir / META / LOCK_NAME
+
+
+def claims_dir(root):
+    return root / META / WRITERS
+
+
+def legacy_commit_path(segment_dir):
+    """Where format 2 kept a segment's commit record."""
+    return segment_dir / COMMIT_NAME
+
+
+def legacy_lock_path(segment_dir):
+    return segment_dir / LOCK_NAME
+
+
+def legacy_claims_dir(root):
+    return root / WRITERS

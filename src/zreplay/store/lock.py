@@ -16,7 +16,7 @@ import time
 import uuid
 
 from ..errors import WriterLockedError
-from .format import LOCK_NAME
+from .format import legacy_lock_path, lock_path
 from .location import Location, locate
 
 
@@ -34,13 +34,16 @@ class WriterLock:
     """An exclusive, stale-aware lock file in a segment directory."""
 
     def __init__(self, segment_dir: Location):
-        self.path = locate(segment_dir) / LOCK_NAME
+        segment_dir = locate(segment_dir)
+        self.path = lock_path(segment_dir)
+        # Where format 2 kept the lock: a live holder there (an older zreplay) also counts.
+        self._legacy = legacy_lock_path(segment_dir)
         self.token = uuid.uuid4().hex
         self.held = False
 
-    def holder(self) -> dict | None:
+    def holder(self, path: Location | None = None) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            return json.loads((path or self.path).read_text())
         except FileNotFoundError:
             return None
         except ValueError:
@@ -55,6 +58,9 @@ class WriterLock:
 
     def acquire(self, break_lock: bool = False) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
+        legacy = self.holder(self._legacy)
+        if legacy is not None and not break_lock and not self._is_stale(legacy):
+            raise self._locked(legacy)
         for _ in range(5):
             try:
                 self._create(json.dumps({**me, "time": time.time()}).encode())
@@ -62,15 +68,18 @@ class WriterLock:
                 info = self._break_if_stale(break_lock)
                 if info is None:
                     continue  # gone, or broken: try to create it again
-                raise WriterLockedError(
-                    f"segment {self.path.parent} is being written by pid {info.get('pid')} on "
-                    f"host {info.get('host')!r} (lock {self.path}). Use another writer_id, "
-                    "open it read-only with zreplay.open(), or, if that writer is gone, "
-                    "pass break_lock=True"
-                ) from None
+                raise self._locked(info) from None
             self.held = True
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
+
+    def _locked(self, info: dict) -> WriterLockedError:
+        return WriterLockedError(
+            f"segment {self.path.parent.parent} is being written by pid {info.get('pid')} on "
+            f"host {info.get('host')!r} (lock {self.path}). Use another writer_id, "
+            "open it read-only with zreplay.open(), or, if that writer is gone, "
+            "pass break_lock=True"
+        )
 
     def _create(self, data: bytes) -> None:
         """Create the lock file holding ``data``, or raise FileExistsError.
@@ -100,11 +109,18 @@ class WriterLock:
             return info
 
     def live_holder(self) -> dict | None:
-        """The holder of this lock if it may still be writing (not stale), else None."""
-        info = self.holder()
-        if info is None or self._is_stale(info):
-            return None
-        return info
+        """The holder of this lock (or of a format-2 lock) if it may still be writing (not
+        stale), else None."""
+        for path in (self.path, self._legacy):
+            info = self.holder(path)
+            if info is not None and not self._is_stale(info):
+                return info
+        return None
+
+    def remove_legacy(self) -> None:
+        """Remove a format-2 lock file left by a writer that is gone (the caller holds
+        this lock, so no live writer of an older zreplay holds that one)."""
+        self._legacy.unlink(missing_ok=True)
 
     def release(self) -> None:
         if not self.held:

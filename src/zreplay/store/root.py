@@ -3,7 +3,7 @@
 ```
 <root>/zarr.json                 attrs["zreplay"] = {format, schema, layout, created, ...}
 <root>/segments/<writer_id>/     one per writer (see segment.py)
-<root>/writers/<n>               writer number n, claimed once by the writer id it holds
+<root>/zreplay/writers/<n>       writer number n, claimed once by the writer id it holds
 ```
 """
 
@@ -18,7 +18,19 @@ import zarr
 
 from ..errors import CorruptBufferError, FormatError, SchemaError
 from ..schema import Schema, check_key_component
-from .format import ATTR, COMMIT_NAME, FORMAT_VERSION, SEGMENT_CHILDREN, SEGMENTS, WRITERS
+from .format import (
+    ATTR,
+    FORMAT_VERSION,
+    META,
+    READABLE_FORMATS,
+    SEGMENT_CHILDREN,
+    SEGMENTS,
+    claims_dir,
+    commit_path,
+    legacy_claims_dir,
+    legacy_commit_path,
+    meta_node_json,
+)
 from .layout import KeyLayout
 from .location import Location, locate
 
@@ -65,10 +77,10 @@ class BufferRoot:
         if ATTR not in attrs:
             raise FormatError(f"{self.path} is a Zarr group but not a zreplay buffer")
         info = attrs[ATTR]
-        if info.get("format") != FORMAT_VERSION:
+        if info.get("format") not in READABLE_FORMATS:
             raise FormatError(
                 f"{self.path}: zreplay format {info.get('format')} is not supported "
-                f"(this version reads format {FORMAT_VERSION})"
+                f"(this version reads formats {list(READABLE_FORMATS)}); upgrade zreplay"
             )
         return info
 
@@ -99,7 +111,33 @@ class BufferRoot:
         won = self.backend.create_exclusive(meta, group_json({ATTR: info}))
         self.segments_dir.mkdir(exist_ok=True)
         self.backend.create_exclusive(self.segments_dir / "zarr.json", group_json({}))
+        self.create_meta_node(self.path)
         return info if won else self.read_meta()
+
+    def create_meta_node(self, parent: Location) -> None:
+        """The ``zreplay`` array node under ``parent`` (the root, or a segment) that holds
+        zreplay's own files where Zarr does not look (if it is not there yet)."""
+        node = parent / META
+        node.mkdir(parents=True, exist_ok=True)
+        if not (node / "zarr.json").is_file():
+            self.backend.create_exclusive(node / "zarr.json", meta_node_json())
+
+    def upgrade(self) -> None:
+        """Make a format-2 root format 3 (its writer moves its own files on open; readers
+        read either place), so older zreplay versions refuse it rather than miss them."""
+        info = self.read_meta()
+        if info.get("format") == FORMAT_VERSION:
+            return
+        self.create_meta_node(self.path)
+        old = legacy_claims_dir(self.path)
+        for p in _entries(old):
+            holder = _claim_holder(p)
+            if p.name.isdigit() and holder is not None:
+                claims = claims_dir(self.path)
+                claims.mkdir(parents=True, exist_ok=True)
+                self.backend.create_exclusive(claims / p.name, holder.encode())
+        self._set_attr(format=FORMAT_VERSION)
+        self.backend.remove_tree(old)
 
     def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
         info = self.read_meta()
@@ -124,11 +162,14 @@ class BufferRoot:
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
     ) -> None:
         """Overwrite the schema (or reset it to None); only when no other segment has data."""
+        self._set_attr(
+            schema=schema.to_json() if schema is not None else None,
+            layout={k: vars(v) for k, v in layouts.items()} if layouts else None,
+        )
+
+    def _set_attr(self, **fields) -> None:
         g = zarr.open_group(self.backend.zarr_store(self.path), mode="r+", zarr_format=3)
-        info = dict(g.attrs[ATTR])
-        info["schema"] = schema.to_json() if schema is not None else None
-        info["layout"] = {k: vars(v) for k, v in layouts.items()} if layouts else None
-        g.attrs[ATTR] = info
+        g.attrs[ATTR] = {**dict(g.attrs[ATTR]), **fields}
 
     # -- segments -------------------------------------------------------------------
 
@@ -149,10 +190,10 @@ class BufferRoot:
         its claim again.
         """
         check_key_component(writer_id, "segments")
-        d = self.path / WRITERS
-        d.mkdir(exist_ok=True)
+        d = claims_dir(self.path)
+        d.mkdir(parents=True, exist_ok=True)
         taken = set()
-        for p in d.iterdir():
+        for p in [*_entries(d), *_entries(legacy_claims_dir(self.path))]:
             if not p.name.isdigit():
                 continue
             taken.add(int(p.name))
@@ -170,9 +211,17 @@ class BufferRoot:
     def remove_segment_data(self, writer_id: str) -> None:
         """Delete a segment's arrays and commit (its writer, under its lock, only)."""
         d = self.segment_dir(writer_id)
-        (d / COMMIT_NAME).unlink(missing_ok=True)
+        commit_path(d).unlink(missing_ok=True)
+        legacy_commit_path(d).unlink(missing_ok=True)
         for child in SEGMENT_CHILDREN:
             self.backend.remove_tree(d / child)
+
+
+def _entries(d: Location) -> list:
+    try:
+        return sorted(d.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _claim_holder(p: Location) -> str | None:

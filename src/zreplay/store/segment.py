@@ -158,16 +158,18 @@ class Segment:
         return futs
 
     def reclaim_below(self, start_row: int, end_row: int) -> None:
-        """Delete shard files holding only rows in [start_row, end_row) (evicted rows)."""
+        """Delete shard files holding only rows in [start_row, end_row) (evicted rows),
+        with the chunk-key directories they leave empty."""
         for key, lay in self.layouts.items():
             first = -(-start_row // lay.shard_rows)
             last = end_row // lay.shard_rows
             nd = 1 + len(self.schema.specs[key].row_shape)
+            chunks = self.dir / "data" / key / "c"
             for s in range(first, last):
-                p = self.dir / "data" / key / "c" / str(s)
+                p = chunks / str(s)
                 for _ in range(nd - 1):
                     p = p / "0"
-                p.unlink(missing_ok=True)
+                self.backend.remove_file(p, chunks)
 
     def remove_reclaimed(self, below_row: int) -> None:
         """Delete every shard file wholly below ``below_row`` that is still there (a writer
