@@ -43,6 +43,7 @@ from .gather import Snapshot, gather_begin, gather_finish
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import open_arrays, open_segment, read_adoptable, remove_for_overwrite
+from .signals import deferred_interrupts
 from .state import SegmentState
 
 log = logging.getLogger("zreplay")
@@ -176,7 +177,9 @@ class SegmentWriter:
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories; returns their trajectory ids.
 
-        Nothing is written unless every item passes validation.
+        All or nothing: nothing is written unless every item passes validation, and an
+        exception while they are copied (a bad array, KeyboardInterrupt) gives their RAM
+        rows back and publishes none of them.
         """
         if not items:
             return []
@@ -191,7 +194,7 @@ class SegmentWriter:
             elif st.tier is None:
                 with self.cond:
                     st.make_tier(items[0].n_rows)
-            return [self._add_one(it) for it in items]
+            return self._add_batch(items)
 
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
         layouts = layouts_for(schema.specs, self._layout_overrides)
@@ -208,22 +211,33 @@ class SegmentWriter:
             self.state.set_schema(schema, layouts, segment)
             self.state.make_tier(first_rows)
 
-    def _add_one(self, it: Prepared) -> int:
-        k, st = it.n_rows, self.state
-        with self.cond:
-            tier = st.tier
-            if k * 2 > tier.capacity:
-                # Larger trajectories than the tier was sized for: regrow it by the policy.
-                self._committer.wait_committed(tier.hi)
-                tier = st.regrow_tier(k)
-            # Rows about to be overwritten must be on disk first.
-            self._committer.wait_committed(tier.hi + k - tier.capacity)
-            start = tier.reserve(k)
-        tier.write_trajectory(start, it.columns, it.T, it.B)
-        with self.cond:
-            tid = st.publish(it, start)
-            self._committer.request()
-        return tid
+    def _add_batch(self, items: list[Prepared]) -> list[int]:
+        st, total = self.state, sum(it.n_rows for it in items)
+        tier, start, published = None, None, False
+        try:
+            with self.cond:
+                rows = st.tier_too_small(items)
+                if rows is not None:
+                    self._committer.wait_committed(st.tier.hi)
+                    st.regrow_tier(items, rows)
+                tier = st.tier
+                # Rows about to be overwritten must be on disk first.
+                self._committer.wait_committed(tier.hi + total - tier.capacity)
+                with deferred_interrupts():
+                    start = tier.reserve(total)
+            row = start
+            for it in items:
+                tier.write_trajectory(row, it.columns, it.T, it.B)
+                row += it.n_rows
+            with self.cond, deferred_interrupts():
+                ids = st.publish(items, start)
+                published = True
+                self._committer.request()
+            return ids
+        finally:
+            if start is not None and not published:
+                with self.cond, deferred_interrupts():
+                    tier.unreserve(start)
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         """Never hand out trajectory ids below ``stop`` (ids an imported buffer used)."""
