@@ -125,3 +125,151 @@ def test_ctrl_c_at_random_moments_of_large_adds_never_corrupts(tmp_path):
         assert len(again) == len(added)
         check_rows(again.sample(2048))
     assert zreplay.verify(path).ok
+
+
+# -- load_checkpoint (defect 5) ----------------------------------------------------------
+
+
+def _rlinf_dir(tmp_path, tids, name="rl"):
+    with persistent(tmp_path / f"{name}-src") as src:
+        src.add_trajectories([make_traj(t) for t in tids])
+        src.export(str(tmp_path / name), "pt")
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("damage", ["truncated .pt file", "another schema mid-way"])
+def test_a_failed_load_leaves_the_buffer_as_it_was(tmp_path, damage):
+    rl = _rlinf_dir(tmp_path, [10, 11, 12])
+    files = sorted(rl.glob("trajectory_*.pt"))
+    if damage == "truncated .pt file":
+        files[-1].write_bytes(files[-1].read_bytes()[:100])
+        exc = zreplay.CorruptBufferError
+    else:
+        import torch
+
+        torch.save({"other": torch.zeros(4, 2, 3)}, files[-1])
+        exc = zreplay.SchemaError
+    path = tmp_path / "b"
+    with persistent(path) as buf:
+        buf.add_trajectories([make_traj(0), make_traj(1)])
+        with pytest.raises(exc):
+            buf.load_checkpoint(str(rl))
+        assert len(buf) == 2
+        check_rows(buf.sample(256))
+        assert buf.add_trajectories([make_traj(2)]) == [2]
+    assert_exactly(path, [0, 1, 2])
+    assert not (path / "segments" / "default" / "zreplay" / "staging").exists()
+
+
+def _load_and_die(path: str, ckpt: str, at: int) -> None:
+    """Load ``ckpt`` into the buffer at ``path`` and die (os._exit) at the ``at``-th
+    file operation of the replacement (a hard link, a move, a commit or intent write)."""
+    from zreplay.store import backend_local
+
+    calls = [0]
+
+    def dying(fn):
+        def wrapped(*a, **kw):
+            calls[0] += 1
+            if calls[0] == at:
+                os._exit(9)
+            return fn(*a, **kw)
+
+        return wrapped
+
+    B = backend_local.LocalBackend
+    for name in ("import_file", "move_tree", "publish", "remove_tree"):
+        setattr(B, name, dying(getattr(B, name)))
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    buf.load_checkpoint(ckpt)
+    os._exit(0)
+
+
+def test_kill_9_while_loading_a_checkpoint_leaves_old_or_new(tmp_path):
+    from conftest import processes
+
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(t) for t in (20, 21, 22)])
+        src.save_checkpoint(str(tmp_path / "ck"))
+    ctx, outcomes = processes(), set()
+    for at in range(1, 200, 5):
+        path = tmp_path / f"b{at}"
+        with persistent(path) as buf:
+            buf.add_trajectories([make_traj(0), make_traj(1)])
+        p = ctx.Process(target=_load_and_die, args=(str(path), str(tmp_path / "ck"), at))
+        p.start()
+        p.join(60)
+        with persistent(path) as buf:  # the next writer finishes or drops the replacement
+            codes = [int(buf.trajectory(i)["actions"][0, 0, 0]) // 10000 for i in range(len(buf))]
+            assert codes in ([0, 1], [20, 21, 22]), (at, codes)
+            outcomes.add(tuple(codes))
+            check_rows(buf.sample(256))
+            tid = buf.add_trajectories([make_traj(7)])[0]  # arrays of the right dtype/shape
+            check_rows(buf.sample(256))
+            traj_equal(buf.trajectory(-1), make_traj(7))
+        assert tid == len(codes) and zreplay.verify(path).ok, (at, str(zreplay.verify(path)))
+        if p.exitcode == 0:  # got through without dying
+            break
+    assert outcomes == {(0, 1), (20, 21, 22)}, outcomes
+
+
+# -- clear (defect 6) --------------------------------------------------------------------
+
+
+def test_clear_reuses_no_row_or_id_and_stale_handles_can_tell(tmp_path):
+    from zreplay.samplers import Prioritized
+
+    path = tmp_path / "b"
+    buf = persistent(path, sampler=Prioritized(alpha=1.0, eps=0.0))
+    buf.add_trajectories([make_traj(0), make_traj(1)])
+    buf.flush()
+    stale_view = zreplay.open(path)
+    old = buf.sample(64)["index"]
+    buf.clear()
+    buf.add_trajectories([make_traj(2), make_traj(3)])  # ids go on
+    buf.flush()
+    new = buf.sample(512)["index"]
+    assert int(new.min()) > int(old.max())  # no row number reused
+    assert buf.update_priorities(old, 5.0) == 0  # stale indices apply to nothing
+    assert set(buf.priorities(new).tolist()) == {1.0}
+    # a view opened before clear(): its stale snapshot still reads whole old rows (or
+    # retries); refreshed, it sees only the new trajectories, never old ids on new rows
+    check_rows(stale_view.sample(64))
+    stale_view.refresh()
+    assert {stale_view.trajectory(i)["trajectory_id"] for i in range(2)} == {2, 3}
+    check_rows(stale_view.sample(256))
+    buf.close()
+    assert_exactly(path, [2, 3])
+
+
+def _clear_and_die(path: str, conn) -> None:
+    from zreplay.store import root
+
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, seed=3)
+    buf.add_trajectories([make_traj(0), make_traj(1)])
+    buf.sample(10)
+    buf.flush()
+    conn.send(buf.core.stream.state()["rng"])
+
+    def remove(self, writer_id):  # the clear's commit is published: die deleting arrays
+        self.backend.remove_tree(self.segment_dir(writer_id) / "data")
+        os._exit(9)
+
+    root.BufferRoot.remove_segment_data = remove
+    buf.clear()
+
+
+def test_kill_9_during_clear_keeps_ids_and_the_random_stream(tmp_path):
+    from conftest import processes
+
+    ctx = processes()
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_clear_and_die, args=(str(tmp_path / "b"), send))
+    p.start()
+    rng = recv.recv()
+    p.join(60)
+    assert p.exitcode == 9
+    with persistent(tmp_path / "b") as buf:
+        assert len(buf) == 0 and buf.core.stream.state()["rng"] == rng
+        assert buf.add_trajectories([make_traj(2)]) == [2]
+    assert_exactly(tmp_path / "b", [2])

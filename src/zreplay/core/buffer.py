@@ -14,14 +14,16 @@ Everything a facade needs is a public method here; see README "The buffer core".
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..engine import replace
 from ..engine.prepared import Prepared
+from ..engine.ramtier import RamPolicy
 from ..engine.reader import BufferReader
 from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, ReadOnlyError
@@ -32,36 +34,10 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
+from .records import TrajectoryRecord
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
-
-
-@dataclass
-class TrajectoryRecord:
-    """One visible trajectory: ``columns`` (flat key path -> ``[T, B, ...]``) and its
-    metadata; ``continues`` (bool ``[B]``): lanes whose first step continues an episode
-    of the segment's previous trajectory."""
-
-    columns: dict[str, np.ndarray]
-    trajectory_id: int
-    max_episode_length: int
-    model_weights_id: str
-    T: int
-    B: int
-    continues: np.ndarray
-
-    def prepared(self) -> Prepared:
-        """This trajectory as an item to add to another buffer (same id and metadata)."""
-        return Prepared(
-            self.columns,
-            self.T,
-            self.B,
-            self.max_episode_length,
-            self.model_weights_id,
-            self.trajectory_id,
-            continues=self.continues,
-        )
 
 
 class BufferCore:
@@ -333,8 +309,10 @@ class BufferCore:
         if self.writable:
             self.engine.flush()
 
-    def clear(self, reset_schema: bool = False) -> None:
-        self._writer().clear(reset_schema)
+    def clear(self) -> None:
+        """Remove every trajectory (on disk too) in one commit; rows, ids and the random
+        stream go on (nothing is ever reused)."""
+        self._writer().clear()
 
     def drop_ram(self) -> None:
         self._writer().drop_ram()
@@ -343,11 +321,36 @@ class BufferCore:
         self._writer().checkpoint(dest)
 
     def adopt(self, src, writer_id: str, first: int, stop: int, state: Mapping) -> None:
-        """Replace this segment with trajectories ``[first, stop)`` of segment
-        ``writer_id`` of the buffer at ``src`` (hard links), taking ``state`` (a commit's
-        sampler state) as this buffer's stream and sampler state."""
-        self._writer().adopt(src, writer_id, first, stop, dict(state))
+        """Replace this buffer's contents with trajectories ``[first, stop)`` of segment
+        ``writer_id`` of the buffer at ``src`` by hard-linking its files (no data copy),
+        all or nothing, taking ``state`` (a commit's sampler state) as this buffer's
+        stream and sampler state.  A restore: rows, trajectory ids and saved priorities
+        are the source's (indices drawn before it do not apply after it)."""
+        replace.adopt(self._writer(), src, writer_id, first, stop, dict(state))
         self.load_state(state)
+
+    @contextlib.contextmanager
+    def replacing(self, state: Mapping | None = None) -> Iterator[BufferCore]:
+        """Replace this buffer's contents with what the block adds to the yielded core (a
+        staging buffer whose rows and ids go on from this one's), all or nothing: swapped
+        in when the block ends, discarded if it raises.  ``state``: the stream and sampler
+        state to resume afterwards (default: this buffer's as it is then)."""
+        writer = self._writer()
+        with replace.replacement(writer) as path:
+            staging = BufferCore.writer(
+                path,
+                writer_id=writer.writer_id,
+                ram=RamPolicy(trajectories=2),
+                layout=writer.layout_overrides,
+                durable=writer.durable,
+            )
+            try:
+                yield staging
+            finally:
+                staging.close()
+            new = dict(self.state() if state is None else state)
+            replace.swap_in_staged(writer, new)
+        self.load_state(new)
 
     def close(self) -> None:
         if self.writable:

@@ -41,7 +41,7 @@ class Job:
     complete: bool  # covers everything published when it was built
     rows: tuple[int, int]  # rows [start, stop) to write from the tier
     first_traj: int
-    offsets: np.ndarray  # offsets[first_traj + 1 : ...]
+    offsets: np.ndarray  # offsets[first_traj : ...]
     columns: dict[str, np.ndarray]  # trajectory columns from first_traj
     first_piece: int
     pieces: dict[str, np.ndarray]  # episode pieces from first_piece
@@ -135,7 +135,7 @@ def build_job(
         complete=stop == index.n,
         rows=(old.n_rows, new.n_rows),
         first_traj=first,
-        offsets=index.offsets[first + 1 : stop + 1].copy(),
+        offsets=index.offsets[first : stop + 1].copy(),
         columns=columns,
         first_piece=p_first,
         pieces=pieces,

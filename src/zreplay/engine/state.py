@@ -8,6 +8,8 @@ waiting and the I/O around them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..index.rowspace import RowSpace, SegmentRows
@@ -177,14 +179,39 @@ class SegmentState:
         """``(state, priorities to save)`` for a commit after the current one."""
         return sampler_state(source, self.commit.sampler.get("priority"), n_rows, explicit)
 
-    def cleared_commit(self, source) -> Commit:
-        """The commit of this segment emptied (ids keep counting)."""
+    def next_commit_base(self) -> Commit:
+        """The current commit with the next rows and ids this segment would give (what a
+        replacement built aside continues from)."""
         return Commit(
             writer_id=self.writer_id,
-            gen=self.commit.gen + 1,
+            gen=self.commit.gen,
+            n_rows=self.index.n_rows,
             next_trajectory_id=self.next_trajectory_id,
+            next_episode=self.next_episode,
             writer_number=self.commit.writer_number,
-            sampler=self.sampler_state(source)[0],
+        )
+
+    def cleared_commit(self, source) -> Commit:
+        """The commit of this segment emptied: no trajectory is visible, and rows,
+        trajectory and episode ids go on from where they are (never reused); every row
+        so far counts as reclaimed, and no saved priority is named.  The next row is the
+        first of a fresh shard of every key, so new rows never share a chunk with deleted
+        ones (a reader still holding an old snapshot finds its rows missing, not zeros)."""
+        old, rows = self.commit, self.index.n_rows
+        if self.layouts:
+            unit = math.lcm(*(lay.shard_rows for lay in self.layouts.values()))
+            rows = -(-rows // unit) * unit
+        state = sampler_state(source, None, None, False)[0]
+        return Commit(
+            writer_id=self.writer_id,
+            gen=old.gen + 1,
+            n_rows=rows,
+            low_row=rows,
+            reclaimed_below=rows,
+            next_trajectory_id=self.next_trajectory_id,
+            next_episode=self.next_episode,
+            writer_number=old.writer_number,
+            sampler=state,
         )
 
     # -- reading --------------------------------------------------------------------

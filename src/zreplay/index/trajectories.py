@@ -1,7 +1,8 @@
 """The in-RAM trajectory table of one segment and the row arithmetic over it.
 
 ``offsets[i]`` is the first global row of trajectory ``i`` and ``offsets[i + 1]`` one past
-its last (so ``offsets[0] == 0`` and ``offsets[n] == n_rows``).  Trajectory ``i`` holds
+its last (so ``offsets[n] == n_rows``; ``offsets[0]`` is the segment's first row: 0, or
+where a ``clear()`` left off, since rows are never reused).  Trajectory ``i`` holds
 ``T[i] * B[i]`` rows in env-major order: row ``offsets[i] + b * T[i] + t`` is step ``t`` of
 environment ``b``.  Trajectories ``[low, n)`` are visible; lower ones were evicted.
 Trajectory ``i``'s episode pieces are ``pieces[piece_end[i-1] : piece_end[i]]``.
@@ -26,9 +27,11 @@ def time_major(rows: np.ndarray, T: int, B: int) -> np.ndarray:
 class TrajectoryIndex:
     """Append-only columns with amortised growth; readers take cheap snapshots."""
 
-    def __init__(self, columns: Mapping[str, np.ndarray] | None = None, low: int = 0):
+    def __init__(
+        self, columns: Mapping[str, np.ndarray] | None = None, low: int = 0, first_row: int = 0
+    ):
         columns = dict(columns or {})
-        off = np.asarray(columns.pop("offsets", np.zeros(1, np.int64)), np.int64)
+        off = np.asarray(columns.pop("offsets", np.full(1, first_row, np.int64)), np.int64)
         self.pieces = PieceTable(columns.pop("pieces", None))
         self._view: EpisodeView | None = None
         self.n = len(off) - 1

@@ -49,6 +49,12 @@ class Backend(ABC):
         """Delete ``loc`` and everything under it; a missing ``loc`` is not an error."""
 
     @abstractmethod
+    def move_tree(self, src, dst) -> None:
+        """Move the tree ``src`` to ``dst`` (absent; same store): a rename where the store
+        has one, else copies then removal of ``src``.  Interrupted, ``src`` is still
+        whole, so doing it again finishes it."""
+
+    @abstractmethod
     def remove_file(self, loc, up_to) -> None:
         """Delete the file ``loc`` (missing is fine) and every directory between it and
         ``up_to`` that it leaves empty (object stores have none)."""

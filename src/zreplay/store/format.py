@@ -16,6 +16,7 @@ layout from here, so the format is spelled out in one place.
     zreplay/                      zero-size array node: the segment's own files
         commit.json               what is visible (the only source of truth)
         writer.lock               held by the segment's one writer
+        staging/, replace.json    a replacement being built / swapped in (load_checkpoint)
 ```
 
 zreplay's own files (commit records, locks, writer claims, temp files of a publish) live
@@ -118,6 +119,17 @@ def lock_path(segment_dir):
 
 def claims_dir(root):
     return root / META / WRITERS
+
+
+def staging_root(segment_dir):
+    """Where a segment's replacement is built (a buffer root of its own) before it is
+    swapped in: inside the segment's meta node, so no reader ever sees it."""
+    return segment_dir / META / "staging"
+
+
+def intent_path(segment_dir):
+    """The record that a built replacement is being swapped in (see engine/replace.py)."""
+    return segment_dir / META / "replace.json"
 
 
 def legacy_commit_path(segment_dir):

@@ -26,9 +26,8 @@ from .format import (
     SEGMENT_CHILDREN,
     SEGMENTS,
     claims_dir,
-    commit_path,
+    is_temp_name,
     legacy_claims_dir,
-    legacy_commit_path,
     meta_node_json,
 )
 from .layout import KeyLayout
@@ -94,9 +93,11 @@ class BufferRoot:
         meta = self.path / "zarr.json"
         if meta.is_file():
             return self.read_meta()  # or the specific error of a damaged or foreign root
+        # Temp files are another writer's zarr.json on its way in (written aside, then
+        # linked into place): the buffer is being created, not foreign.
         if (
             self.path.exists()
-            and any(True for _ in self.path.iterdir())
+            and any(not is_temp_name(p.name) for p in self.path.iterdir())
             and not meta.is_file()  # another writer may have created it just now
         ):
             raise FormatError(
@@ -209,10 +210,9 @@ class BufferRoot:
             n += 1
 
     def remove_segment_data(self, writer_id: str) -> None:
-        """Delete a segment's arrays and commit (its writer, under its lock, only)."""
+        """Delete a segment's arrays (its writer, under its lock, only; its commit record
+        says first that none of their rows are visible)."""
         d = self.segment_dir(writer_id)
-        commit_path(d).unlink(missing_ok=True)
-        legacy_commit_path(d).unlink(missing_ok=True)
         for child in SEGMENT_CHILDREN:
             self.backend.remove_tree(d / child)
 

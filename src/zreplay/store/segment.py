@@ -145,10 +145,11 @@ class Segment:
         first_piece: int,
         pieces: Mapping[str, np.ndarray],
     ) -> list:
-        """Write offsets[first_traj+1 : ...], trajectory columns from ``first_traj`` and
-        episode pieces from ``first_piece``."""
-        n = len(offsets_tail)
-        futs = [self.offsets.store[first_traj + 1 : first_traj + 1 + n].write(offsets_tail)]
+        """Write ``offsets[first_traj : first_traj + len(offsets_tail)]`` (the first entry is
+        already there unless ``first_traj`` is 0: the segment's first row), trajectory
+        columns from ``first_traj`` and episode pieces from ``first_piece``."""
+        n = len(offsets_tail) - 1
+        futs = [self.offsets.store[first_traj : first_traj + 1 + n].write(offsets_tail)]
         for name, col in columns.items():
             futs.append(self.traj[name].store[first_traj : first_traj + n].write(col))
         k = len(pieces["start"])
@@ -193,8 +194,8 @@ class Segment:
     def read_index(self, commit: Commit) -> dict[str, np.ndarray]:
         """Offsets ``[n_traj+1]`` and trajectory columns ``[n_traj]`` up to the commit."""
         n, k = commit.n_traj, commit.n_pieces
-        if n == 0:
-            out = {"offsets": np.zeros(1, np.int64)}
+        if n == 0:  # rows continue where the segment (or a clear) left off
+            out = {"offsets": np.full(1, commit.n_rows, np.int64)}
             for name, (dtype, row) in TRAJ_COLUMNS.items():
                 out[name] = np.zeros((0, *row), dtype)
             out["pieces"] = {c: np.zeros(0, d) for c, d in PIECE_COLUMNS.items()}
