@@ -211,7 +211,8 @@ class ObjectArray:
         for s in need:
             stored = (min((s + 1) * sr, known) - s * sr) * m.row_bytes  # before compression
             reqs.append((self._obj(s), None if stored <= GAP else (-m.index_nbytes, None)))
-        for s, (_, rng), body in zip(need, reqs, self.backend.get(reqs, True), strict=True):
+        got = self.backend.get(reqs, True) if reqs else []
+        for s, (_, rng), body in zip(need, reqs, got, strict=True):
             if body is None:
                 self._missing(f"shard {s}")
                 indexes[s] = None
@@ -252,7 +253,8 @@ class ObjectArray:
             for a, z in merge_ranges(starts, ends, GAP):
                 reqs.append((self._obj(s), (a, z)))
                 where.append((lo, a, off, nb, order[(starts >= a) & (ends <= z)]))
-        for (lo, a, off, nb, members), body in zip(where, self.backend.get(reqs), strict=True):
+        got = self.backend.get(reqs) if reqs else []
+        for (lo, a, off, nb, members), body in zip(where, got, strict=True):
             mv = memoryview(body).cast("B")
             for j in members:
                 b = int(off[j]) - a
@@ -267,6 +269,10 @@ class ObjectArray:
         values = np.ascontiguousarray(value, self.meta.dtype)
         if len(values) != stop - start:
             raise ValueError(f"{self.key}: {len(values)} rows for [{start}, {stop})")
+        if not len(values):
+            done: Future = Future()
+            done.set_result(None)
+            return done
         with self.cache.lock:
             prev = self.cache.lanes.get(self.key)
             fut = _submit(self._write_after, prev, start, values)
