@@ -516,3 +516,20 @@ def test_s3_credentials_and_endpoints(url, s3, tmp_path, how):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout.split()[-1] == "16", out.stderr[-2000:]
+
+
+def test_the_readme_s3_block_runs(s3):
+    """README "Many writers, ranks, S3": the S3 block as printed, with moto's endpoint."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("# S3 (tests/test_s3.py runs this block", 1)[1].split("```", 1)[0]
+    lines = block.splitlines()[1:]
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("opts = {")]
+    lines[at] = f"opts = {s3!r}"  # moto's endpoint and keys
+    prefix = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/"
+    code = "\n".join(lines).replace("s3://bucket/", prefix)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["batch"]["actions"].shape == (256, 7)
+    assert zreplay.open(prefix + "ckpt/step_1000", storage_options=s3).num_trajectories == 3
