@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import threading
 import uuid
 
 import numpy as np
@@ -327,6 +328,37 @@ def test_s3_index_cache_follows_commits_while_the_newest_rows_are_sampled(
     # Without a cache every read fetches the index of every touched shard again: 30 rows
     # touch several image, action and state shards each time (> 5 index GETs a read).
     assert index_gets < 20 * 5, index_gets
+
+
+def test_s3_reader_samples_newest_rows_while_a_writer_commits(url, s3):
+    """A writer commits as fast as it can while a view refreshes and reads the newest rows:
+    shards (and chunks still filling up) are replaced between a reader's index GET and
+    its chunk GETs, which the reader must take for a race, never for damage."""
+    writer = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
+    )
+    writer.add_trajectories([make_traj(0, T=5, B=3)])
+    writer.flush()
+    done = threading.Event()
+
+    def write():
+        for t in range(1, 40):
+            writer.add_trajectories([make_traj(t, T=5, B=3)])
+            writer.flush()
+        done.set()
+
+    th = threading.Thread(target=write)
+    th.start()
+    view = zreplay.open(url, storage_options=s3)
+    reads = 0
+    while not done.is_set() or reads < 5:
+        view.refresh()
+        n = view.num_rows
+        check_rows(view.rows(np.arange(max(0, n - 20), n)))
+        reads += 1
+    th.join()
+    writer.close()
+    assert reads >= 5
 
 
 def test_s3_writer_puts_whole_shards_and_reads_nothing(url, s3, monkeypatch):

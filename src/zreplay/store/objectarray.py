@@ -16,8 +16,9 @@ Reading sorted rows of a sharded array costs at most two rounds of concurrent re
 
 Chunks are checksummed (crc32c) on decode.  An index taken from the cache that no longer
 matches the object (its shard was rewritten, or replaced by a writer that cleared the
-segment) fails that check: the read drops the cached indexes and runs once more with
-fresh ones; a second failure is damage.
+segment) fails that check: the read drops the cached indexes and runs again with fresh
+ones (a writer may also replace a shard between a fresh index's GET and the chunks'
+GETs); a failure that persists over ``RETRIES`` reads is damage.
 
 Unsharded arrays (the index columns, saved priorities) are one object per chunk, read
 whole; their writer keeps the last chunk it wrote so that appending to it needs no GET.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
@@ -37,6 +39,7 @@ from .shards import MISSING, ArrayMeta, ChunkError, merge_ranges, parse_index
 from .shardwriter import ShardWriter
 
 GAP = 1 << 20
+RETRIES = 4
 
 
 class SegmentCache:
@@ -157,11 +160,17 @@ class ObjectArray:
         if self.meta.shard_rows is None:
             blocks = self._read_chunks(uniq)
         else:
-            try:
-                blocks = self._read_sharded(uniq, rows, bounds, use_cache=True)
-            except (ChunkError, FileNotFoundError):
-                # A cached index may describe an object since replaced: once more, fresh.
-                blocks = self._read_sharded(uniq, rows, bounds, use_cache=False)
+            for attempt in range(RETRIES):
+                try:
+                    blocks = self._read_sharded(uniq, rows, bounds, use_cache=attempt == 0)
+                    break
+                except (ChunkError, FileNotFoundError):
+                    # A cached index may describe an object since replaced, and a writer
+                    # may replace a shard between its index GET and the chunk GETs (a
+                    # chunk still filling up moves): again, with fresh indexes.
+                    if attempt == RETRIES - 1:
+                        raise
+                    time.sleep(0.002 * attempt)
         cr = self.meta.chunk_rows
         if cr == 1:
             for j, b in enumerate(blocks):
