@@ -205,6 +205,11 @@ class S3Backend(Backend):
             keys.append(loc.key)
         self.delete(keys)
 
+    def move_tree(self, src, dst) -> None:
+        for rel, s in self.walk_files(src):  # no rename: server-side copies, then removal
+            self.copy(s.key, (dst / rel).key)
+        self.remove_tree(src)
+
     def remove_file(self, loc, up_to) -> None:
         self.delete([loc.key])  # no directories to leave behind
 
