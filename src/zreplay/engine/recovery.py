@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import CorruptBufferError, FormatError, WriterLockedError
+from ..errors import CorruptBufferError, FormatError, WriteFailedError, WriterLockedError
 from ..index.split import Lanes, lanes_after
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, migrate_commit, read_commit, remove_orphans
 from ..store.format import ID_BITS
+from ..store.layout import check_recorded, layouts_for
 from ..store.lock import WriterLock
 from ..store.root import BufferRoot, is_buffer
 from ..store.segment import Segment
@@ -41,6 +42,22 @@ def open_arrays(seg_dir, schema: Schema, layouts: dict, durable: bool) -> Segmen
     """The segment's arrays, created (or completed) first if needed."""
     Segment.create_arrays(seg_dir, schema.specs, layouts)
     return Segment(seg_dir, schema, layouts, writable=True, durable=durable)
+
+
+def fix_schema(root: BufferRoot, seg_dir, schema: Schema, overrides, durable: bool):
+    """Fix the buffer's schema (or take the one already fixed, which must be the same)
+    and create this segment's arrays in the layout every segment uses; returns
+    ``(layouts, segment)``.  A failed write is a WriteFailedError; both steps are
+    idempotent, so the next add completes what a failed one began."""
+    try:
+        layouts = root.set_schema(schema, layouts_for(schema.specs, overrides))
+        check_recorded(schema.specs, layouts, overrides)
+        return layouts, open_arrays(seg_dir, schema, layouts, durable)
+    except OSError as e:
+        raise WriteFailedError(
+            f"could not create the arrays of {seg_dir} ({type(e).__name__}: {e}); "
+            "nothing was added. Fix the cause (disk space, permissions) and add again"
+        ) from e
 
 
 def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:

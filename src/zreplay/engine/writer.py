@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BufferClosedError, WriteFailedError
+from ..errors import BufferClosedError
 from ..schema import Schema
 from ..store.checkpoint import write_snapshot
 from ..store.commit import Commit, write_commit
-from ..store.layout import layouts_for
+from ..store.layout import check_recorded
 from ..store.location import locate
 from ..store.lock import WriterLock
 from ..store.priority import PriorityArrays, saved_priorities
@@ -44,7 +44,7 @@ from .committer import Committer, Job, StateSource
 from .gather import Snapshot, gather_begin, gather_finish
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
-from .recovery import open_arrays, open_segment, remove_for_overwrite
+from .recovery import fix_schema, open_segment, remove_for_overwrite
 from .signals import deferred_interrupts
 from .state import SegmentState
 
@@ -117,6 +117,8 @@ class SegmentWriter:
         try:
             self._wlock.remove_legacy()
             opened = open_segment(self.root, writer_id, durable)
+            if opened.schema is not None:
+                check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
             self.state = SegmentState(writer_id, opened, self.ram, capacity)
         except BaseException:
             self._wlock.release()
@@ -191,16 +193,9 @@ class SegmentWriter:
             return self._add_batch(items)
 
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
-        layouts = layouts_for(schema.specs, self._layout_overrides)
-        try:
-            self.root.set_schema(schema, layouts)
-            segment = open_arrays(self.seg_dir, schema, layouts, self.durable)
-        except OSError as e:
-            # Both steps are idempotent: the next add completes what this one began.
-            raise WriteFailedError(
-                f"could not create the arrays of {self.seg_dir} ({type(e).__name__}: {e}); "
-                "nothing was added. Fix the cause (disk space, permissions) and add again"
-            ) from e
+        layouts, segment = fix_schema(
+            self.root, self.seg_dir, schema, self._layout_overrides, self.durable
+        )
         with self.cond:
             self.state.set_schema(schema, layouts, segment)
             self.state.make_tier(first_rows)

@@ -7,6 +7,7 @@ layout from here, so the format is spelled out in one place.
 <root>/zarr.json                  group; attrs["zreplay"] = {format, schema, layout, created}
 <root>/zreplay/                   zero-size array node: zreplay's own files of the buffer
     writers/<n>                   writer number n, claimed once by the writer id it holds
+    schema.json                   schema and layout of the writer that fixed them first
 <root>/segments/<writer_id>/      one writer's segment:
     data/<key>                    rows, shape (capacity, *row_shape), sharded
     offsets                       int64[n_traj + 1], cumulative rows per trajectory
@@ -40,6 +41,8 @@ META = "zreplay"
 WRITERS = "writers"
 COMMIT_NAME = "commit.json"
 LOCK_NAME = "writer.lock"
+# Exclusive-created by the writer that fixes the schema: racing writers agree on its layout.
+SCHEMA_NAME = "schema.json"
 # Children of a segment directory that hold its rows and index (what clear() removes).
 SEGMENT_CHILDREN = ("data", "offsets", "traj", "episodes", "priority")
 

@@ -23,6 +23,7 @@ from .format import (
     FORMAT_VERSION,
     META,
     READABLE_FORMATS,
+    SCHEMA_NAME,
     SEGMENT_CHILDREN,
     SEGMENTS,
     claims_dir,
@@ -148,21 +149,38 @@ class BufferRoot:
         layouts = {k: KeyLayout(**v) for k, v in info["layout"].items()}
         return schema, layouts
 
-    def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> None:
-        """Fix the schema once; a different schema already on disk is an error."""
-        current, _ = self.schema()
-        if current is not None:
-            if current != schema:
-                raise SchemaError(
-                    f"{self.path} already has a different schema: {current.to_json()}"
-                )
-            return
-        self.replace_schema(schema, layouts)
+    def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> dict[str, KeyLayout]:
+        """Fix the schema once and return the layouts every segment uses: this writer's,
+        or those of the writer that fixed the schema first (writers of a new buffer may
+        race: an exclusive create of ``zreplay/schema.json`` picks one).  A different
+        schema already fixed is a SchemaError."""
+        current, recorded = self.schema()
+        if current is None:
+            marker = self.path / META / SCHEMA_NAME
+            mine = {"schema": schema.to_json(), "layout": {k: vars(v) for k, v in layouts.items()}}
+            if not self.backend.create_exclusive(marker, json.dumps(mine).encode()):
+                mine = json.loads(marker.read_bytes())  # another writer fixed it first
+            current = Schema.from_json(mine["schema"])
+            recorded = {k: KeyLayout(**v) for k, v in mine["layout"].items()}
+            if current == schema:
+                self.replace_schema(current, recorded)  # the same for every writer
+        if current != schema:
+            raise SchemaError(f"{self.path} already has a different schema: {current.to_json()}")
+        return recorded
 
     def replace_schema(
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
     ) -> None:
         """Overwrite the schema (or reset it to None); only when no other segment has data."""
+        marker = self.path / META / SCHEMA_NAME
+        if schema is None:
+            marker.unlink(missing_ok=True)
+        elif marker.is_file():
+            record = {
+                "schema": schema.to_json(),
+                "layout": {k: vars(v) for k, v in layouts.items()},
+            }
+            self.backend.publish(marker, json.dumps(record).encode(), durable=True)
         self._set_attr(
             schema=schema.to_json() if schema is not None else None,
             layout={k: vars(v) for k, v in layouts.items()} if layouts else None,
