@@ -7,42 +7,20 @@ processes, checkpoint (server-side copies), load into a local buffer, verify.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import threading
 import uuid
 
 import numpy as np
 import pytest
-from conftest import check_rows, make_traj, traj_equal
+from conftest import S3_BUCKET, check_rows, make_traj, traj_equal
 
 import zreplay
 from zreplay.errors import CorruptBufferError, WriterLockedError
 
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
-
-BUCKET = "zreplay-tests"
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on a free port of 127.0.0.1 and a bucket; stopped at the end."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
-    import s3fs
-
-    s3fs.S3FileSystem(**options).mkdir(BUCKET)
-    yield options
-    server.stop()
-
-
-@pytest.fixture
-def url(s3):
-    return f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/buf"
+BUCKET = S3_BUCKET
 
 
 def _writer(url: str, options: dict, writer_id: str, tids: list[int], q) -> None:

@@ -37,6 +37,12 @@ class FormatError(ZReplayError, ValueError):
     """A path is not a zreplay buffer (or an RLinf directory), or its format version is unsupported."""
 
 
+class DestinationError(ZReplayError, ValueError):
+    """A checkpoint, export or dump target (or a load source) is the buffer itself, lies
+    inside it or holds it, or is a file or a non-empty directory the operation does not
+    replace; nothing was touched."""
+
+
 class CorruptBufferError(ZReplayError, RuntimeError):
     """A buffer's files are damaged: unreadable commit record, missing or inconsistent index."""
 

@@ -43,6 +43,10 @@ SUPPORTED_DTYPES = {
 # Elements per row above which we refuse a key: a typo'd shape should fail loudly, not
 # allocate terabytes.  2**28 elements is a 16k x 16k RGB frame.
 MAX_ROW_ELEMENTS = 1 << 28
+# Key paths become directories under <buffer>/segments/<writer>/data/: bounded well below
+# PATH_MAX (4096) so a long nesting fails here, before anything is written.
+MAX_KEY_PATH = 512
+MAX_KEY_DEPTH = 16
 
 
 def check_key_component(name: Any, where: str = "") -> str:
@@ -60,11 +64,18 @@ def check_key_component(name: Any, where: str = "") -> str:
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts into ``{"a/b": value}``; every component is name-checked."""
+    """Flatten nested dicts into ``{"a/b": value}``; every component is name-checked, and
+    whole paths are bounded (they become directories under the buffer)."""
     out: dict[str, Any] = {}
     for name, value in nested.items():
         check_key_component(name, prefix)
         path = f"{prefix}/{name}" if prefix else name
+        if len(path) > MAX_KEY_PATH or path.count("/") >= MAX_KEY_DEPTH:
+            raise KeyNameError(
+                f"key path {path[:80]!r}... is {len(path)} characters, {path.count('/') + 1} "
+                f"levels deep; at most {MAX_KEY_PATH} characters and {MAX_KEY_DEPTH} levels "
+                "(each becomes a directory of the buffer): shorten names or nest less"
+            )
         if isinstance(value, Mapping):
             if not value:
                 continue
@@ -152,7 +163,21 @@ class KeySpec:
 
     @classmethod
     def from_json(cls, path: str, d: Mapping) -> KeySpec:
-        return cls(path, np.dtype(d["dtype"]), tuple(int(x) for x in d["row_shape"]))
+        """The spec recorded for ``path``; ValueError for anything a writer could not
+        have recorded (an unsupported dtype, a negative or oversize row shape)."""
+        dtype = np.dtype(d["dtype"])
+        row = d["row_shape"]
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"key {path!r}: dtype {dtype} is not one zreplay stores")
+        if not isinstance(row, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in row
+        ):
+            raise ValueError(f"key {path!r}: row_shape {row!r} is not a list of lengths >= 1")
+        if int(np.prod(row, dtype=object)) > MAX_ROW_ELEMENTS:
+            raise ValueError(
+                f"key {path!r}: row_shape {row} has more than {MAX_ROW_ELEMENTS} elements"
+            )
+        return cls(path, dtype, tuple(row))
 
 
 class Schema:

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ..compat.dumps import dump
-from ..compat.rlinf_files import export_rlinf, load_into
-from ..compat.rlinf_trajectory import prepare
+from ..compat.rlinf_files import check_trajectory_format, export_rlinf, load_into
+from ..compat.rlinf_trajectory import prepare_all
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
@@ -52,7 +52,7 @@ class TrajectoryReplayBuffer:
             temporary store deleted on ``close()`` (as in RLinf, the RAM tier then holds
             ``sample_window_size`` trajectories; older ones stay sampleable from the store).
         auto_save_path: buffer directory (a Zarr v3 group). An existing buffer is resumed.
-        trajectory_format: default format of :meth:`export` (``"pt"``; anything else: pkl).
+        trajectory_format: default format of :meth:`export`: ``"pt"`` or ``"pkl"``.
 
     Args (zreplay's):
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
@@ -99,6 +99,7 @@ class TrajectoryReplayBuffer:
     ):
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
+        check_trajectory_format(trajectory_format)
         if sample_window_size < 0:
             raise ValueError(f"sample_window_size must be >= 0, got {sample_window_size}")
         self.enable_cache = enable_cache
@@ -184,10 +185,7 @@ class TrajectoryReplayBuffer:
         of the previous trajectory left running, so episodes may span trajectories.
         """
         cont = self.continue_episodes if continues is None else continues
-        items = [prepare(t) for t in trajectories]
-        for it in items:
-            it.continues = cont
-        return self.core.add(items)
+        return self.core.add(prepare_all(trajectories, cont))
 
     def sample(
         self,
@@ -315,7 +313,11 @@ class TrajectoryReplayBuffer:
 
         Pending writes are committed first; the sampler's RNG state is included.  Data
         files are hard-linked (no copying) where the filesystem allows.  The result is a
-        zreplay buffer directory: ``zreplay.open(save_path)`` reads it.
+        zreplay buffer directory: ``zreplay.open(save_path)`` reads it.  An older
+        checkpoint at ``save_path`` is replaced in one step (a crash leaves the old one or
+        the new); this buffer itself, a path inside or around it, a buffer with a live
+        writer and any other non-empty directory are refused
+        (:class:`~zreplay.DestinationError`, :class:`~zreplay.WriterLockedError`).
         """
         self.core.checkpoint(save_path)
 
@@ -383,9 +385,11 @@ class TrajectoryReplayBuffer:
 
     def export(self, path: str, format: str | None = None) -> int:
         """Write RLinf 0.3's on-disk layout (``trajectory_{id}_{weights}.pt|.pkl``,
-        ``metadata.json``, ``trajectory_index.json``); returns trajectories written."""
-        fmt = format or ("pt" if self.trajectory_format == "pt" else "pkl")
-        return export_rlinf(self.core, Path(path), fmt, self.seed)
+        ``metadata.json``, ``trajectory_index.json``) to the local directory ``path``;
+        returns trajectories written.  Built aside and swapped in whole: an earlier export
+        there is replaced; any other non-empty directory, or one inside or around this
+        buffer, is refused (:class:`~zreplay.DestinationError`) before anything is written."""
+        return export_rlinf(self.core, path, format or self.trajectory_format, self.seed)
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` (0 = oldest kept) as nested ``[T, B, ...]`` numpy arrays,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import BufferCore, Prepared, RamPolicy, RandomStream
-from ..errors import FormatError
+from ..store.guard import check_apart, new_tree
 from ..store.location import locate
 from ..store.root import is_buffer
 from .hdf5 import MODES, write_hdf5
@@ -46,7 +46,8 @@ def dump(
     """Write every visible episode of ``src`` (a buffer, a view or a ``BufferCore``) to
     ``path``: ``format="hdf5"`` (one file; ``kw``: ``compression``, ``level``) or
     ``"zarr"`` (a buffer directory; ``kw``: ``layout``, ``durable``, ...).  ``mode``:
-    ``"overwrite"`` (written aside and renamed in), ``"append"`` (same columns) or
+    ``"overwrite"`` (written aside and swapped in whole; for Zarr, only over a zreplay
+    buffer without a live writer), ``"append"`` (same columns) or
     ``"error"`` (refuse an existing path).  ``progress(1)`` after each episode is read."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -54,6 +55,7 @@ def dump(
     if mode == "error" and path.exists():
         raise FileExistsError(f"{path} exists (mode='error'); pick another path or mode")
     core = getattr(src, "core", src)
+    check_apart(locate(path), core.path, "dump")
     core.flush()
     if format == "hdf5":
         write_hdf5(episode_items(core, progress), path, mode, **kw)
@@ -64,12 +66,15 @@ def dump(
 
 
 def _dump_zarr(core: BufferCore, path: Path, mode: str, progress=None, **kw) -> None:
-    if mode == "overwrite" and path.exists():
-        if not is_buffer(path):
-            raise FormatError(f"{path} exists and is not a zreplay buffer; delete it yourself")
-        loc = locate(path)
-        loc.backend.remove_tree(loc)
-    existing = BufferCore.reader(path).num_rows if path.exists() else 0
+    loc = locate(path)
+    if mode == "append" and is_buffer(loc):
+        _write_episodes(core, loc, BufferCore.reader(loc).num_rows, progress, **kw)
+        return
+    with new_tree(loc, "dump", sources=[core.path]) as tmp:  # all or nothing
+        _write_episodes(core, tmp, 0, progress, **kw)
+
+
+def _write_episodes(core: BufferCore, path, existing: int, progress, **kw) -> None:
     need = existing + int(core.episodes().length.sum())
     dst = BufferCore.writer(
         path,

@@ -26,8 +26,10 @@ import torch
 
 from ..core import BufferCore
 from ..core.ranks import rank_block
-from ..errors import CorruptBufferError, FormatError, PickleRefusedError
+from ..errors import CorruptBufferError, DestinationError, FormatError, PickleRefusedError
 from ..schema import unflatten
+from ..store.guard import check_apart, check_target, new_tree, relation
+from ..store.location import locate
 from ..store.root import is_buffer
 from .rlinf_trajectory import prepare
 
@@ -48,13 +50,19 @@ def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Pat
     return directory / name
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+def check_trajectory_format(fmt: str) -> None:
+    if fmt not in ("pt", "pkl"):
+        raise ValueError(
+            f"trajectory_format must be 'pt' or 'pkl', got {fmt!r} (RLinf writes any value "
+            "other than 'pt' as .pkl pickles: say 'pkl' for that)"
+        )
+
+
+def _write_synced(path: Path, write) -> None:
+    with open(path, "wb") as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _to_torch(tree: Any) -> Any:
@@ -69,14 +77,26 @@ def _to_torch(tree: Any) -> Any:
 
 
 def export_rlinf(
-    core: BufferCore, out: Path, fmt: str, seed: int, progress: Callable[[int], None] | None = None
+    core: BufferCore, out, fmt: str, seed: int, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Write every visible trajectory of ``core`` in RLinf 0.3's layout under ``out``
-    (``seed``: RLinf's metadata field); ``progress(1)`` after each trajectory."""
-    if fmt not in ("pt", "pkl"):
-        raise ValueError(f"format must be 'pt' or 'pkl', got {fmt!r}")
+    """Write every visible trajectory of ``core`` in RLinf 0.3's layout to the local
+    directory ``out`` (``seed``: RLinf's metadata field); ``progress(1)`` after each
+    trajectory.  All or nothing: built beside ``out`` and swapped in whole, replacing an
+    earlier RLinf export there; any other non-empty ``out``, or one inside or around the
+    buffer, is refused before anything is written."""
+    check_trajectory_format(fmt)
+    out = locate(out)
+    if not out.backend.is_local:
+        raise DestinationError(
+            f"export writes RLinf's files to a local directory; {out} is not one"
+        )
+    check_target(out, "export", sources=[core.path], replaces=is_rlinf_dir, kind=RLINF_DIR)
     core.flush()
-    out.mkdir(parents=True, exist_ok=True)
+    with new_tree(out, "export", sources=[core.path], replaces=is_rlinf_dir, kind=RLINF_DIR) as tmp:
+        return _write_rlinf(core, tmp, fmt, seed, progress)
+
+
+def _write_rlinf(core: BufferCore, out: Path, fmt: str, seed: int, progress) -> int:
     index: dict[str, dict] = {}
     id_list: list[int] = []
     total = 0
@@ -92,9 +112,9 @@ def export_rlinf(
         path = trajectory_file(out, tid, wid, fmt)
         payload = _to_torch(traj)
         if fmt == "pt":
-            _atomic_write_bytes(path, lambda f, p=payload: torch.save(p, f))
+            _write_synced(path, lambda f, p=payload: torch.save(p, f))
         else:
-            _atomic_write_bytes(path, lambda f, p=payload: pickle.dump(p, f))
+            _write_synced(path, lambda f, p=payload: pickle.dump(p, f))
         index[str(tid)] = {
             "num_samples": int(T * B),
             "trajectory_id": int(tid),
@@ -114,8 +134,8 @@ def export_rlinf(
         "seed": seed,
     }
     idx = {"trajectory_index": index, "trajectory_id_list": id_list}
-    _atomic_write_bytes(out / "trajectory_index.json", lambda f: f.write(json.dumps(idx).encode()))
-    _atomic_write_bytes(out / "metadata.json", lambda f: f.write(json.dumps(meta).encode()))
+    _write_synced(out / "trajectory_index.json", lambda f: f.write(json.dumps(idx).encode()))
+    _write_synced(out / "metadata.json", lambda f: f.write(json.dumps(meta).encode()))
     return len(id_list)
 
 
@@ -209,6 +229,9 @@ def _add_batched(core: BufferCore, items) -> None:
     core.add(batch)
 
 
+RLINF_DIR = "an RLinf buffer directory (metadata.json + trajectory_index.json)"
+
+
 def is_rlinf_dir(path) -> bool:
     """RLinf 0.3's buffer directory: ``metadata.json`` + ``trajectory_index.json``."""
     return (path / "metadata.json").is_file() and (path / "trajectory_index.json").is_file()
@@ -243,7 +266,10 @@ def load_into(
         raise ValueError(f"local_rank {rank} is outside [0, {world})")
     if not distributed:
         rank, world = 0, 1
-    if not core.temporary and str(src.resolve()) == str(core.path.resolve()):
+    rel = None if core.temporary else relation(src, core.path)
+    if rel not in (None, "same"):
+        check_apart(core.path, src, "load_checkpoint")
+    if rel == "same":
         if distributed and world > 1:
             raise ValueError(
                 f"{src} is this buffer's own directory; a rank's share must be loaded into "

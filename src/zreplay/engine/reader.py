@@ -65,6 +65,7 @@ class BufferReader:
     def __init__(self, path, storage_options: dict | None = None):
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
+        self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
         self._pid = os.getpid()
         self._segs: dict[str, _SegmentState] = {}

@@ -16,8 +16,8 @@ from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, migrate_commit, read_commit, remove_orphans
 from ..store.format import ID_BITS
+from ..store.guard import live_writer
 from ..store.layout import check_recorded, layouts_for
-from ..store.lock import WriterLock
 from ..store.root import BufferRoot, is_buffer
 from ..store.segment import Segment
 from . import replace
@@ -119,15 +119,14 @@ def remove_for_overwrite(path) -> None:
     """Delete the buffer at ``path`` (``overwrite=True``): refused while any of its
     segments has a live writer, and for anything that is not a zreplay buffer."""
     if is_buffer(path):
-        root = BufferRoot(path)
-        for wid in root.writer_ids():
-            info = WriterLock(root.segment_dir(wid)).live_holder()
-            if info is not None:
-                raise WriterLockedError(
-                    f"overwrite=True refused: segment {wid!r} of {path} is being "
-                    f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
-                    "close that writer first"
-                )
+        found = live_writer(path)
+        if found is not None:
+            wid, info = found
+            raise WriterLockedError(
+                f"overwrite=True refused: segment {wid!r} of {path} is being "
+                f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
+                "close that writer first"
+            )
         path.backend.remove_tree(path)
     elif any(True for _ in path.iterdir()):
         raise FormatError(

@@ -100,7 +100,9 @@ class Intent:
         d = json.loads(text)
         schema = None if d["schema"] is None else Schema.from_json(d["schema"])
         layouts = (
-            None if d["layout"] is None else {k: KeyLayout(**v) for k, v in d["layout"].items()}
+            None
+            if d["layout"] is None
+            else {k: KeyLayout.from_json(v) for k, v in d["layout"].items()}
         )
         return cls(d["writer_id"], Commit(**d["commit"]), schema, layouts, list(d["children"]))
 
@@ -160,16 +162,6 @@ def discard(seg_dir) -> None:
     path.backend.remove_tree(path)
 
 
-def swap_in(root: BufferRoot, seg_dir, intent: Intent, emptied: Commit | None, durable: bool):
-    """Publish ``intent`` (the point of no return), then carry it out; ``emptied``: a
-    commit that first makes the segment's current rows invisible (when it has any)."""
-    path = intent_path(seg_dir)
-    path.backend.publish(path, intent.to_json(), durable)
-    if emptied is not None:
-        write_commit(seg_dir, emptied, durable=durable)
-    finish(root, seg_dir, intent, durable)
-
-
 def finish(root: BufferRoot, seg_dir, intent: Intent, durable: bool) -> None:
     """Carry out a published intent (again, after a crash: every step can be redone)."""
     backend = seg_dir.backend
@@ -222,6 +214,27 @@ def adopt(writer, src_root, src_writer: str, first: int, stop: int, sampler: dic
             _swap(writer, stage_links(writer.seg_dir, writer.writer_id, src, commit))
 
 
+def clear(writer) -> None:
+    """Empty ``writer``'s segment, on disk too.
+
+    One commit makes the segment empty (the commit point: a crash before it leaves
+    everything, after it nothing visible); its arrays are deleted after it.  Rows,
+    trajectory ids and episode ids keep counting up (never reused), and the random
+    stream goes on.  The schema is kept.
+    """
+    with writer.exclusive():
+        with writer.cond:
+            st = writer.state
+            commit = st.cleared_commit(writer.source)
+            write_commit(writer.seg_dir, commit, durable=writer.durable)  # the commit point
+            st.empty_to(commit)
+        # Past the commit point only tidying is left: if it fails, the next open removes
+        # what is left (every row is reclaimed), and the next add opens arrays again.
+        writer.root.remove_segment_data(writer.writer_id)
+        with writer.cond:
+            writer.reopen()
+
+
 @contextlib.contextmanager
 def replacement(writer) -> Iterator:
     """Build ``writer``'s new contents aside: yields the root of a staging buffer whose
@@ -260,5 +273,13 @@ def _swap(writer, intent: Intent) -> None:
     emptied = st.cleared_commit(writer.source) if st.index.num_visible else None
     if emptied is not None:
         intent.commit.gen = max(intent.commit.gen, emptied.gen + 1)
-    swap_in(writer.root, writer.seg_dir, intent, emptied, writer.durable)
-    writer.reopen()
+    path = intent_path(writer.seg_dir)
+    path.backend.publish(path, intent.to_json(), writer.durable)  # the point of no return
+    try:
+        if emptied is not None:
+            write_commit(writer.seg_dir, emptied, durable=writer.durable)
+        finish(writer.root, writer.seg_dir, intent, writer.durable)
+        writer.reopen()
+    except BaseException as e:
+        writer.recover_after(e)  # never left holding the old contents in memory
+        raise

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.split import split_pieces
+from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit
 from ..store.segment import Segment
@@ -53,9 +54,22 @@ class SegmentState:
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
         self.window_rows = 0  # committed rows the tier keeps for sampling (the RAM policy)
+        # Trajectory counts at which an add's batch ends: a commit never splits a batch.
+        self.batch_ends: list[int] = []
         if self.index.n:
             self.make_tier(o.largest_trajectory)
             self._preload_tier()
+
+    def empty_to(self, commit: Commit) -> None:
+        """Take ``commit`` (of a clear: nothing visible) as the segment's state, before its
+        arrays are opened again (a failure in between leaves no stale index behind)."""
+        index = TrajectoryIndex(first_row=commit.n_rows)
+        self.reopen(
+            OpenedSegment(
+                commit, self.schema, self.layouts, None, index, None,
+                commit.next_trajectory_id, commit.next_episode, 1,
+            )
+        )  # fmt: skip
 
     def set_schema(self, schema: Schema | None, layouts, segment: Segment | None) -> None:
         self.schema, self.layouts, self.segment = schema, layouts, segment
@@ -148,6 +162,7 @@ class SegmentState:
             ids.append(tid)
             row += it.n_rows
         self.index.append_many(entries)
+        self.batch_ends.append(self.index.n)
         self.next_trajectory_id, self.lanes, self.next_episode = next_id, lanes, next_episode
         if self.capacity is not None:
             self.index.evict_to(self.capacity)
@@ -162,6 +177,7 @@ class SegmentState:
 
     def next_job(self, source: StateSource | None, explicit: bool) -> Job:
         """The next commit's job, with the sampler state and the priorities to save."""
+        self.batch_ends = [e for e in self.batch_ends if e > self.commit.n_traj]
         job = build_job(
             self.writer_id,
             self.index,
@@ -171,6 +187,7 @@ class SegmentState:
             self.segment,
             self.next_trajectory_id,
             self.next_episode,
+            self.batch_ends,
         )
         job.commit.sampler, job.priorities = self.sampler_state(source, job.commit.n_rows, explicit)
         return job

@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import BufferClosedError
 from ..schema import Schema
 from ..store.checkpoint import write_snapshot
-from ..store.commit import Commit, write_commit
+from ..store.commit import Commit
+from ..store.guard import check_target
 from ..store.layout import check_recorded
 from ..store.location import locate
 from ..store.lock import WriterLock
@@ -45,6 +46,7 @@ from .gather import Snapshot, gather_begin, gather_finish
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import fix_schema, open_segment, remove_for_overwrite
+from .replace import clear as clear_segment
 from .signals import deferred_interrupts
 from .state import SegmentState
 
@@ -105,6 +107,7 @@ class SegmentWriter:
         self.cond = threading.Condition(threading.RLock())
         self._add_lock = threading.Lock()
         self._closed = False
+        self._abandoned: str | None = None  # why recover_after gave this writer up
 
         if overwrite and self.path.exists() and not self.temporary:
             remove_for_overwrite(self.path)
@@ -185,7 +188,7 @@ class SegmentWriter:
             lanes_b = None if st.lanes is None else len(st.lanes.episode)
             schema = check_batch(items, st.schema, lanes_b, st.capacity)
             self._committer.before_add()
-            if st.schema is None:
+            if st.schema is None or st.segment is None:  # (no arrays: a clear failed late)
                 self._fix_schema(schema, items[0].n_rows)
             elif st.tier is None:
                 with self.cond:
@@ -309,36 +312,26 @@ class SegmentWriter:
 
     def _check_open(self) -> None:
         if self._closed:
+            why = f"stopped after an error ({self._abandoned})" if self._abandoned else "closed"
             raise BufferClosedError(
-                "this buffer was closed; create a new TrajectoryReplayBuffer on the same "
-                "path (or zreplay.open(path)) to use its data again"
+                f"this buffer was {why}; what was committed is safe: create a new "
+                "TrajectoryReplayBuffer on the same path (or zreplay.open(path)) to go on"
             )
 
     def clear(self) -> None:
-        """Remove every trajectory of this segment, on disk too.
-
-        One commit makes the segment empty (the commit point: a crash before it leaves
-        everything, after it nothing visible); its arrays are deleted after it.  Rows,
-        trajectory ids and episode ids keep counting up (never reused), and the random
-        stream goes on.  The schema is kept.
-        """
-        with self._add_lock:
-            self.flush()
-            with self.cond:
-                commit = self.state.cleared_commit(self._source())
-                write_commit(self.seg_dir, commit, durable=self.durable)
-                self.state.set_commit(commit)
-                self.root.remove_segment_data(self.writer_id)
-                self.reopen()
+        """Remove every trajectory of this segment, on disk too (see :func:`.replace.clear`)."""
+        clear_segment(self)
 
     def checkpoint(self, dest) -> None:
-        """Write a complete, consistent copy-free snapshot of this segment to ``dest``."""
+        """Write a complete, consistent copy-free snapshot of this segment to ``dest``
+        (a bad ``dest`` is refused before pending adds are committed)."""
+        dest = locate(dest, self.path.backend.storage_options)
+        check_target(dest, "save_checkpoint", sources=[self.path])
         with self._add_lock:
             self.flush()
             with self.cond:
                 state, _ = self.state.sampler_state(self._source())
                 commit = replace(self.state.commit, sampler=state)
-            dest = locate(dest, self.path.backend.storage_options)
             write_snapshot(self.path, self.writer_id, commit, dest, self.durable)
 
     # -- for replacing the contents (engine/replace.py) ------------------------------
@@ -368,6 +361,18 @@ class SegmentWriter:
         if st.capacity is not None and st.index.visible_rows > st.capacity:
             st.index.evict_to(st.capacity)  # a rank's block may not fit a small buffer
             self._committer.request()
+
+    def recover_after(self, error: BaseException) -> None:
+        """A change failed past its point of no return (the next open finishes it): read
+        the segment again; if that fails too, give this writer up (it must never commit
+        its stale state) and unlock, so that reopening the buffer finishes the change."""
+        try:
+            self.reopen()
+        except BaseException as again:  # noqa: BLE001 - given up below
+            self._committer.abandon()
+            self._closed = True
+            self._abandoned = f"{type(again).__name__}: {again} (after {type(error).__name__})"
+            self._wlock.release()
 
     def drop_ram(self) -> None:
         """Release the RAM tier's committed rows (they stay readable from disk)."""

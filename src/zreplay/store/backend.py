@@ -82,10 +82,16 @@ class Backend(ABC):
 
     @abstractmethod
     def staged_tree(self, dest) -> contextlib.AbstractContextManager:
-        """Build a new directory tree that appears at ``dest`` whole: yields the location
-        to build in; on a clean exit it replaces ``dest``, on an exception it is removed.
-        The caller writes the root's ``zarr.json`` last, so where the store cannot rename
-        (object stores build in place) an interrupted build is not a buffer."""
+        """Build a new directory tree that replaces ``dest`` in one step: yields the
+        location to build in; on a clean exit it replaces ``dest``, on an exception it is
+        removed.  A crash leaves ``dest`` as it was or (after ``recover_tree``) the new
+        tree (a rename exchange locally, :mod:`~zreplay.store.objectswap` in object
+        stores).  The caller writes the root's ``zarr.json`` last."""
+
+    @abstractmethod
+    def recover_tree(self, loc) -> bool:
+        """Finish or undo a replacement of the tree at ``loc`` (``staged_tree``) that a
+        crash interrupted, so ``loc`` is the old tree or the new; True if there was one."""
 
     @abstractmethod
     def du(self, loc) -> int:

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from . import objectswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
 from .objectarray import SegmentCache
@@ -231,16 +232,11 @@ class S3Backend(Backend):
     def guard(self, loc) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def staged_tree(self, dest) -> Iterator[S3Path]:
-        # No rename: build in place (the caller writes the root's zarr.json last, so a
-        # partial tree is never a buffer) and remove what was built if it fails.
-        self.remove_tree(dest)
-        try:
-            yield dest
-        except BaseException:
-            self.remove_tree(dest)
-            raise
+    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
+        return objectswap.staged(dest)  # no rename: staged, then rolled forward
+
+    def recover_tree(self, loc) -> bool:
+        return objectswap.recover(loc)
 
     def du(self, loc) -> int:
         objs, _ = self.list(loc.key + "/", recursive=True)

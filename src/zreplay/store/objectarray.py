@@ -125,7 +125,7 @@ class ObjectArray:
     def __init__(self, backend, key: str, meta: ArrayMeta, writable: bool, cache: SegmentCache):
         self.backend, self.key, self.meta = backend, key, meta
         self.writable, self.cache = writable, cache
-        self.shape = meta.shape
+        self.shape, self.dtype = meta.shape, meta.dtype
 
     def __getitem__(self, sel) -> _Selection:
         return _Selection(self, sel)

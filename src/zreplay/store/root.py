@@ -37,11 +37,25 @@ from .location import Location, locate
 
 def is_buffer(path: str | Path | Location, storage_options: Mapping | None = None) -> bool:
     """True if ``path`` (a directory or an ``s3://`` URL) holds a zreplay buffer root."""
-    meta = locate(path, storage_options) / "zarr.json"
+    loc = locate(path, storage_options)
+    for _ in range(2):
+        try:
+            return ATTR in json.loads((loc / "zarr.json").read_text()).get("attributes", {})
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            if not _recovered(loc):
+                return False
+        except ValueError:
+            return False
+    return False
+
+
+def _recovered(loc: Location) -> bool:
+    """True if a replacement of the tree at ``loc`` that a crash interrupted was just
+    finished or undone (its root ``zarr.json`` may be there now)."""
     try:
-        return ATTR in json.loads(meta.read_text()).get("attributes", {})
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
-        return False
+        return loc.backend.recover_tree(loc)
+    except OSError:
+        return False  # e.g. read-only credentials: a writer will finish it
 
 
 class BufferRoot:
@@ -64,7 +78,12 @@ class BufferRoot:
     def read_meta(self) -> dict:
         meta = self.path / "zarr.json"
         try:
-            text = meta.read_text()
+            try:
+                text = meta.read_text()
+            except FileNotFoundError:
+                if not _recovered(self.path):
+                    raise
+                text = meta.read_text()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise FormatError(
                 f"{self.path} is not a zreplay buffer (no zarr.json); create one with "
@@ -84,6 +103,12 @@ class BufferRoot:
             )
         return info
 
+    def recover(self) -> bool:
+        """Finish (or undo) a replacement of this buffer's tree that a crash interrupted
+        (a checkpoint saved over it): anything that opens a buffer calls this first, so
+        it sees the old tree or the new, never a committed replacement left undone."""
+        return _recovered(self.path)
+
     def create(self, extra: Mapping | None = None) -> dict:
         """Create the root group if absent; returns its zreplay metadata.
 
@@ -91,6 +116,7 @@ class BufferRoot:
         hosts): the root's ``zarr.json`` appears complete in one exclusive create, and
         the losers of that race read the winner's.
         """
+        self.recover()
         meta = self.path / "zarr.json"
         if meta.is_file():
             return self.read_meta()  # or the specific error of a damaged or foreign root
@@ -145,8 +171,16 @@ class BufferRoot:
         info = self.read_meta()
         if not info.get("schema"):
             return None, None
-        schema = Schema.from_json(info["schema"])
-        layouts = {k: KeyLayout(**v) for k, v in info["layout"].items()}
+        try:
+            schema = Schema.from_json(info["schema"])
+            layouts = {k: KeyLayout.from_json(v) for k, v in info["layout"].items()}
+            if set(layouts) != set(schema.keys):
+                raise ValueError(f"layouts for {sorted(layouts)}, keys {schema.keys}")
+        except (ValueError, TypeError, KeyError, AttributeError, SchemaError) as e:
+            raise CorruptBufferError(
+                f"{self.path / 'zarr.json'}: the recorded schema or layout is invalid ({e}); "
+                "the buffer's root metadata is damaged (restore it from a checkpoint)"
+            ) from None
         return schema, layouts
 
     def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> dict[str, KeyLayout]:
@@ -161,7 +195,7 @@ class BufferRoot:
             if not self.backend.create_exclusive(marker, json.dumps(mine).encode()):
                 mine = json.loads(marker.read_bytes())  # another writer fixed it first
             current = Schema.from_json(mine["schema"])
-            recorded = {k: KeyLayout(**v) for k, v in mine["layout"].items()}
+            recorded = {k: KeyLayout.from_json(v) for k, v in mine["layout"].items()}
             if current == schema:
                 self.replace_schema(current, recorded)  # the same for every writer
         if current != schema:

@@ -12,16 +12,18 @@ and rows at or past the commit's ``n_rows`` are garbage.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..errors import CorruptBufferError
 from ..schema import KeySpec, Schema
 from .arrays import ArrayHandle
 from .commit import Commit, read_commit
-from .format import INDEX_CHUNK, PIECE_COLUMNS, STORED_ATTRS, TRAJ_COLUMNS
+from .format import INDEX_CHUNK, PIECE_COLUMNS, STORED_ATTRS, TRAJ_COLUMNS, commit_path
 from .layout import KeyLayout
 from .location import Location, locate
 
@@ -44,17 +46,14 @@ class Segment:
         self.layouts = dict(layouts)
         self.writable = writable
         self._context = self.backend.array_context(durable)
-        self.data = {
-            k: ArrayHandle(self.dir / "data" / k, self._context, writable) for k in schema.keys
-        }
-        self.offsets = ArrayHandle(self.dir / "offsets", self._context, writable)
-        self.traj = {
-            c: ArrayHandle(self.dir / "traj" / c, self._context, writable) for c in TRAJ_COLUMNS
-        }
-        self.pieces = {
-            c: ArrayHandle(self.dir / "episodes" / c, self._context, writable)
-            for c in PIECE_COLUMNS
-        }
+
+        def handle(rel: str, dtype, row) -> ArrayHandle:
+            return ArrayHandle(self.dir / rel, self._context, writable, (dtype, row))
+
+        self.data = {k: handle(f"data/{k}", s.dtype, s.row_shape) for k, s in schema.specs.items()}
+        self.offsets = handle("offsets", "int64", ())
+        self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
+        self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
         self._seen: tuple[int, int, int] | None = None  # (n_rows, n_traj, last trajectory id)
 
     @property
@@ -99,6 +98,9 @@ class Segment:
                 attributes=STORED_ATTRS,
                 **lay.zarr_codecs(spec.dtype),
             )
+        # Index chunks are checksummed like data chunks: a flipped bit in an offset, an
+        # id or a terminated flag is an error, never a silently different trajectory.
+        index_codecs = {"compressors": [ZstdCodec(level=1), Crc32cCodec()]}
         if "offsets" not in g:
             g.create_array(
                 "offsets",
@@ -108,6 +110,7 @@ class Segment:
                 fill_value=0,
                 config={"write_empty_chunks": True},
                 attributes=STORED_ATTRS,
+                **index_codecs,
             )
         columns = [("traj", n, d, r) for n, (d, r) in TRAJ_COLUMNS.items()]
         columns += [("episodes", n, d, ()) for n, d in PIECE_COLUMNS.items()]
@@ -122,6 +125,7 @@ class Segment:
                     fill_value=0 if dtype != "bool" else False,
                     config={"write_empty_chunks": True},
                     attributes=STORED_ATTRS,
+                    **index_codecs,
                 )
 
     # -- writes (the segment's writer only) -----------------------------------------
@@ -202,6 +206,7 @@ class Segment:
             out["pieces"] = {c: np.zeros(0, d) for c, d in PIECE_COLUMNS.items()}
             self._observe(commit, out["trajectory_id"])
             return out
+        self._check_index_size(commit)
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
             futs[name] = h.reopen_if_short(n)[:n].read()
@@ -226,6 +231,33 @@ class Segment:
                 "pieces); the index is damaged"
             )
         return out
+
+    def _check_index_size(self, commit: Commit) -> None:
+        """CorruptBufferError, naming the files, if the commit's counts need more index
+        than the arrays hold or than this machine has memory: checked before anything is
+        allocated (TensorStore aborts the process when an allocation fails)."""
+        n, k = commit.n_traj, commit.n_pieces
+        need = (n + 1) * 8 + n * _row_bytes(TRAJ_COLUMNS.values())
+        need += k * _row_bytes((d, ()) for d in PIECE_COLUMNS.values())
+        if need > physical_memory():
+            raise CorruptBufferError(
+                f"{commit_path(self.dir)}: the commit counts {n} trajectories and {k} episode "
+                f"pieces, whose index needs {need / 2**30:.1f} GiB, more than this machine's "
+                f"{physical_memory() / 2**30:.1f} GiB of memory; the commit record or the "
+                "index arrays' zarr.json are damaged (restore from a checkpoint)"
+            )
+        for name, h, rows in [
+            ("offsets", self.offsets, n + 1),
+            *((f"traj/{c}", h, n) for c, h in self.traj.items()),
+            *((f"episodes/{c}", h, k) for c, h in self.pieces.items()),
+            *((f"data/{key}", h, commit.n_rows) for key, h in self.data.items()),
+        ]:
+            if h.reopen_if_short(rows).shape[0] < rows:
+                raise CorruptBufferError(
+                    f"{self.dir / name / 'zarr.json'}: the array has "
+                    f"{h.store.shape[0]} rows but {commit_path(self.dir)} needs {rows}; "
+                    "the segment is damaged (restore it from a checkpoint)"
+                )
 
     def _observe(self, commit: Commit, ids: np.ndarray) -> None:
         """Tell the backend which rows are committed, and whether they continue the rows
@@ -272,3 +304,15 @@ class PendingRead:
                 f"Run zreplay.verify({str(self._segment.dir.parent.parent)!r}) for a full "
                 "report; restore the buffer from a checkpoint"
             ) from None
+
+
+def _row_bytes(columns) -> int:
+    return sum(np.dtype(d).itemsize * int(np.prod(r, dtype=np.int64)) for d, r in columns)
+
+
+def physical_memory() -> int:
+    """Bytes of RAM of this machine (a bound on what any read may allocate)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
