@@ -63,3 +63,13 @@ class WriteFailedError(ZReplayError, RuntimeError):
 
 class ReadOnlyError(ZReplayError, RuntimeError):
     """A write was attempted through a read-only view."""
+
+
+class AppendOnlyError(ZReplayError, NotImplementedError):
+    """A write that is not an append (``zreplay.torchrl.ZarrStorage`` never overwrites a
+    row in place: ``storage[idx] = value``, writes through a view, non-sequential writers)."""
+
+
+class DeviceUnavailableError(ZReplayError, RuntimeError):
+    """A batch was asked for on a device this process cannot use (``device="cuda"``
+    without a CUDA device or a CUDA build of torch)."""

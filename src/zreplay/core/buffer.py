@@ -69,6 +69,7 @@ class BufferCore:
 
     Construct with :meth:`writer` or :meth:`reader`.  ``owner`` is the facade object a
     sampler hook ``fn(step, buffer, batch_size, history_len)`` receives as ``buffer``.
+    ``facade_state``: a facade's own JSON, saved with every commit, found by :meth:`writer`.
     """
 
     def __init__(self, engine, sampler: Sampler, stream: RandomStream, owner: Any = None):
@@ -78,6 +79,7 @@ class BufferCore:
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
         self._is_reader = not engine.writable
+        self.facade_state: dict = {}
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -94,6 +96,7 @@ class BufferCore:
         saved with the segment's last commit."""
         core = cls(SegmentWriter(path, **options), sampler, stream or RandomStream(), owner)
         core.load_state(core.engine.commit.sampler)
+        core.facade_state = dict((core.engine.commit.sampler or {}).get("facade") or {})
         core.engine.attach(core)
         return core
 
@@ -136,6 +139,11 @@ class BufferCore:
     def num_rows(self) -> int:
         """Visible transitions (rows)."""
         return self.engine.num_rows
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        """``(first, stop)`` of :meth:`rows` positions (a writer's: since its last clear)."""
+        return self.engine.locked(lambda s: (int(s.bounds[0]), int(s.bounds[0]) + s.num_rows))
 
     @property
     def num_trajectories(self) -> int:
@@ -311,9 +319,7 @@ class BufferCore:
 
     def _writer(self) -> SegmentWriter:
         if not self.writable:
-            raise ReadOnlyError(
-                f"{self.path} is open read-only (zreplay.open); write through a buffer"
-            )
+            raise ReadOnlyError(f"{self.path} is open read-only (zreplay.open); use a buffer")
         return self.engine
 
     def _reader(self) -> BufferReader:
@@ -383,7 +389,8 @@ class BufferCore:
         return self._bound.prioritized
 
     def state(self) -> dict:
-        return {**self.stream.state(), **self._bound.state()}
+        out = {**self.stream.state(), **self._bound.state()}
+        return {**out, "facade": dict(self.facade_state)} if self.facade_state else out
 
     def priorities_to_save(self, n_rows: int, explicit: bool):
         space = self.engine.snapshot().space  # the writer holds its lock while it asks
