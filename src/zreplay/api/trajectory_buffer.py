@@ -27,11 +27,12 @@ from ..compat.dumps import dump
 from ..compat.rlinf_files import export_rlinf, load_into
 from ..compat.rlinf_trajectory import prepare
 from ..core import BufferCore, RamPolicy, RandomStream
+from ..errors import DeviceUnavailableError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
 from ..store.location import locate
-from .batches import nested_tensors, sample_tensors, trajectory_dict
+from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
 from .prefetch import Prefetcher
 
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
@@ -211,7 +212,9 @@ class TrajectoryReplayBuffer:
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
-        return self.sample_chunks(num_chunks, device=device, pin_memory=pin_memory)
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
+        return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def sample_chunks(
         self,
@@ -220,6 +223,8 @@ class TrajectoryReplayBuffer:
         device: str | torch.device | None = None,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
         return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def prefetch(
@@ -233,6 +238,8 @@ class TrajectoryReplayBuffer:
         """An endless iterator of ``sample(num_chunks)`` batches drawn ``depth`` ahead on a
         background thread, so disk reads overlap the training step.  Use as a context
         manager (or call ``close()``).  Batches come from the same random stream, in order."""
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
         return Prefetcher(
             lambda: self.sample(num_chunks, device=device, pin_memory=pin_memory), depth
         )

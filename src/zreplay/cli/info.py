@@ -73,24 +73,22 @@ def buffer_info(path: Path) -> dict[str, Any]:
 def hdf5_file_info(path: Path) -> dict[str, Any]:
     import h5py
 
-    from ..compat.hdf5 import hdf5_info
+    from ..compat.hdf5 import episode_flags, hdf5_info
 
     meta = hdf5_info(path)
     keys = {}
     with h5py.File(path, "r") as f:
-        for c in meta["columns"]:
-            ds = f[c]
+        for c, name in zip(meta["columns"], meta["datasets"], strict=True):
+            ds = f[name]
             raw = int(ds.size) * ds.dtype.itemsize
             keys[c] = _key(str(ds.dtype), ds.shape[1:], raw, int(ds.id.get_storage_size()))
-        cols = [
-            f[n][:] if meta["columns"] else np.zeros(0)
-            for n in ("ep_len", "ep_terminated", "ep_truncated")
-        ]
+        lengths = f["ep_len"][:] if "ep_len" in f else np.zeros(0, np.int64)
+        terminated, truncated = episode_flags(f, meta["columns"], meta["datasets"])
     return {
         "path": str(path),
         "kind": "hdf5",
         "keys": keys,
-        **_episodes(*cols),
+        **_episodes(lengths, terminated, truncated),
         "rows": meta["steps"],
         **_totals(keys, du(path)),
     }

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,36 +31,11 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
+from .guards import check_not_bootstrapping, warn_float_images
+from .record import TrajectoryRecord
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
-
-
-@dataclass
-class TrajectoryRecord:
-    """One visible trajectory: ``columns`` (flat key path -> ``[T, B, ...]``) and its
-    metadata; ``continues`` (bool ``[B]``): lanes whose first step continues an episode
-    of the segment's previous trajectory."""
-
-    columns: dict[str, np.ndarray]
-    trajectory_id: int
-    max_episode_length: int
-    model_weights_id: str
-    T: int
-    B: int
-    continues: np.ndarray
-
-    def prepared(self) -> Prepared:
-        """This trajectory as an item to add to another buffer (same id and metadata)."""
-        return Prepared(
-            self.columns,
-            self.T,
-            self.B,
-            self.max_episode_length,
-            self.model_weights_id,
-            self.trajectory_id,
-            continues=self.continues,
-        )
 
 
 class BufferCore:
@@ -94,6 +68,7 @@ class BufferCore:
         :class:`~zreplay.engine.writer.SegmentWriter`'s (capacity, ram, layout, durable,
         overwrite, break_lock, storage_options).  Resumes the stream and sampler state
         saved with the segment's last commit."""
+        check_not_bootstrapping(path)
         core = cls(SegmentWriter(path, **options), sampler, stream or RandomStream(), owner)
         core.load_state(core.engine.commit.sampler)
         core.facade_state = dict((core.engine.commit.sampler or {}).get("facade") or {})
@@ -265,9 +240,9 @@ class BufferCore:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
         return plans.gather_nstep(self._read, spec, self.keys, self.pick(n, step), keys)
 
-    def episode(self, e: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Every visible step of episode ``e`` as ``[L, ...]`` arrays."""
-        return plans.gather_episode(self._read, keys or self.keys, e)
+    def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
+        """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
+        return plans.gather_episode(self._read, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
@@ -329,7 +304,11 @@ class BufferCore:
 
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories (all or none pass); returns their ids."""
-        return self._writer().add(items)
+        first = self.schema is None
+        ids = self._writer().add(items)
+        if first and items:
+            warn_float_images(self.schema)
+        return ids
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
