@@ -1,15 +1,12 @@
 """``TrajectoryReplayBuffer``: a drop-in for RLinf 0.3's class, on a Zarr store.
 
 Same constructor names and meanings, same methods, same sample keys, nesting and dtypes.
-What differs (all on purpose, see README "Coming from RLinf"):
-
-* rows are read individually from compressed chunked arrays, never whole trajectory files;
-* ``add_trajectories`` validates and copies on the caller's thread and commits atomically
-  on a background writer; ``flush()`` waits for the commit;
-* ``sample`` returns exactly ``num_chunks`` rows and is safe against concurrent adds;
-* ``close()``/``clear_cache()`` never break the buffer; ``clear()`` removes data on disk;
-* constructing on an existing ``auto_save_path`` resumes it, continuing its random stream;
-* ``np.random`` is never seeded globally.
+What differs (all on purpose, see README "Coming from RLinf"): rows are read individually
+from compressed chunked arrays; ``add_trajectories`` validates and copies on the caller's
+thread and commits atomically on a background writer (``flush()`` waits for the commit);
+``sample`` returns exactly ``num_chunks`` rows, safe against concurrent adds;
+``close()``/``clear_cache()`` never break the buffer, ``clear()`` removes data on disk;
+an existing ``auto_save_path`` is resumed; ``np.random`` is never seeded globally.
 
 A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 """
@@ -266,16 +263,10 @@ class TrajectoryReplayBuffer:
     def get_stats(self) -> dict[str, Any]:
         """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
         st = self.core.stats()
-        return {
-            "num_trajectories": st["trajectories"],
-            "total_samples": st["rows"],
-            "cache_size": st["trajectories_in_ram"],
-            "rows_in_ram": st["rows_in_ram"],
-            "ram_bytes": st["ram_bytes"],
-            "committed_trajectories": st["committed_trajectories"],
-            "pending_trajectories": st["pending_trajectories"],
-            "path": st["path"],
-        }
+        rlinf = {"num_trajectories": "trajectories", "total_samples": "rows"}
+        rlinf["cache_size"] = "trajectories_in_ram"
+        more = ("rows_in_ram", "ram_bytes", "committed_trajectories", "pending_trajectories")
+        return {**{k: st[v] for k, v in rlinf.items()}, **{k: st[k] for k in (*more, "path")}}
 
     def flush(self) -> None:
         """Block until every added trajectory is committed to the store."""
@@ -297,7 +288,15 @@ class TrajectoryReplayBuffer:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Close, as a file does (``ReplayBuffer``'s ``with`` only commits: see README)."""
         self.close()
+
+    def __repr__(self) -> str:
+        where = "temporary store" if self.core.temporary else str(self.path)
+        if self.core.closed:
+            return f"TrajectoryReplayBuffer(closed, {where})"
+        what = f"{len(self)} trajectories, {self.total_samples} rows, sampler={self.sampler!r}"
+        return f"TrajectoryReplayBuffer({where}: {what}, keys=[{', '.join(self.core.keys)}])"
 
     def __del__(self):
         core = getattr(self, "core", None)
