@@ -137,15 +137,15 @@ class _LazyColumns(TensorDict):
     _stack_onto_ = _read_only
 
 
-def lazy_view(
+def lazy_source(
     specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
     batches: Mapping[str, list[int]],
     length: int,
     read: Callable[[str, object], torch.Tensor],
-    index,
-) -> _SubTensorDict:
-    """``storage[index]`` as a read-only view: ``specs`` (flat key -> dtype, row shape)
-    give its structure, ``read(key path, index)`` the data of one column on access."""
+) -> _LazyColumns:
+    """The structure of ``length`` slots (``specs``: flat key -> dtype, row shape) with
+    no data: ``_SubTensorDict(source, index)`` is ``storage[index]`` as a read-only view
+    whose column ``key`` is ``read(key path, index)``, read on access."""
 
     def make(prefix: tuple[str, ...]) -> _LazyColumns:
         items: dict = {}
@@ -161,7 +161,76 @@ def lazy_view(
         batch = [length, *batches.get("/".join(prefix), [])]
         return _LazyColumns(items, batch_size=batch)._bind(read, prefix)
 
-    return _SubTensorDict(make(()), index)
+    return make(())
+
+
+CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
+
+
+class SlotColumns:
+    """Columns of a ZarrStorage in slot order, for its lazy views: the structure of its
+    ``len`` slots (rebuilt when ``len`` changes), and reads of one column.  Small columns
+    (trajectory ids, done flags: at most 16 bytes a row), which SliceSampler reads whole
+    on every sample, are kept in RAM in slot order, updated by every append."""
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.small: dict[str, torch.Tensor] = {}
+        self._source: tuple | None = None  # ((len, epoch), structure)
+
+    def source(self, L: int, epoch: int) -> _LazyColumns:
+        if self._source is None or self._source[0] != (L, epoch):
+            schema = self.storage.core.schema.specs
+            specs = {k: (_torch_dtype(s.dtype), s.row_shape) for k, s in schema.items()}
+            self._source = (
+                (L, epoch),
+                lazy_source(specs, self.storage._batches, L, self._reader(L, epoch)),
+            )
+        return self._source[1]
+
+    def appended(self, slots: torch.Tensor, cols: Mapping[str, np.ndarray]) -> None:
+        """Rows were appended at ``slots`` (no duplicates)."""
+        for key, col in self.small.items():
+            col[slots] = torch.from_numpy(cols[key])
+
+    def column(self, key: str) -> torch.Tensor:
+        """Small column ``key``, ``[max_size, ...]`` in slot order (valid below len)."""
+        col = self.small.get(key)
+        if col is None:
+            st = self.storage
+            spec, L = st.core.schema.specs[key], len(st)
+            col = torch.zeros((st.max_size, *spec.row_shape), dtype=_torch_dtype(spec.dtype))
+            if L:
+                g = st._ring.rows_of(np.arange(L), st._W)
+                col[:L] = torch.from_numpy(st.core.rows(g, [key])[key])
+            self.small[key] = col
+        return col
+
+    def _reader(self, L: int, epoch: int):
+        st = self.storage
+        specs = st.core.schema.specs
+        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
+
+        def read(key: str, idx) -> torch.Tensor:
+            if st._epoch != epoch:
+                raise RuntimeError(
+                    "the storage was emptied or loaded since this view was taken; index "
+                    "the storage again"
+                )
+            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
+                idx = idx[0]
+            if key in small:
+                col = self.column(key)[:L]  # a slice of it is a view: no copy
+                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
+            slots = slot_index(idx, L)
+            got = st.core.rows(st._ring.rows_of(slots.reshape(-1), st._W), [key])[key]
+            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
+
+        return read
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def slot_index(index, L: int) -> np.ndarray:
@@ -181,6 +250,8 @@ def slot_index(index, L: int) -> np.ndarray:
                 f"with size {L}"
             )
         return (idx % max(L, 1)).numpy()
+    if isinstance(index, slice):
+        return np.arange(*index.indices(L))
     return torch.arange(L)[index].numpy()  # torch's semantics and errors
 
 

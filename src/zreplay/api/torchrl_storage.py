@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict._td import _SubTensorDict
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, Prepared, RamPolicy, RandomStream
 from ..errors import AppendOnlyError, FormatError, SchemaError
 from ..schema import Schema
-from .batches import torch_dtype
 from .torchrl_checkpoint import (
     TorchRLFiles,
     import_rows,
@@ -36,9 +36,9 @@ from .torchrl_checkpoint import (
 from .torchrl_columns import (
     OwnCheckpoints,
     Ring,
+    SlotColumns,
     build_td,
     check_schema,
-    lazy_view,
     show_slots,
     slot_index,
     td_columns,
@@ -46,7 +46,6 @@ from .torchrl_columns import (
 
 DEFAULT_RAM_BYTES = 1 << 30
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
-CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
 KIND = "torchrl"
 
 
@@ -117,7 +116,7 @@ class ZarrStorage(TensorStorage):
     def _open_ring(self, state: Mapping | None = None) -> None:
         saved = dict(self.core.facade_state if state is None else state)
         self._W = self.core.row_range[1]
-        if saved.get("kind", KIND) != KIND or (self._W and not saved):
+        if (self._W or saved) and saved.get("kind") != KIND:
             raise FormatError(
                 f"{self.core.path} holds a zreplay buffer not written by ZarrStorage; "
                 "open it with zreplay.open() or pick another path"
@@ -130,7 +129,7 @@ class ZarrStorage(TensorStorage):
         self._ring = Ring(self.max_size, int(saved.get("shift", 0)))
         self._ring_guessed = bool(saved.get("guessed", False))
         self._batches = saved.get("batches")
-        self._columns: dict[str, torch.Tensor] = {}  # small columns, slot order
+        self._slot_columns = SlotColumns(self)
         self._epoch = getattr(self, "_epoch", 0) + 1
         self.core.facade_state = {
             "kind": KIND,
@@ -280,8 +279,7 @@ class ZarrStorage(TensorStorage):
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
         m = min(n, self.max_size)
-        for key, col in self._columns.items():
-            col[want[-m:]] = torch.from_numpy(cols[key][-m:])
+        self._slot_columns.appended(want[-m:], {k: v[-m:] for k, v in cols.items()})
 
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
@@ -311,37 +309,8 @@ class ZarrStorage(TensorStorage):
         return self.get(index)
 
     def _view(self, index):
-        specs = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in self.core.schema.specs.items()}
-        L, epoch = len(self), self._epoch
-
-        def read(key: str, idx) -> torch.Tensor:
-            if self._epoch != epoch:
-                raise RuntimeError(
-                    "the storage was emptied or loaded since this view was taken; index "
-                    "the storage again"
-                )
-            spec = self.core.schema.specs[key]
-            if spec.row_bytes <= CACHED_ROW_BYTES:
-                col = self._column(key)[:L]
-                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
-            slots = slot_index(idx, L) if not isinstance(idx, slice) else np.arange(L)[idx]
-            got = self.core.rows(self._ring.rows_of(slots.reshape(-1), self._W), [key])[key]
-            return torch.from_numpy(got).reshape(*slots.shape, *spec.row_shape)
-
-        view = lazy_view(specs, self._batches, L, read, index)
+        view = _SubTensorDict(self._slot_columns.source(len(self), self._epoch), index)
         return view if self.device.type == "cpu" else view.to(self.device)
-
-    def _column(self, key: str) -> torch.Tensor:
-        """Column ``key`` in slot order, kept in RAM and updated by every extend."""
-        col = self._columns.get(key)
-        if col is None:
-            spec, L = self.core.schema.specs[key], len(self)
-            col = torch.zeros((self.max_size, *spec.row_shape), dtype=torch_dtype(spec.dtype))
-            if L:
-                g = self._ring.rows_of(np.arange(L), self._W)
-                col[:L] = torch.from_numpy(self.core.rows(g, [key])[key])
-            self._columns[key] = col
-        return col
 
     # -- checkpoints ----------------------------------------------------------------
 
