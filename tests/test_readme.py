@@ -211,9 +211,7 @@ def run(argv: list[str], cwd: Path, extra_env: dict | None = None) -> subprocess
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["MPLBACKEND"] = "Agg"
     env.update(extra_env or {})
-    return subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 ALL = blocks(README.read_text())
