@@ -131,6 +131,7 @@ def test_same_contents_and_samples_as_lazy_tensor_storage(sampler, tmp_path):
                 assert torch.equal(torch.as_tensor(i1), torch.as_tensor(i2))
             what = f"{sampler} trial {trial} step {step}"
             same_state(ref, new, what)
+            assert new.storage.core.num_rows <= M + min(M, 4096) - 1, what  # disk bound
             L = len(ref.storage)
             for idx in (
                 torch.randint(-L, L, (5,)),
@@ -271,7 +272,13 @@ def test_dumps_loads_and_torchrl_memmap_checkpoints(tmp_path):
 
     back = zarr_rb(tmp_path / "back", 10, batch_size=4)
     back.loads(tmp_path / "ckpt")
-    same_state(ref, back, "rb.loads of a ZarrStorage checkpoint")
+    same_state(ref, back, "rb.loads of a ZarrStorage checkpoint")  # last cursor included
+    lazy = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    fill(lazy)
+    lazy.dumps(tmp_path / "lazy_ckpt")
+    lazy2 = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    lazy2.loads(tmp_path / "lazy_ckpt")
+    assert lazy2.storage._last_cursor_index is None  # what TorchRL itself loses (README)
 
     mm = TensorDictReplayBuffer(
         storage=LazyMemmapStorage(10, scratch_dir=tmp_path / "scratch"), batch_size=4
@@ -349,6 +356,27 @@ def test_append_only_and_no_pickling(tmp_path):
     assert rb.storage[:]["g"].tolist() == [0, 1, 2, 3]
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(rb.storage)
+    plain = ReplayBuffer(storage=ZarrStorage(5, path=tmp_path / "plain"), batch_size=2)
+    with pytest.raises(TypeError, match="stores TensorDicts"):
+        plain.extend(torch.zeros(3, 2))  # a pytree / tensor storage: TorchRL's, not this one
+    assert len(plain) == 0 and plain.writer._cursor == 0
+
+
+def test_torchrls_prioritized_samplers_do_not_load_with_this_torch():
+    """The README says TorchRL's prioritized samplers fail here (its C++ extension does
+    not load with torch 2.13): when that changes, this fails and the README must too."""
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    with pytest.raises(RuntimeError, match="SumSegmentTreeFp32 is not available"):
+        PrioritizedSampler(100, alpha=0.7, beta=0.5)
+
+
+def test_import_zreplay_does_not_import_torchrl():
+    import subprocess
+    import sys
+
+    code = "import sys, zreplay; assert 'torchrl' not in sys.modules, 'imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
 def test_a_slice_sample_reads_images_once(tmp_path):

@@ -210,29 +210,19 @@ class ZarrStorage(TensorStorage):
                 "ZarrStorage is append-only: rows cannot be overwritten in place "
                 "(storage[idx] = value, rb[idx] = value, write_at); extend instead"
             )
-        if isinstance(data, list | tuple):
-            data = torch.stack(list(data))
-        if not isinstance(data, TensorDictBase):
-            raise TypeError(
-                f"ZarrStorage stores TensorDicts, got {type(data).__name__}; wrap the data "
-                "in tensordict.TensorDict(..., batch_size=[n])"
-            )
-        if isinstance(data, LazyStackedTensorDict):
-            data = data.contiguous()
-        if data.batch_dims == 0:
-            data = data.unsqueeze(0)
-        n = int(data.shape[0])
         cur = torch.as_tensor(cursor).reshape(-1).to("cpu", torch.int64)
         try:
+            data = _rows(data)
+            n = int(data.shape[0])
             if n == 0:
                 if not self.initialized:
                     raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
                 return
             self._append(cur, data, n)
         except BaseException:
-            for w in self._writers():  # TorchRL's writer moved before calling set()
+            for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
                 w._cursor = self._ring.next_slot(self._W)
-                w._write_count = max(0, w._write_count - n)
+                w._write_count = max(0, w._write_count - cur.numel())
             raise
         self._set_last_cursor(cursor)
         self._bump_mutation_revision()
@@ -363,3 +353,17 @@ class ZarrStorage(TensorStorage):
             f"ZarrStorage(path={self.core.path}, len={len(self)}, max_size={self.max_size}, "
             f"keys={keys})"
         )
+
+
+def _rows(data) -> TensorDictBase:
+    """What a writer passes to ``set`` as a dense TensorDict ``[n, ...]``."""
+    if isinstance(data, list | tuple):
+        data = torch.stack(list(data))
+    if not isinstance(data, TensorDictBase):
+        raise TypeError(
+            f"ZarrStorage stores TensorDicts, got {type(data).__name__}; wrap the data in "
+            "tensordict.TensorDict(..., batch_size=[n])"
+        )
+    if isinstance(data, LazyStackedTensorDict):
+        data = data.contiguous()
+    return data.unsqueeze(0) if data.batch_dims == 0 else data
