@@ -87,23 +87,49 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def as_numpy(value: Any, key: str) -> np.ndarray:
-    """View a numpy array or torch tensor as a numpy array (no copy for CPU tensors)."""
+    """View a numpy array or torch tensor as a numpy array (no copy for CPU tensors).
+    Anything that is not plain strided data (masked arrays, sparse, nested, quantized or
+    meta tensors, dtypes numpy lacks) is a SchemaError saying how to convert it."""
     if isinstance(value, np.ndarray):
-        return value
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        if value.dtype == torch.bfloat16:
+        if isinstance(value, np.ma.MaskedArray):
             raise SchemaError(
-                f"key {key!r}: bfloat16 has no numpy equivalent; convert it with "
-                ".float() or .to(torch.float16) before adding"
+                f"key {key!r}: masked arrays are not stored (their mask would be lost); "
+                "pass value.filled(fill_value), or store the mask as a key of its own"
             )
-        return value.detach().cpu().numpy()
+        return value if type(value) is np.ndarray else np.asarray(value)
+    if type(value).__module__.startswith("torch"):
+        return _tensor_as_numpy(value, key)
     raise SchemaError(
         f"key {key!r}: expected a numpy array or torch tensor shaped [T, B, ...], "
         f"got {type(value).__name__}"
     )
+
+
+def _tensor_as_numpy(value: Any, key: str) -> np.ndarray:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise SchemaError(f"key {key!r}: expected a tensor, got {type(value).__name__}")
+    fix = None
+    if value.dtype == torch.bfloat16:
+        fix = "bfloat16 has no numpy equivalent; convert it with .float() or .to(torch.float16)"
+    elif value.is_nested:
+        fix = "a nested tensor has no [T, B, ...] shape; add equal-shaped tensors"
+    elif value.layout != torch.strided:
+        fix = f"a {value.layout} tensor is not stored as such; convert it with .to_dense()"
+    elif value.is_quantized:
+        fix = "a quantized tensor is not stored as such; convert it with .dequantize()"
+    elif value.device.type == "meta":
+        fix = "a tensor on the meta device holds no data; materialise it first"
+    if fix is not None:
+        raise SchemaError(f"key {key!r}: {fix} before adding")
+    try:
+        return value.detach().resolve_conj().resolve_neg().cpu().numpy()
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        raise SchemaError(
+            f"key {key!r}: a {value.dtype} tensor cannot be read as a numpy array ({e}); "
+            "convert it to a supported dtype (bool, (u)int8-64, float16/32/64) first"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from ..core import BufferCore
 from ..errors import FormatError
 from ..store.location import locate
 from ..store.root import is_buffer
-from .torchrl_columns import build_td
+from .torchrl_columns import build_td, pieces, td_columns
 
 
 def slot_rows(storage, slots: np.ndarray) -> TensorDict:
@@ -81,15 +81,22 @@ def import_rows(
         raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
     full = n == M
     c = (n if next_slot is None else int(next_slot)) % M if full else 0
-    storage.core.clear(reset_schema=True)
-    storage._open_ring({"kind": "torchrl", "max_size": M, "shift": c, "batches": None})
-    if rows is not None and n:
+    if rows is None or not n:
+        storage.core.facade_state.update(shift=0, guessed=False)
+        storage.core.clear()  # empty: the ring starts where the rows go on
+    else:
         order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
-        storage._append(storage._ring.expected(0, n), rows[order], n)
-        storage._set_last_cursor((c - 1) % M if full else n - 1)
+        cols, batches = td_columns(rows[order])
+        ring = {"kind": "torchrl", "max_size": M, "shift": c, "batches": batches}
         # Until the restored writer's first extend says where its cursor is (ZarrStorage).
-        storage._ring_guessed = storage.core.facade_state["guessed"] = full and next_slot is None
-    storage.core.flush()
+        ring["guessed"] = full and next_slot is None
+        state = storage.core.state()  # read when the block ends: the ring goes in below
+        with storage.core.replacing(state) as staging:  # all or nothing
+            staging.add(pieces(cols, n, storage._piece))
+            ring["start"] = staging.row_range[1] - n  # rows go on from the old ones
+            state["facade"] = ring
+        storage.core.facade_state = ring
+    storage._open_ring()
     storage._bump_mutation_revision()
     if sync:
         storage._sync_writers()

@@ -1,13 +1,14 @@
 """How :class:`~zreplay.torchrl.ZarrStorage` presents zreplay's append-only rows as
 TorchRL's ring of ``max_size`` slots, and TensorDicts as flat columns.
 
-The ring: the storage appends every row it is given (global rows ``g = 0, 1, 2, ...`` of
-its segment since the last ``clear``; ``W`` rows so far) and never overwrites one.  Row
-``g`` belongs to slot ``(g + shift) % max_size`` and a slot shows the newest row that
-belongs to it, so the storage holds ``min(W, max_size)`` slots exactly as TorchRL's
-round-robin writer fills ``LazyTensorStorage`` (wrap-around and oversized extends
-included).  ``shift`` is 0 except after importing a TorchRL checkpoint of a full ring,
-whose rows are appended oldest first starting at the writer's cursor.
+The ring: the storage appends every row it is given (global rows of its segment, never
+reused; the ring's rows are ``[start, W)``, ``start`` being where it was last emptied or
+loaded) and never overwrites one.  Row ``g`` belongs to slot ``(g - start + shift) %
+max_size`` and a slot shows the newest row that belongs to it, so the storage holds
+``min(W - start, max_size)`` slots exactly as TorchRL's round-robin writer fills
+``LazyTensorStorage`` (wrap-around and oversized extends included).  ``shift`` is 0
+except after importing a TorchRL checkpoint of a full ring, whose rows are appended
+oldest first starting at the writer's cursor.
 
 A TensorDict ``[n, *batch]`` is a set of leaves ``("next", "obs") -> "next/obs"``: one
 zreplay column per leaf, ``[n, *row]``; ``batches`` records the extra batch dims of every
@@ -24,23 +25,26 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict._td import _SubTensorDict
 
+from ..core import Prepared
 from ..errors import AppendOnlyError, SchemaError
 from ..schema import Schema, as_numpy, check_key_component
 
 
 @dataclass(frozen=True)
 class Ring:
-    """Slots of TorchRL's ring over an append-only run of ``W`` rows (see module doc)."""
+    """Slots of TorchRL's ring over an append-only run of rows ``[start, W)`` (see
+    module doc): row ``g`` is slot ``(g - start + shift) % max_size``."""
 
     max_size: int
+    start: int = 0
     shift: int = 0
 
     def length(self, W: int) -> int:
-        return min(W, self.max_size)
+        return min(W - self.start, self.max_size)
 
     def next_slot(self, W: int) -> int:
         """The slot the writer's next row goes to (TorchRL's writer ``_cursor``)."""
-        return (W + self.shift) % self.max_size
+        return (W - self.start + self.shift) % self.max_size
 
     def expected(self, W: int, n: int) -> torch.Tensor:
         """The cursor TorchRL's round-robin writer passes for ``n`` more rows."""
@@ -48,7 +52,19 @@ class Ring:
 
     def rows_of(self, slots: np.ndarray, W: int) -> np.ndarray:
         """Global row shown in each slot (``0 <= slot < length(W)``)."""
-        return W - 1 - (W - 1 + self.shift - slots) % self.max_size
+        return W - 1 - (W - 1 - self.start + self.shift - slots) % self.max_size
+
+
+def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
+    """``n`` rows as zreplay trajectories ``[<= P, 1]`` (one episode each: TorchRL's own
+    trajectory ids or done flags say where its trajectories are)."""
+    out = [
+        Prepared({k: v[a : a + P, None] for k, v in cols.items()}, min(P, n - a), 1)
+        for a in range(0, n, P)
+    ]
+    for p in out:
+        p.split_episodes = False
+    return out
 
 
 def td_columns(td: TensorDictBase) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:

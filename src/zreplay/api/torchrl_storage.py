@@ -23,7 +23,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict._td import _SubTensorDict
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import BufferCore, RamPolicy, RandomStream
 from ..errors import AppendOnlyError, FormatError, SchemaError
 from ..schema import Schema
 from .torchrl_checkpoint import (
@@ -39,6 +39,7 @@ from .torchrl_columns import (
     SlotColumns,
     build_td,
     check_schema,
+    pieces,
     show_slots,
     slot_index,
     td_columns,
@@ -116,7 +117,7 @@ class ZarrStorage(TensorStorage):
     def _open_ring(self, state: Mapping | None = None) -> None:
         saved = dict(self.core.facade_state if state is None else state)
         self._W = self.core.row_range[1]
-        if (self._W or saved) and saved.get("kind") != KIND:
+        if (self.core.num_rows or saved) and saved.get("kind") != KIND:
             raise FormatError(
                 f"{self.core.path} holds a zreplay buffer not written by ZarrStorage; "
                 "open it with zreplay.open() or pick another path"
@@ -126,7 +127,10 @@ class ZarrStorage(TensorStorage):
                 f"{self.core.path} is a ZarrStorage of max_size={saved['max_size']}, not "
                 f"{self.max_size}; pass max_size={saved['max_size']} (or overwrite=True)"
             )
-        self._ring = Ring(self.max_size, int(saved.get("shift", 0)))
+        # An empty segment is an empty ring, wherever its rows go on from (a clear moves
+        # the row counter on to a shard boundary).
+        start = int(saved.get("start", 0)) if self.core.num_rows else self._W
+        self._ring = Ring(self.max_size, start, int(saved.get("shift", 0)))
         self._ring_guessed = bool(saved.get("guessed", False))
         self._batches = saved.get("batches")
         self._slot_columns = SlotColumns(self)
@@ -134,11 +138,12 @@ class ZarrStorage(TensorStorage):
         self.core.facade_state = {
             "kind": KIND,
             "max_size": self.max_size,
+            "start": self._ring.start,
             "shift": self._ring.shift,
             "guessed": self._ring_guessed,
             "batches": self._batches,
         }
-        if self._W:
+        if self._ring.length(self._W):
             self._set_last_cursor((self._ring.next_slot(self._W) - 1) % self.max_size)
 
     # -- sizes and state TorchRL reads -------------------------------------------------
@@ -190,7 +195,7 @@ class ZarrStorage(TensorStorage):
         for w in self._writers():
             if not only_fresh or w._write_count == 0:
                 w._cursor = self._ring.next_slot(self._W)
-                w._write_count = min(self._W, 2**31 - 1)
+                w._write_count = min(self._W - self._ring.start, 2**31 - 1)
 
     def _writers(self) -> list:
         out = []
@@ -253,15 +258,8 @@ class ZarrStorage(TensorStorage):
         else:
             Schema.infer({k: v[:, None] for k, v in cols.items()})
             self._batches = self.core.facade_state["batches"] = batches
-        P = self._piece
-        pieces = [
-            Prepared({k: v[a : a + P, None] for k, v in cols.items()}, min(P, n - a), 1)
-            for a in range(0, n, P)
-        ]
-        for p in pieces:
-            p.split_episodes = False
         try:
-            self.core.add(pieces)
+            self.core.add(pieces(cols, n, self._piece))
         except BaseException:
             if schema is None:
                 self._batches = self.core.facade_state["batches"] = None
@@ -273,9 +271,9 @@ class ZarrStorage(TensorStorage):
 
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
+        self.core.facade_state.update(shift=0, guessed=False)
         self.core.clear()
-        self._open_ring({**self.core.facade_state, "shift": 0})
-        self.core.flush()
+        self._open_ring()  # empty: the ring starts where the rows go on
         self._bump_mutation_revision()
 
     # -- reading --------------------------------------------------------------------

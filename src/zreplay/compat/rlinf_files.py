@@ -31,7 +31,8 @@ from ..schema import unflatten
 from ..store.root import is_buffer
 from .rlinf_trajectory import prepare
 
-BATCH = 64
+# Trajectories added at once while loading (each batch is staged whole in RAM).
+BATCH = 8
 
 
 def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Path:
@@ -253,24 +254,20 @@ def load_into(
         meta, ids, index = read_rlinf_index(src)
         start, stop = rank_block(len(ids), rank, world)
         fmt = meta.get("trajectory_format", "pt")
-        # Refuse (missing files, pickles) before this buffer's contents are replaced.
+        # Refuse (missing files, pickles) before anything is staged.
         files = rlinf_files(src, ids[start:stop], index, fmt, allow_pickle)
         core.reseed(int(meta.get("seed", core.stream.seed)), rank if distributed else None)
-        core.clear(reset_schema=True)
-        _add_batched(core, iter_rlinf(files, allow_pickle, progress))
-        core.reserve_trajectory_ids(
-            max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
-        )
-        core.flush()
+        with core.replacing() as staging:  # all or nothing: a bad file leaves the buffer as it was
+            _add_batched(staging, iter_rlinf(files, allow_pickle, progress))
+            staging.reserve_trajectory_ids(
+                max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
+            )
         return
 
     view = BufferCore.reader(src, storage_options=src.backend.storage_options)
     segs = [(wid, c) for wid, c in view.segments() if c.n_traj > c.low_traj]
     start, stop = rank_block(sum(c.n_traj - c.low_traj for _, c in segs), rank, world)
-    if not segs:
-        core.clear(reset_schema=True)
-        return
-    if len(segs) == 1:
+    if len(segs) == 1:  # a restore: hard links, the source's rows, ids and priorities
         wid, c = segs[0]
         state = c.sampler
         if distributed:
@@ -279,9 +276,8 @@ def load_into(
             state = {**c.sampler, **core.stream.state()}
         core.adopt(src, wid, c.low_traj + start, c.low_traj + stop, state)
         return
-    # Several writers' segments: copy the rank's block through the normal add path.
+    # Several writers' segments: copy the rank's block, numbered after this buffer's rows.
     core.reseed(core.stream.seed, rank if distributed else None)
-    core.clear(reset_schema=True)
-    _add_batched(core, (rec.prepared() for rec in view.trajectories(start, stop)))
-    core.reserve_trajectory_ids(view.next_trajectory_id)
-    core.flush()
+    with core.replacing() as staging:
+        _add_batched(staging, (rec.prepared() for rec in view.trajectories(start, stop)))
+        staging.reserve_trajectory_ids(view.next_trajectory_id)

@@ -14,13 +14,16 @@ Everything a facade needs is a public method here; see README "The buffer core".
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..engine import replace
 from ..engine.prepared import Prepared
+from ..engine.ramtier import RamPolicy
 from ..engine.reader import BufferReader
 from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, ReadOnlyError
@@ -31,8 +34,8 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
-from .guards import check_not_bootstrapping, warn_float_images
-from .record import TrajectoryRecord
+from .guards import add_checked, new_writer
+from .records import TrajectoryRecord
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
@@ -43,7 +46,6 @@ class BufferCore:
 
     Construct with :meth:`writer` or :meth:`reader`.  ``owner`` is the facade object a
     sampler hook ``fn(step, buffer, batch_size, history_len)`` receives as ``buffer``.
-    ``facade_state``: a facade's own JSON, saved with every commit, found by :meth:`writer`.
     """
 
     def __init__(self, engine, sampler: Sampler, stream: RandomStream, owner: Any = None):
@@ -53,7 +55,7 @@ class BufferCore:
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
         self._is_reader = not engine.writable
-        self.facade_state: dict = {}
+        self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -68,10 +70,8 @@ class BufferCore:
         :class:`~zreplay.engine.writer.SegmentWriter`'s (capacity, ram, layout, durable,
         overwrite, break_lock, storage_options).  Resumes the stream and sampler state
         saved with the segment's last commit."""
-        check_not_bootstrapping(path)
-        core = cls(SegmentWriter(path, **options), sampler, stream or RandomStream(), owner)
+        core = cls(new_writer(path, options), sampler, stream or RandomStream(), owner)
         core.load_state(core.engine.commit.sampler)
-        core.facade_state = dict((core.engine.commit.sampler or {}).get("facade") or {})
         core.engine.attach(core)
         return core
 
@@ -116,8 +116,7 @@ class BufferCore:
         return self.engine.num_rows
 
     @property
-    def row_range(self) -> tuple[int, int]:
-        """``(first, stop)`` of :meth:`rows` positions (a writer's: since its last clear)."""
+    def row_range(self) -> tuple[int, int]:  # (first, stop) of visible rows() positions
         return self.engine.locked(lambda s: (int(s.bounds[0]), int(s.bounds[0]) + s.num_rows))
 
     @property
@@ -304,11 +303,7 @@ class BufferCore:
 
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories (all or none pass); returns their ids."""
-        first = self.schema is None
-        ids = self._writer().add(items)
-        if first and items:
-            warn_float_images(self.schema)
-        return ids
+        return add_checked(self._writer(), items)
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
@@ -318,8 +313,10 @@ class BufferCore:
         if self.writable:
             self.engine.flush()
 
-    def clear(self, reset_schema: bool = False) -> None:
-        self._writer().clear(reset_schema)
+    def clear(self) -> None:
+        """Remove every trajectory (on disk too) in one commit; rows, ids and the random
+        stream go on (nothing is ever reused)."""
+        self._writer().clear()
 
     def drop_ram(self) -> None:
         self._writer().drop_ram()
@@ -328,11 +325,36 @@ class BufferCore:
         self._writer().checkpoint(dest)
 
     def adopt(self, src, writer_id: str, first: int, stop: int, state: Mapping) -> None:
-        """Replace this segment with trajectories ``[first, stop)`` of segment
-        ``writer_id`` of the buffer at ``src`` (hard links), taking ``state`` (a commit's
-        sampler state) as this buffer's stream and sampler state."""
-        self._writer().adopt(src, writer_id, first, stop, dict(state))
+        """Replace this buffer's contents with trajectories ``[first, stop)`` of segment
+        ``writer_id`` of the buffer at ``src`` by hard-linking its files (no data copy),
+        all or nothing, taking ``state`` (a commit's sampler state) as this buffer's
+        stream and sampler state.  A restore: rows, trajectory ids and saved priorities
+        are the source's (indices drawn before it do not apply after it)."""
+        replace.adopt(self._writer(), src, writer_id, first, stop, dict(state))
         self.load_state(state)
+
+    @contextlib.contextmanager
+    def replacing(self, state: Mapping | None = None) -> Iterator[BufferCore]:
+        """Replace this buffer's contents with what the block adds to the yielded core (a
+        staging buffer whose rows and ids go on from this one's), all or nothing: swapped
+        in when the block ends, discarded if it raises.  ``state``: the stream and sampler
+        state to resume afterwards (default: this buffer's as it is then)."""
+        writer = self._writer()
+        with replace.replacement(writer) as path:
+            staging = BufferCore.writer(
+                path,
+                writer_id=writer.writer_id,
+                ram=RamPolicy(trajectories=2),
+                layout=writer.layout_overrides,
+                durable=writer.durable,
+            )
+            try:
+                yield staging
+            finally:
+                staging.close()
+            new = dict(self.state() if state is None else state)
+            replace.swap_in_staged(writer, new)
+        self.load_state(new)
 
     def close(self) -> None:
         if self.writable:
@@ -368,8 +390,7 @@ class BufferCore:
         return self._bound.prioritized
 
     def state(self) -> dict:
-        out = {**self.stream.state(), **self._bound.state()}
-        return {**out, "facade": dict(self.facade_state)} if self.facade_state else out
+        return {**self.stream.state(), **self._bound.state(), "facade": dict(self.facade_state)}
 
     def priorities_to_save(self, n_rows: int, explicit: bool):
         space = self.engine.snapshot().space  # the writer holds its lock while it asks

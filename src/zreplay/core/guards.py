@@ -13,6 +13,7 @@ import multiprocessing
 
 import numpy as np
 
+from ..engine.writer import SegmentWriter
 from ..errors import MainGuardError, warn_caller
 from ..schema import Schema
 
@@ -59,3 +60,18 @@ def warn_float_images(schema: Schema | None) -> None:
             "if they must stay floats. The first add fixed this buffer's dtypes: start "
             "it again (overwrite=True) to change them"
         )
+
+
+def add_checked(writer, items) -> list[int]:
+    """``writer.add(items)``, warning about float64 images if it fixed the schema."""
+    first = writer.schema is None
+    ids = writer.add(items)
+    if first and items:
+        warn_float_images(writer.schema)
+    return ids
+
+
+def new_writer(path, options):
+    """``SegmentWriter(path, **options)``, refused in a process still bootstrapping."""
+    check_not_bootstrapping(path)
+    return SegmentWriter(path, **options)

@@ -41,7 +41,7 @@ class Job:
     complete: bool  # covers everything published when it was built
     rows: tuple[int, int]  # rows [start, stop) to write from the tier
     first_traj: int
-    offsets: np.ndarray  # offsets[first_traj + 1 : ...]
+    offsets: np.ndarray  # offsets[first_traj : ...]
     columns: dict[str, np.ndarray]  # trajectory columns from first_traj
     first_piece: int
     pieces: dict[str, np.ndarray]  # episode pieces from first_piece
@@ -95,14 +95,16 @@ def build_job(
     writer_id: str, index, old: Commit, tier, schema, segment, next_id: int, next_episode: int
 ) -> Job:
     """What the next commit after ``old`` covers: whole trajectories of ``index``
-    published since, at most a quarter of the RAM tier or ``JOB_BYTES`` (but at least one
+    published since, at most the store backend's ``commit_tier_share`` of the RAM tier (a
+    quarter locally, all of it in an object store) or ``JOB_BYTES`` (but at least one
     trajectory), so adds waiting for room are released progressively and the store's
     copies of the rows being written stay small.  Reads its arguments, changes nothing;
     the commit's ``sampler`` state is the caller's to fill in."""
     first = min(old.n_traj, index.n)
     stop = index.n
     if tier is not None and stop > first:
-        rows = min(tier.capacity // 4, JOB_BYTES // max(1, schema.row_bytes))
+        share = segment.backend.commit_tier_share if segment is not None else 0.25
+        rows = min(int(tier.capacity * share), JOB_BYTES // max(1, schema.row_bytes))
         budget = old.n_rows + max(1, rows)
         stop = max(first + 1, int(np.searchsorted(index.offsets, budget, side="right")) - 1)
         stop = min(stop, index.n)
@@ -135,7 +137,7 @@ def build_job(
         complete=stop == index.n,
         rows=(old.n_rows, new.n_rows),
         first_traj=first,
-        offsets=index.offsets[first + 1 : stop + 1].copy(),
+        offsets=index.offsets[first : stop + 1].copy(),
         columns=columns,
         first_piece=p_first,
         pieces=pieces,

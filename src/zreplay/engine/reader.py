@@ -36,10 +36,14 @@ class _SegmentState:
         # rows renumbered from scratch (the writer cleared or replaced its segment).
         self.epoch = before.epoch if before is not None and _continues(before, self) else object()
 
-    def reclaimed(self, row: int) -> bool:
-        """Has the writer (since this state was read) announced deleting ``row``'s shard?"""
+    def gone(self, row: int) -> bool:
+        """Has the writer, since this state was read, published a commit under which
+        ``row`` is gone (evicted and its shard reclaimed, or the segment cleared or
+        replaced)?  Then a failed read of it is no damage: draw again."""
         now = read_commit(self.segment.dir)
-        return now is not None and now.reclaimed_below > row
+        if now is None or now.gen == self.commit.gen:
+            return False
+        return row < now.low_row or now.reclaimed_below > row or now.n_rows < self.commit.n_rows
 
 
 def _continues(old: _SegmentState, new: _SegmentState) -> bool:
@@ -189,7 +193,7 @@ class BufferReader:
                     st.index.low_row,
                     st.index.n_rows,
                     int(self._cum_rows[si]),
-                    reclaimed=st.reclaimed,
+                    reclaimed=st.gone,
                 )
                 for si, st in enumerate(self._order)
             ]

@@ -156,6 +156,11 @@ class FsspecBackend(Backend):
             pass
         self.fs.invalidate_cache(loc.key)
 
+    def move_tree(self, src, dst) -> None:
+        for rel, s in self.walk_files(src):
+            self.import_file(s, dst / rel)
+        self.remove_tree(src)
+
     def remove_file(self, loc, up_to) -> None:
         loc.unlink(missing_ok=True)  # no directories to leave behind
 

@@ -134,6 +134,10 @@ class LocalBackend(Backend):
     def remove_tree(self, loc) -> None:
         shutil.rmtree(loc, ignore_errors=True)
 
+    def move_tree(self, src, dst) -> None:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+
     def remove_file(self, loc, up_to) -> None:
         loc.unlink(missing_ok=True)
         d = loc.parent

@@ -104,3 +104,18 @@ def layouts_for(
     if overrides:
         raise SchemaError(f"layout given for unknown keys {sorted(overrides)}")
     return out
+
+
+def check_recorded(
+    specs: Mapping[str, KeySpec], recorded: Mapping[str, KeyLayout], overrides: Mapping | None
+) -> None:
+    """SchemaError if ``overrides`` (a writer's ``layout=``) ask for another layout than
+    the buffer ``recorded`` when its schema was fixed: every segment uses that one."""
+    wanted = layouts_for(specs, overrides)
+    for path in overrides or {}:
+        if wanted[path] != recorded[path]:
+            raise SchemaError(
+                f"layout for key {path!r} is {vars(wanted[path])} here but the buffer was "
+                f"created with {vars(recorded[path])}; every writer of a buffer uses its "
+                "layout: drop layout= for this key, or write to a new buffer"
+            )

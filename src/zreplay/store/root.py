@@ -23,12 +23,12 @@ from .format import (
     FORMAT_VERSION,
     META,
     READABLE_FORMATS,
+    SCHEMA_NAME,
     SEGMENT_CHILDREN,
     SEGMENTS,
     claims_dir,
-    commit_path,
+    is_temp_name,
     legacy_claims_dir,
-    legacy_commit_path,
     meta_node_json,
 )
 from .layout import KeyLayout
@@ -94,9 +94,11 @@ class BufferRoot:
         meta = self.path / "zarr.json"
         if meta.is_file():
             return self.read_meta()  # or the specific error of a damaged or foreign root
+        # Temp files are another writer's zarr.json on its way in (written aside, then
+        # linked into place): the buffer is being created, not foreign.
         if (
             self.path.exists()
-            and any(True for _ in self.path.iterdir())
+            and any(not is_temp_name(p.name) for p in self.path.iterdir())
             and not meta.is_file()  # another writer may have created it just now
         ):
             raise FormatError(
@@ -147,21 +149,38 @@ class BufferRoot:
         layouts = {k: KeyLayout(**v) for k, v in info["layout"].items()}
         return schema, layouts
 
-    def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> None:
-        """Fix the schema once; a different schema already on disk is an error."""
-        current, _ = self.schema()
-        if current is not None:
-            if current != schema:
-                raise SchemaError(
-                    f"{self.path} already has a different schema: {current.to_json()}"
-                )
-            return
-        self.replace_schema(schema, layouts)
+    def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> dict[str, KeyLayout]:
+        """Fix the schema once and return the layouts every segment uses: this writer's,
+        or those of the writer that fixed the schema first (writers of a new buffer may
+        race: an exclusive create of ``zreplay/schema.json`` picks one).  A different
+        schema already fixed is a SchemaError."""
+        current, recorded = self.schema()
+        if current is None:
+            marker = self.path / META / SCHEMA_NAME
+            mine = {"schema": schema.to_json(), "layout": {k: vars(v) for k, v in layouts.items()}}
+            if not self.backend.create_exclusive(marker, json.dumps(mine).encode()):
+                mine = json.loads(marker.read_bytes())  # another writer fixed it first
+            current = Schema.from_json(mine["schema"])
+            recorded = {k: KeyLayout(**v) for k, v in mine["layout"].items()}
+            if current == schema:
+                self.replace_schema(current, recorded)  # the same for every writer
+        if current != schema:
+            raise SchemaError(f"{self.path} already has a different schema: {current.to_json()}")
+        return recorded
 
     def replace_schema(
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
     ) -> None:
         """Overwrite the schema (or reset it to None); only when no other segment has data."""
+        marker = self.path / META / SCHEMA_NAME
+        if schema is None:
+            marker.unlink(missing_ok=True)
+        elif marker.is_file():
+            record = {
+                "schema": schema.to_json(),
+                "layout": {k: vars(v) for k, v in layouts.items()},
+            }
+            self.backend.publish(marker, json.dumps(record).encode(), durable=True)
         self._set_attr(
             schema=schema.to_json() if schema is not None else None,
             layout={k: vars(v) for k, v in layouts.items()} if layouts else None,
@@ -209,10 +228,9 @@ class BufferRoot:
             n += 1
 
     def remove_segment_data(self, writer_id: str) -> None:
-        """Delete a segment's arrays and commit (its writer, under its lock, only)."""
+        """Delete a segment's arrays (its writer, under its lock, only; its commit record
+        says first that none of their rows are visible)."""
         d = self.segment_dir(writer_id)
-        commit_path(d).unlink(missing_ok=True)
-        legacy_commit_path(d).unlink(missing_ok=True)
         for child in SEGMENT_CHILDREN:
             self.backend.remove_tree(d / child)
 

@@ -55,6 +55,7 @@ class Segment:
             c: ArrayHandle(self.dir / "episodes" / c, self._context, writable)
             for c in PIECE_COLUMNS
         }
+        self._seen: tuple[int, int, int] | None = None  # (n_rows, n_traj, last trajectory id)
 
     @property
     def fills_missing(self) -> bool:
@@ -145,10 +146,11 @@ class Segment:
         first_piece: int,
         pieces: Mapping[str, np.ndarray],
     ) -> list:
-        """Write offsets[first_traj+1 : ...], trajectory columns from ``first_traj`` and
-        episode pieces from ``first_piece``."""
-        n = len(offsets_tail)
-        futs = [self.offsets.store[first_traj + 1 : first_traj + 1 + n].write(offsets_tail)]
+        """Write ``offsets[first_traj : first_traj + len(offsets_tail)]`` (the first entry is
+        already there unless ``first_traj`` is 0: the segment's first row), trajectory
+        columns from ``first_traj`` and episode pieces from ``first_piece``."""
+        n = len(offsets_tail) - 1
+        futs = [self.offsets.store[first_traj : first_traj + 1 + n].write(offsets_tail)]
         for name, col in columns.items():
             futs.append(self.traj[name].store[first_traj : first_traj + n].write(col))
         k = len(pieces["start"])
@@ -193,11 +195,12 @@ class Segment:
     def read_index(self, commit: Commit) -> dict[str, np.ndarray]:
         """Offsets ``[n_traj+1]`` and trajectory columns ``[n_traj]`` up to the commit."""
         n, k = commit.n_traj, commit.n_pieces
-        if n == 0:
-            out = {"offsets": np.zeros(1, np.int64)}
+        if n == 0:  # rows continue where the segment (or a clear) left off
+            out = {"offsets": np.full(1, commit.n_rows, np.int64)}
             for name, (dtype, row) in TRAJ_COLUMNS.items():
                 out[name] = np.zeros((0, *row), dtype)
             out["pieces"] = {c: np.zeros(0, d) for c, d in PIECE_COLUMNS.items()}
+            self._observe(commit, out["trajectory_id"])
             return out
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
@@ -208,6 +211,7 @@ class Segment:
             out["pieces"] = {c: f.result() for c, f in pfuts.items()}
         except Exception as e:  # TensorStore reports damage as ValueError
             raise CorruptBufferError(f"{self.dir}: the index cannot be read ({e})") from None
+        self._observe(commit, out["trajectory_id"])
         off = out["offsets"]
         ends = out["piece_end"]
         if (
@@ -222,6 +226,19 @@ class Segment:
                 "pieces); the index is damaged"
             )
         return out
+
+    def _observe(self, commit: Commit, ids: np.ndarray) -> None:
+        """Tell the backend which rows are committed, and whether they continue the rows
+        of the commit read before (a cleared or replaced segment starts its rows anew;
+        trajectory ids are never reused, so the last one seen tells)."""
+        seen = self._seen
+        same = seen is None or (
+            commit.n_rows >= seen[0]
+            and len(ids) >= seen[1]
+            and (seen[1] == 0 or int(ids[seen[1] - 1]) == seen[2])
+        )
+        self._seen = (commit.n_rows, len(ids), int(ids[-1]) if len(ids) else -1)
+        self.backend.observe_commit(self._context, commit.n_rows, commit.reclaimed_below, same)
 
     def read_rows(self, key: str, rows: np.ndarray) -> PendingRead:
         """Start reading sorted unique ``rows`` of ``key`` (int64)."""

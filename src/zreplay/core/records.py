@@ -1,4 +1,4 @@
-"""A visible trajectory as the core hands it out (and takes it back, to add elsewhere)."""
+"""What a buffer core hands out besides batches: whole trajectories with their metadata."""
 
 from __future__ import annotations
 
