@@ -543,3 +543,36 @@ def test_the_readme_s3_block_runs(s3):
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["batch"]["actions"].shape == (256, 7)
     assert zreplay.open(prefix + "ckpt/step_1000", storage_options=s3).num_trajectories == 3
+
+
+def test_torchrl_storage_in_a_bucket(url, s3):
+    """zreplay.torchrl.ZarrStorage on s3:// resumes and checkpoints like a local one."""
+    pytest.importorskip("torchrl")
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import TensorDictReplayBuffer
+
+    from zreplay.torchrl import ZarrStorage
+
+    def rb(path):
+        return TensorDictReplayBuffer(
+            storage=ZarrStorage(8, path=path, storage_options=s3), batch_size=4
+        )
+
+    first = rb(url)
+    first.extend(TensorDict({"obs": torch.arange(10.0).view(-1, 1)}, [10]))
+    first.storage.close()
+    again = rb(url)
+    assert again.storage[:]["obs"].flatten().tolist() == [8, 9, 2, 3, 4, 5, 6, 7]
+    again.extend(TensorDict({"obs": torch.tensor([[10.0]])}, [1]))
+    ckpt = url + "-ckpt"
+    again.storage.dumps(ckpt)
+    assert again.sample()["obs"].shape == (4, 1)
+    again.storage.close()
+    loaded = rb(url + "-loaded")
+    loaded.storage.loads(ckpt)
+    assert loaded.storage[:]["obs"].flatten().tolist() == [8, 9, 10, 3, 4, 5, 6, 7]
+    assert len(loaded) == 8
+    loaded.extend(TensorDict({"obs": torch.tensor([[11.0]])}, [1]))  # the writer follows
+    assert loaded.storage[:]["obs"].flatten().tolist() == [8, 9, 10, 11, 4, 5, 6, 7]
+    loaded.storage.close()

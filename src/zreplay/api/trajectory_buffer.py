@@ -1,15 +1,12 @@
 """``TrajectoryReplayBuffer``: a drop-in for RLinf 0.3's class, on a Zarr store.
 
 Same constructor names and meanings, same methods, same sample keys, nesting and dtypes.
-What differs (all on purpose, see README "Coming from RLinf"):
-
-* rows are read individually from compressed chunked arrays, never whole trajectory files;
-* ``add_trajectories`` validates and copies on the caller's thread and commits atomically
-  on a background writer; ``flush()`` waits for the commit;
-* ``sample`` returns exactly ``num_chunks`` rows and is safe against concurrent adds;
-* ``close()``/``clear_cache()`` never break the buffer; ``clear()`` removes data on disk;
-* constructing on an existing ``auto_save_path`` resumes it, continuing its random stream;
-* ``np.random`` is never seeded globally.
+What differs (all on purpose, see README "Coming from RLinf"): rows are read individually
+from compressed chunked arrays; ``add_trajectories`` validates and copies on the caller's
+thread and commits atomically on a background writer (``flush()`` waits for the commit);
+``sample`` returns exactly ``num_chunks`` rows, safe against concurrent adds;
+``close()``/``clear_cache()`` never break the buffer, ``clear()`` removes data on disk;
+an existing ``auto_save_path`` is resumed; ``np.random`` is never seeded globally.
 
 A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 """
@@ -27,11 +24,12 @@ from ..compat.dumps import dump
 from ..compat.rlinf_files import check_trajectory_format, export_rlinf, load_into
 from ..compat.rlinf_trajectory import prepare_all
 from ..core import BufferCore, RamPolicy, RandomStream
+from ..errors import DeviceUnavailableError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
 from ..store.location import locate
-from .batches import nested_tensors, sample_tensors, trajectory_dict
+from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
 from .prefetch import Prefetcher
 
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
@@ -66,8 +64,7 @@ class TrajectoryReplayBuffer:
         continue_episodes: default of ``add_trajectories(continues=)``: each trajectory's
             environment lanes continue the episodes the same lanes of the previous
             trajectory left running (consecutive rollout chunks of the same envs).
-        storage_options: for an ``s3://bucket/prefix`` ``auto_save_path``: fsspec/s3fs
-            options such as ``{"endpoint_url": ..., "key": ..., "secret": ...}``.
+        storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ...) for ``s3://``.
         sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
             ``Prioritized``, ``PrioritizedClips``) or a callable ``fn(step, buffer,
             batch_size, history_len)`` returning row positions ``[0, total_samples)``.
@@ -130,8 +127,6 @@ class TrajectoryReplayBuffer:
             break_lock=break_lock,
             storage_options=storage_options,
         )
-
-    # -- sampler --------------------------------------------------------------------
 
     @property
     def seed(self) -> int:
@@ -204,12 +199,13 @@ class TrajectoryReplayBuffer:
         ``PrioritizedClips`` the batch holds ``num_chunks`` clips ``[n, history_len, ...]``.
         Rows are gathered straight into the returned tensors' memory; with
         ``pin_memory=True`` that memory is page-locked, so a following ``device="cuda"``
-        copy is asynchronous (``non_blocking``).  Without an accelerator, ``pin_memory`` is
-        ignored with a warning, as in ``torch.utils.data.DataLoader``.
+        copy is asynchronous (``non_blocking``); without CUDA it is ignored with a warning.
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
-        return self.sample_chunks(num_chunks, device=device, pin_memory=pin_memory)
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
+        return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def sample_chunks(
         self,
@@ -218,6 +214,8 @@ class TrajectoryReplayBuffer:
         device: str | torch.device | None = None,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
         return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def prefetch(
@@ -231,6 +229,8 @@ class TrajectoryReplayBuffer:
         """An endless iterator of ``sample(num_chunks)`` batches drawn ``depth`` ahead on a
         background thread, so disk reads overlap the training step.  Use as a context
         manager (or call ``close()``).  Batches come from the same random stream, in order."""
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
         return Prefetcher(
             lambda: self.sample(num_chunks, device=device, pin_memory=pin_memory), depth
         )
@@ -257,16 +257,10 @@ class TrajectoryReplayBuffer:
     def get_stats(self) -> dict[str, Any]:
         """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
         st = self.core.stats()
-        return {
-            "num_trajectories": st["trajectories"],
-            "total_samples": st["rows"],
-            "cache_size": st["trajectories_in_ram"],
-            "rows_in_ram": st["rows_in_ram"],
-            "ram_bytes": st["ram_bytes"],
-            "committed_trajectories": st["committed_trajectories"],
-            "pending_trajectories": st["pending_trajectories"],
-            "path": st["path"],
-        }
+        rlinf = {"num_trajectories": "trajectories", "total_samples": "rows"}
+        rlinf["cache_size"] = "trajectories_in_ram"
+        more = ("rows_in_ram", "ram_bytes", "committed_trajectories", "pending_trajectories")
+        return {**{k: st[v] for k, v in rlinf.items()}, **{k: st[k] for k in (*more, "path")}}
 
     def flush(self) -> None:
         """Block until every added trajectory is committed to the store."""
@@ -288,7 +282,15 @@ class TrajectoryReplayBuffer:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Close, as a file does (``ReplayBuffer``'s ``with`` only commits: see README)."""
         self.close()
+
+    def __repr__(self) -> str:
+        where = "temporary store" if self.core.temporary else str(self.path)
+        if self.core.closed:
+            return f"TrajectoryReplayBuffer(closed, {where})"
+        what = f"{len(self)} trajectories, {self.total_samples} rows, sampler={self.sampler!r}"
+        return f"TrajectoryReplayBuffer({where}: {what}, keys=[{', '.join(self.core.keys)}])"
 
     def __del__(self):
         core = getattr(self, "core", None)

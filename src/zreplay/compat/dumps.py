@@ -20,6 +20,8 @@ from .hdf5 import MODES, write_hdf5
 
 # RAM kept decoded while a Zarr dump is written (as ReplayBuffer's default).
 DUMP_RAM_BYTES = 1 << 30
+# Formats and the writer a FileExistsError names (stable-worldmodel's HDF5 one).
+FORMATS = {"hdf5": "HDF5Writer: ", "zarr": ""}
 
 
 def episode_items(
@@ -49,20 +51,24 @@ def dump(
     ``"overwrite"`` (written aside and swapped in whole; for Zarr, only over a zreplay
     buffer without a live writer), ``"append"`` (same columns) or
     ``"error"`` (refuse an existing path).  ``progress(1)`` after each episode is read."""
+    # stable-worldmodel's messages, word for word.
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; available: {list(FORMATS)}")
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise ValueError(f"write mode must be one of {MODES}, got {mode!r}")
     path = Path(path)
     if mode == "error" and path.exists():
-        raise FileExistsError(f"{path} exists (mode='error'); pick another path or mode")
+        raise FileExistsError(
+            f"{FORMATS[format]}'{path}' already exists. Pass mode='overwrite' to replace it "
+            "or mode='append' to extend it."
+        )
     core = getattr(src, "core", src)
     check_apart(locate(path), core.path, "dump")
     core.flush()
     if format == "hdf5":
         write_hdf5(episode_items(core, progress), path, mode, **kw)
-    elif format == "zarr":
-        _dump_zarr(core, path, mode, progress, **kw)
     else:
-        raise ValueError(f"format must be 'hdf5' or 'zarr', got {format!r}")
+        _dump_zarr(core, path, mode, progress, **kw)
 
 
 def _dump_zarr(core: BufferCore, path: Path, mode: str, progress=None, **kw) -> None:

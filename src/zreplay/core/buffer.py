@@ -34,6 +34,7 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
+from .guards import add_checked, new_writer
 from .records import TrajectoryRecord
 from .stream import RandomStream
 
@@ -54,6 +55,7 @@ class BufferCore:
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
         self._is_reader = not engine.writable
+        self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -68,7 +70,7 @@ class BufferCore:
         :class:`~zreplay.engine.writer.SegmentWriter`'s (capacity, ram, layout, durable,
         overwrite, break_lock, storage_options).  Resumes the stream and sampler state
         saved with the segment's last commit."""
-        core = cls(SegmentWriter(path, **options), sampler, stream or RandomStream(), owner)
+        core = cls(new_writer(path, options), sampler, stream or RandomStream(), owner)
         core.load_state(core.engine.commit.sampler)
         core.engine.attach(core)
         return core
@@ -112,6 +114,10 @@ class BufferCore:
     def num_rows(self) -> int:
         """Visible transitions (rows)."""
         return self.engine.num_rows
+
+    @property
+    def row_range(self) -> tuple[int, int]:  # (first, stop) of visible rows() positions
+        return self.engine.locked(lambda s: (int(s.bounds[0]), int(s.bounds[0]) + s.num_rows))
 
     @property
     def num_trajectories(self) -> int:
@@ -233,9 +239,9 @@ class BufferCore:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
         return plans.gather_nstep(self._read, spec, self.keys, self.pick(n, step), keys)
 
-    def episode(self, e: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Every visible step of episode ``e`` as ``[L, ...]`` arrays."""
-        return plans.gather_episode(self._read, keys or self.keys, e)
+    def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
+        """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
+        return plans.gather_episode(self._read, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
@@ -287,9 +293,7 @@ class BufferCore:
 
     def _writer(self) -> SegmentWriter:
         if not self.writable:
-            raise ReadOnlyError(
-                f"{self.path} is open read-only (zreplay.open); write through a buffer"
-            )
+            raise ReadOnlyError(f"{self.path} is open read-only (zreplay.open); use a buffer")
         return self.engine
 
     def _reader(self) -> BufferReader:
@@ -299,7 +303,7 @@ class BufferCore:
 
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories (all or none pass); returns their ids."""
-        return self._writer().add(items)
+        return add_checked(self._writer(), items)
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
@@ -386,7 +390,7 @@ class BufferCore:
         return self._bound.prioritized
 
     def state(self) -> dict:
-        return {**self.stream.state(), **self._bound.state()}
+        return {**self.stream.state(), **self._bound.state(), "facade": dict(self.facade_state)}
 
     def priorities_to_save(self, n_rows: int, explicit: bool):
         space = self.engine.snapshot().space  # the writer holds its lock while it asks
