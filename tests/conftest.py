@@ -199,3 +199,36 @@ def run_children(jobs, timeout: float = 60.0) -> list:
                 p.kill()
                 p.join()
     return results
+
+
+# -- a real S3 endpoint -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """fsspec ``storage_options`` of a moto S3 server on a free port of 127.0.0.1 with a
+    bucket ``zreplay-scaleout`` (stopped at the end of the session); skipped without
+    moto/s3fs."""
+    import logging
+
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
+    s3fs.S3FileSystem(**options).mkdir("zreplay-scaleout")
+    yield options
+    server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def shared_location(request, tmp_path):
+    """``(path or URL, storage_options)`` of a new buffer on local disk or on moto's S3."""
+    if request.param == "local":
+        return str(tmp_path / "buf.zarr"), None
+    import uuid
+
+    options = request.getfixturevalue("moto_s3")
+    return f"s3://zreplay-scaleout/{uuid.uuid4().hex[:8]}/buf", options

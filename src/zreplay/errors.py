@@ -63,3 +63,9 @@ class WriteFailedError(ZReplayError, RuntimeError):
 
 class ReadOnlyError(ZReplayError, RuntimeError):
     """A write was attempted through a read-only view."""
+
+
+class RateLimitTimeout(ZReplayError, TimeoutError):
+    """A rate-limited ``sample`` or ``add`` waited longer than its limiter's ``timeout_s``
+    (Reverb's ``DeadlineExceeded``); the message says what it waited for.  Nothing was
+    sampled or added."""

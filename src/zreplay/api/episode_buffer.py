@@ -259,22 +259,28 @@ class ReplayBuffer(torch.utils.data.Dataset):
     # -- reading ----------------------------------------------------------------------
 
     def sample(
-        self, batch_size: int, history_len: int | None = None, step: int | None = None
+        self,
+        batch_size: int,
+        history_len: int | None = None,
+        step: int | None = None,
+        version: float | None = None,
     ) -> dict[str, np.ndarray]:
         """``batch_size`` clips ``{column: [batch, history_len, ...]}`` (numpy, no
         transform), chosen by the sampler (uniformly over all valid clips by default).
         A prioritized sampler adds ``index`` (int64 ``[batch]``: each clip's start row)
-        and ``weight`` (float32 ``[batch]`` importance weights)."""
-        spec = self._clip_spec(history_len)
-        return unflatten(self.core.sample_clips(spec, _batch(batch_size), step=step))
+        and ``weight`` (float32 ``[batch]`` importance weights); ``version``: the policy
+        version being trained (for ``Staleness``)."""
+        spec, n = self._clip_spec(history_len), _batch(batch_size)
+        return unflatten(self.core.sample_clips(spec, n, step=step, version=version))
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
         ``t``, ``next_obs`` up to ``n`` steps ahead, ``return``, ``discount``,
         ``n_steps``, ``terminated_n``."""
-        keys = kw.pop("keys", None)
+        keys, version = kw.pop("keys", None), kw.pop("version", None)
         spec = NStepSpec(n, gamma, **kw)
-        return unflatten(self.core.sample_nstep(spec, _batch(batch_size), keys))
+        got = self.core.sample_nstep(spec, _batch(batch_size), keys, version=version)
+        return unflatten(got)
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
         """Stored episodes, oldest first, as ``{column: [per-step arrays]}`` (what

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,36 +31,11 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
+from .rate import RateGate, RateLimiter
+from .record import TrajectoryRecord
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
-
-
-@dataclass
-class TrajectoryRecord:
-    """One visible trajectory: ``columns`` (flat key path -> ``[T, B, ...]``) and its
-    metadata; ``continues`` (bool ``[B]``): lanes whose first step continues an episode
-    of the segment's previous trajectory."""
-
-    columns: dict[str, np.ndarray]
-    trajectory_id: int
-    max_episode_length: int
-    model_weights_id: str
-    T: int
-    B: int
-    continues: np.ndarray
-
-    def prepared(self) -> Prepared:
-        """This trajectory as an item to add to another buffer (same id and metadata)."""
-        return Prepared(
-            self.columns,
-            self.T,
-            self.B,
-            self.max_episode_length,
-            self.model_weights_id,
-            self.trajectory_id,
-            continues=self.continues,
-        )
 
 
 class BufferCore:
@@ -78,6 +52,7 @@ class BufferCore:
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
         self._is_reader = not engine.writable
+        self.rate: RateGate | None = None
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -175,6 +150,12 @@ class BufferCore:
         """Draw with ``sampler`` from now on (a sampler, hook or None for uniform)."""
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
 
+    def set_rate_limiter(self, limiter: RateLimiter | None, learner_id: str | None = None):
+        """Rate-limit this core's samples (and a writer's adds) with ``limiter`` (see
+        :mod:`zreplay.core.rate`); ``learner_id`` declares it a learner that publishes
+        its sample count (resumed from its progress file)."""
+        self.rate = None if limiter is None else RateGate(limiter, self, learner_id)
+
     def update_priorities(self, indices, priorities) -> int:
         """Set the priorities of what a batch drew (``batch["index"]``); returns how many
         were applied (rows evicted since they were drawn are skipped)."""
@@ -205,21 +186,29 @@ class BufferCore:
     def _read(self, fn) -> dict:
         return self.read(fn)[1]
 
-    def pick(self, n: int, step: int | None = None):
+    def pick(self, n: int, step: int | None = None, version=None):
         """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
-        taken now unless ``step`` is given)."""
+        taken now unless ``step`` is given); ``version``: the caller's policy version."""
         if int(n) <= 0:
             raise ValueError(f"the number of samples must be > 0, got {n}")
+        if self.rate is not None:  # a rate-limited learner waits, then counts them
+            self.rate.before_sample(int(n))
+            self.rate.sampled(int(n))
         step = self.stream.take_step(step)
-        return self._bound.pick(self.stream.rng, int(n), step)
+        return self._bound.pick(self.stream.rng, int(n), step, version)
 
-    def sample(self, n: int, keys: list[str] | None = None, alloc=None) -> dict[str, np.ndarray]:
+    def sample(
+        self, n: int, keys: list[str] | None = None, alloc=None, version=None
+    ) -> dict[str, np.ndarray]:
         """``n`` rows drawn by the sampler (flat dict; ``index``/``weight`` beside the data
         for a prioritized sampler), or ``n`` clips for a sampler with a clip shape.
-        ``alloc(name, shape, dtype)`` provides each data output (rows only)."""
+        ``alloc(name, shape, dtype)`` provides each data output (rows only); ``version``:
+        the policy version now trained (``Staleness`` weighs rows by it)."""
         clips = self._bound.sampler.clips
         if clips is not None:
-            return self.sample_clips(clips, n, keys)
+            return self.sample_clips(clips, n, keys, version=version)
+        if self.rate is not None:
+            self.rate.before_sample(int(n))
         extra: dict = {}
         box: dict = {}
 
@@ -228,21 +217,24 @@ class BufferCore:
                 raise EmptyBufferError(self.engine.empty_message())
             if "step" not in box:  # a view's retry draws again with the same step
                 box["step"] = self.stream.take_step()
-            rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"])
+            rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"], version)
             extra.clear()
             extra.update(got)
             self.stream.num_sampled += n
             return rows if keys is None else {k: (k, rows) for k in keys}
 
         _, out = self.read(draw, alloc)
+        if self.rate is not None:
+            self.rate.sampled(int(n))
         return plans.add_extra(out, extra)
 
     def sample_clips(
-        self, spec: ClipSpec, n: int, keys: list[str] | None = None, step: int | None = None
+        self, spec: ClipSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
         """``n`` clips ``{key: [n, history_len, ...]}`` drawn by the sampler over every
         valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized)."""
-        return plans.gather_clips(self._read, spec, keys or self.keys, self.pick(n, step))
+        pick = self.pick(n, step, version)
+        return plans.gather_clips(self._read, spec, keys or self.keys, pick)
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
@@ -252,10 +244,11 @@ class BufferCore:
         return spec.num_clips(self.episodes())
 
     def sample_nstep(
-        self, spec: NStepSpec, n: int, keys: list[str] | None = None, step: int | None = None
+        self, spec: NStepSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
-        return plans.gather_nstep(self._read, spec, self.keys, self.pick(n, step), keys)
+        pick = self.pick(n, step, version)
+        return plans.gather_nstep(self._read, spec, self.keys, pick, keys)
 
     def episode(self, e: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Every visible step of episode ``e`` as ``[L, ...]`` arrays."""
@@ -322,8 +315,16 @@ class BufferCore:
         return self.engine
 
     def add(self, items: list[Prepared]) -> list[int]:
-        """Validate, then append trajectories (all or none pass); returns their ids."""
-        return self._writer().add(items)
+        """Validate, then append trajectories (all or none pass); returns their ids (-1
+        for a stale one a full buffer dropped: ``Staleness(evict_stale=True)``).  With a
+        rate limiter, first waits until the rows do not run ahead of the learners."""
+        eng = self._writer()
+        if self.rate is not None:
+            self.rate.before_insert(sum(it.n_rows for it in items))
+        free = None if eng.capacity is None else eng.capacity - eng.num_rows
+        keep = self._bound.admit(items, free)
+        ids = iter(eng.add([it for it, k in zip(items, keep, strict=True) if k]))
+        return [next(ids) if k else -1 for k in keep]
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
@@ -350,6 +351,10 @@ class BufferCore:
         self.load_state(state)
 
     def close(self) -> None:
+        """Close the writer (commit, unlock); a rate-limited learner publishes that it
+        stopped."""
+        if self.rate is not None:
+            self.rate.close()
         if self.writable:
             self.engine.close()
 

@@ -7,6 +7,7 @@ layout from here, so the format is spelled out in one place.
 <root>/zarr.json                  group; attrs["zreplay"] = {format, schema, layout, created}
 <root>/zreplay/                   zero-size array node: zreplay's own files of the buffer
     writers/<n>                   writer number n, claimed once by the writer id it holds
+    learners/<learner_id>.json    a rate-limited learner's published progress
 <root>/segments/<writer_id>/      one writer's segment:
     data/<key>                    rows, shape (capacity, *row_shape), sharded
     offsets                       int64[n_traj + 1], cumulative rows per trajectory
@@ -37,6 +38,7 @@ SEGMENTS = "segments"
 # The zero-size array node holding zreplay's own files, in the root and in each segment.
 META = "zreplay"
 WRITERS = "writers"
+LEARNERS = "learners"
 COMMIT_NAME = "commit.json"
 LOCK_NAME = "writer.lock"
 # Children of a segment directory that hold its rows and index (what clear() removes).
@@ -118,6 +120,14 @@ def lock_path(segment_dir):
 
 def claims_dir(root):
     return root / META / WRITERS
+
+
+def learners_dir(root):
+    return root / META / LEARNERS
+
+
+def learner_path(root, learner_id: str):
+    return learners_dir(root) / f"{learner_id}.json"
 
 
 def legacy_commit_path(segment_dir):
