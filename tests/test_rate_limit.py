@@ -225,3 +225,33 @@ def test_writers_and_a_learner_in_separate_processes_keep_the_ratio(shared_locat
     with pytest.raises(RateLimitTimeout):
         again.sample(1)  # ... and no further
     again.close()
+
+
+def test_a_call_larger_than_the_error_buffer_goes_through_at_the_target(loc):
+    lim = SampleToInsertRatio(1.0, ROWS, error_buffer=10, timeout_s=0.2)
+    w = writer(loc, sample_window_size=0)
+    view = zreplay.open(loc[0], rate_limiter=lim, learner_id="L")
+    w.add_trajectories([make_traj(0), make_traj(1)])
+    w.flush()
+    view.sample(36 - 18)  # diff 36 - 18 = 18: at the target (18 * 1)
+    view.sample(40)  # 40 > error buffer, but the learner was not ahead: let through once
+    with pytest.raises(RateLimitTimeout) as e:
+        view.sample(1)  # now 22 samples ahead: waits for inserts
+    assert isinstance(e.value, TimeoutError)
+    w.close()
+
+
+def test_one_thread_adding_and_sampling_does_not_wait_for_its_own_publish(loc):
+    """The writer reads this process's learner counts as they are, not as last
+    published (every 0.5 s by default)."""
+    lim = SampleToInsertRatio(2.0, 2 * ROWS, error_buffer=2 * ROWS, timeout_s=1)
+    actor = writer(loc, rate_limiter=lim)
+    actor.add_trajectories([make_traj(0), make_traj(1)])
+    actor.flush()
+    learner = zreplay.open(loc[0], rate_limiter=lim, learner_id="L")
+    for k in range(2, 12):
+        actor.add_trajectories([make_traj(k)])  # 18 rows: 36 samples owed
+        actor.flush()
+        learner.sample(36)
+    learner.close()
+    actor.close()

@@ -194,3 +194,12 @@ def test_view_over_two_writers_follows_refresh(tmp_path):
     assert set(got // 10000) == {11, 12}
     check_rows(view.sample(64, version=12))
     a.close(), b.close()
+
+
+def test_version_key_and_current_version_attribute():
+    s = Staleness(0, version_key="rewards")  # any stored column: its smallest value
+    buf = zreplay.TrajectoryReplayBuffer(seed=0, sampler=s, sample_window_size=0)
+    buf.add_trajectories([make_traj(k) for k in range(4)])  # rewards == code >= 10000 * k
+    s.current_version = 30000
+    assert set(codes_of(buf.sample(200)) // 10000) == {3}
+    buf.close()

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 
 from ..errors import RateLimitTimeout
 from ..store.progress import (
@@ -47,6 +48,11 @@ from ..store.progress import (
 )
 
 log = logging.getLogger("zreplay")
+
+# Learners of this process by (buffer, learner_id): a writer here reads their counts as
+# they are, not as last published (a loop that adds and samples in one thread would
+# otherwise wait for a publish that only its own next sample makes).
+_LOCAL: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 __all__ = ["MinSize", "RateGate", "RateLimiter", "SampleToInsertRatio"]
 
@@ -170,6 +176,7 @@ class RateGate:
             got.closed, got.limits = False, limiter.limits()
             self.me = got
             self.publish()
+            _LOCAL[(str(self.root.path), learner_id)] = self
 
     # -- counts ---------------------------------------------------------------------
 
@@ -236,6 +243,9 @@ class RateGate:
     def _live(self) -> list[LearnerProgress]:
         now, out = time.monotonic(), []
         for p in read_all_progress(self.root.path):
+            mine = _LOCAL.get((str(self.root.path), p.learner_id))
+            if mine is not None and mine.me is not None and mine.me.seq >= p.seq:
+                p = mine.me  # a learner of this process: its count as it is now
             seq, since = self._seen.get(p.learner_id, (None, now))
             if seq != p.seq:
                 since = now

@@ -98,7 +98,9 @@ class BufferReader:
         for wid in self.root.writer_ids():
             seg_dir = self.root.segment_dir(wid)
             commit = read_commit(seg_dir)
-            if commit is None:
+            if commit is None or commit.n_rows == 0:
+                # Nothing to read (never wrote, or cleared): its arrays may not exist (yet).
+                changed |= self._segs.pop(wid, None) is not None
                 continue
             st = self._segs.get(wid)
             if st is not None and st.commit.gen == commit.gen:
