@@ -157,7 +157,9 @@ def main(argv=None) -> dict:
         # the learner gives up a wait after 1 s to see whether the actors are done
         learner_limiter = zreplay.SampleToInsertRatio(*ratio, timeout_s=1.0)
 
-    ray.init(num_cpus=max(2, a.actors), include_dashboard=False, log_to_driver=False)
+    own_ray = not ray.is_initialized()  # a caller's cluster (the tests') is used as it is
+    if own_ray:
+        ray.init(num_cpus=max(2, a.actors), include_dashboard=False, log_to_driver=False)
     # The buffer root exists before the learner opens it (the first actor would create it).
     zreplay.TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=path, storage_options=options, writer_id="rollout0"
@@ -211,7 +213,10 @@ def main(argv=None) -> dict:
     view = zreplay.open(path, storage_options=options)
     total_rows = view.num_rows
     row_bytes = view.schema.row_bytes
-    ray.shutdown()
+    for act in actors:
+        ray.kill(act)
+    if own_ray:
+        ray.shutdown()
     if server is not None:
         server.stop()
     out = {

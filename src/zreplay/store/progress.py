@@ -99,10 +99,14 @@ def committed_rows(root, skip: str | None = None) -> tuple[int, int]:
     :class:`~zreplay.store.root.BufferRoot` is ``root`` (except segment ``skip``):
     ``inserted`` sums ``n_rows`` (every row ever committed), ``visible`` the rows kept."""
     inserted = visible = 0
-    for wid in root.writer_ids():
-        if wid == skip:
+    try:
+        segments = list(root.segments_dir.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return 0, 0
+    for seg_dir in segments:  # no zarr.json check: a segment without a commit adds 0
+        if seg_dir.name == skip or seg_dir.name == "zarr.json":
             continue
-        c = read_commit(root.segment_dir(wid))
+        c = read_commit(seg_dir)
         if c is not None:
             inserted += c.n_rows
             visible += c.n_rows - c.low_row
