@@ -229,3 +229,12 @@ def s3():
 def url(s3):
     """A fresh buffer URL in the moto bucket."""
     return f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:8]}/buf"
+
+
+@pytest.fixture(params=["local", "s3"])
+def shared_location(request, tmp_path):
+    """``(path or URL, storage_options)`` of a new buffer on local disk or on moto's S3."""
+    if request.param == "local":
+        return str(tmp_path / "buf.zarr"), None
+    options = request.getfixturevalue("s3")
+    return f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:8]}/buf", options

@@ -20,7 +20,7 @@ from test_sumtree import chi2_critical_p001, chi2_stat
 
 import zreplay
 from zreplay.errors import EmptyBufferError
-from zreplay.samplers import Prioritized, PrioritizedClips, Recency, Uniform, Window
+from zreplay.samplers import Prioritized, PrioritizedClips, Recency, Staleness, Uniform, Window
 
 ROWS_PER_TRAJ = 18  # make_traj: T=6, B=3
 
@@ -351,6 +351,7 @@ SAMPLERS = {
     "recency": lambda: Recency(1.5),
     "prioritized": lambda: Prioritized(),
     "prioritized_clips": lambda: PrioritizedClips(3),
+    "staleness": lambda: Staleness(3),
     "hook": lambda: hook,
 }
 
@@ -363,7 +364,9 @@ def test_every_sampler_from_every_entry_point(tmp_path, name, entry):
     if entry == "swm":
         buf = zreplay.ReplayBuffer(200, history_len=3, sampler=sampler, seed=0)
         for k in range(5):
-            buf.write_episode(episode(8 + k, base=100 * k))
+            ep = episode(8 + k, base=100 * k)
+            ep["versions"] = np.full(8 + k, k, np.float32)  # Staleness reads them
+            buf.write_episode(ep)
         batch = buf.sample(16)
         assert batch["obs"].shape == (16, 3, 1)
         assert np.all(np.diff(batch["obs"][:, :, 0], axis=1) == 1)  # inside one episode

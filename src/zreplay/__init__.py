@@ -11,7 +11,9 @@ Public names:
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
-  ``PrioritizedClips`` (``sampler=`` of every buffer and view).
+  ``PrioritizedClips``, ``Staleness`` (``sampler=`` of every buffer and view).
+* :class:`MinSize`, :class:`SampleToInsertRatio`: Reverb-style rate limiters between the
+  writers and learners of a shared buffer (``rate_limiter=``).
 * :mod:`zreplay.errors`: the exception hierarchy.
 * :mod:`zreplay.core`: the buffer core the facades are built on (for new facades).
 """
@@ -26,6 +28,7 @@ from .compat.dumps import dump
 from .compat.hdf5 import iter_hdf5
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
+from .core.rate import MinSize, RateLimiter, SampleToInsertRatio
 from .errors import (
     BufferClosedError,
     CapacityError,
@@ -36,6 +39,7 @@ from .errors import (
     FormatError,
     KeyNameError,
     PickleRefusedError,
+    RateLimitTimeout,
     SchemaError,
     WriteFailedError,
     WriterLockedError,
@@ -55,10 +59,14 @@ __all__ = [
     "EmptyTrajectoryError",
     "FormatError",
     "KeyNameError",
+    "MinSize",
     "PickleRefusedError",
+    "RateLimiter",
+    "RateLimitTimeout",
     "RankShard",
     "ReplayBuffer",
     "ReplayDataset",
+    "SampleToInsertRatio",
     "SchemaError",
     "Trajectory",
     "TrajectoryReplayBuffer",

@@ -100,3 +100,9 @@ class MainGuardError(ZReplayError, RuntimeError):
     """A process that multiprocessing is still starting (a ``spawn``/``forkserver``
     DataLoader worker importing the parent's script) opened a buffer for writing: the
     script's top level ran again because it lacks ``if __name__ == "__main__":``."""
+
+
+class RateLimitTimeout(ZReplayError, TimeoutError):
+    """A rate-limited ``sample`` or ``add`` waited longer than its limiter's ``timeout_s``
+    (Reverb's ``DeadlineExceeded``); the message says what it waited for.  Nothing was
+    sampled or added."""

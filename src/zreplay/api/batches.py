@@ -81,7 +81,7 @@ def index_tree(tree: Any, i: int) -> Any:
     return tree[i]
 
 
-def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False) -> dict:
+def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False, version=None) -> dict:
     """``core.sample(n)`` as a nested dict of tensors.  Rows are gathered straight into
     the tensors' memory, page-locked with ``pin_memory`` where a CUDA device makes that
     worthwhile (then the copy to ``device`` is ``non_blocking``); clips (a clip sampler)
@@ -94,7 +94,7 @@ def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False) -> di
         tensors[key] = t
         return t.numpy()
 
-    got = core.sample(n, alloc=alloc)
+    got = core.sample(n, alloc=alloc, version=version)
     for k, v in got.items():
         if k not in tensors:
             tensors[k] = torch.from_numpy(v)

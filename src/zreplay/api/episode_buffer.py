@@ -225,8 +225,6 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
         """Commit, save the step counter and release the writer lock (idempotent)."""
         self.core.close()
 
-    # -- shape of the contents --------------------------------------------------------
-
     @property
     def num_steps_stored(self) -> int:
         return self.core.num_rows
@@ -281,30 +279,37 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
     # -- reading ----------------------------------------------------------------------
 
     def sample(
-        self, batch_size: int, history_len: int | None = None, step: int | None = None
+        self,
+        batch_size: int,
+        history_len: int | None = None,
+        step: int | None = None,
+        version: float | None = None,
     ) -> dict[str, np.ndarray]:
         """``batch_size`` clips ``{column: [batch, history_len, ...]}`` (numpy, no
         transform), chosen by the sampler (uniformly over all valid clips by default).
         A prioritized sampler adds ``index`` (int64 ``[batch]``: each clip's start row)
-        and ``weight`` (float32 ``[batch]`` importance weights)."""
+        and ``weight`` (float32 ``[batch]`` importance weights); ``version``: the policy
+        version being trained (for ``Staleness``)."""
         positive("batch_size", batch_size)
         h = self.history_len if history_len is None else history_len
         positive("history_len", h)
         spec = self._clip_spec(int(h))
         try:
-            return self._ordered(self.core.sample_clips(spec, int(batch_size), step=step))
+            got = self.core.sample_clips(spec, int(batch_size), step=step, version=version)
         except (EmptyBufferError, ValueError, IndexError) as e:
             sample_error(e, self, spec.history_len)
             raise
+        return self._ordered(got)
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
         ``t``, ``next_obs`` up to ``n`` steps ahead, ``return``, ``discount``,
         ``n_steps``, ``terminated_n``."""
-        keys = kw.pop("keys", None)
+        keys, version = kw.pop("keys", None), kw.pop("version", None)
         spec = NStepSpec(n, gamma, **kw)
         positive("batch_size", batch_size)
-        return self._ordered(self.core.sample_nstep(spec, int(batch_size), keys))
+        got = self.core.sample_nstep(spec, int(batch_size), keys, version=version)
+        return self._ordered(got)
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
         """Stored episodes, oldest first, as ``{column: [per-step arrays]}`` (what

@@ -13,6 +13,7 @@ A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from ..compat.dumps import dump
 from ..compat.rlinf_files import check_trajectory_format, export_rlinf, load_into
 from ..compat.rlinf_trajectory import prepare_all
-from ..core import BufferCore, RamPolicy, RandomStream
+from ..core import BufferCore, RamPolicy, RandomStream, RateLimiter
 from ..errors import DeviceUnavailableError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
@@ -31,6 +32,7 @@ from ..sampling.samplers import Sampler, Window
 from ..store.location import locate
 from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
 from .prefetch import Prefetcher
+from .view import BufferView
 
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
 
@@ -66,11 +68,17 @@ class TrajectoryReplayBuffer:
             trajectory left running (consecutive rollout chunks of the same envs).
         storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ...) for ``s3://``.
         sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
-            ``Prioritized``, ``PrioritizedClips``) or a callable ``fn(step, buffer,
-            batch_size, history_len)`` returning row positions ``[0, total_samples)``.
-            Used by ``sample``, ``sample_clips`` and ``sample_nstep``; its state (and
-            priorities) is saved with the buffer and restored when it is reopened with a
-            sampler of the same kind.
+            ``Prioritized``, ``PrioritizedClips``, ``Staleness``) or a callable ``fn(step,
+            buffer, batch_size, history_len)`` returning row positions ``[0,
+            total_samples)``.  Used by ``sample``, ``sample_clips`` and ``sample_nstep``;
+            its state (and priorities) is saved with the buffer and restored when it is
+            reopened with a sampler of the same kind.
+        rate_limiter: ``zreplay.MinSize`` / ``zreplay.SampleToInsertRatio``: adds wait while
+            this writer runs ahead of the learners that declared themselves, and (with
+            ``learner_id``, declaring this buffer a learner too) samples wait as a learner's.
+
+    Pickled (e.g. passed to a Ray task) it becomes a read-only :func:`zreplay.open` view
+    of the same location: a segment has one writer, which stays here.
     """
 
     def __init__(
@@ -93,6 +101,8 @@ class TrajectoryReplayBuffer:
         continue_episodes: bool = False,
         storage_options: Mapping | None = None,
         sampler: Sampler | Any | None = None,
+        rate_limiter: RateLimiter | None = None,
+        learner_id: str | None = None,
     ):
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
@@ -111,22 +121,28 @@ class TrajectoryReplayBuffer:
                 ram_budget_bytes = DEFAULT_IN_MEMORY_RAM_BYTES
         self.cache_size = cache_size
         self.continue_episodes = continue_episodes
+        ram = RamPolicy(enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes)
+        opts = dict(writer_id=writer_id, capacity=capacity, ram=ram, layout=layout)
+        opts.update(durable=durable, overwrite=overwrite, break_lock=break_lock)
         self.core = BufferCore.writer(
             auto_save_path if auto_save else None,
             sampler=Window(self._window) if sampler is None else sampler,
             stream=RandomStream(seed),
             owner=self,
-            writer_id=writer_id,
-            capacity=capacity,
-            ram=RamPolicy(
-                enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes
-            ),
-            layout=layout,
-            durable=durable,
-            overwrite=overwrite,
-            break_lock=break_lock,
             storage_options=storage_options,
+            **opts,
         )
+        self.core.set_rate_limiter(rate_limiter, learner_id)
+
+    def __reduce__(self):
+        # The writer stays in this process: the other side gets a view of what it committed.
+        if self.core.temporary:
+            raise TypeError(
+                "an auto_save=False buffer is private to its process; pickle one with an auto_save_path"
+            )
+        self.flush()
+        sampler, options = self.sampler.unbound_copy(), self.core.storage_options
+        return (BufferView, (str(self.path), None, sampler, options))
 
     @property
     def seed(self) -> int:
@@ -135,8 +151,7 @@ class TrajectoryReplayBuffer:
 
     @property
     def sample_window_size(self) -> int:
-        """RLinf's window (last N trajectories; 0 = all); setting it resizes a ``Window``
-        sampler (the default one)."""
+        """RLinf's window (last N trajectories; 0 = all); setting it resizes a Window."""
         return self._window
 
     @sample_window_size.setter
@@ -163,8 +178,6 @@ class TrajectoryReplayBuffer:
         evicted or not added yet)."""
         return self.core.priorities(indices)
 
-    # -- RLinf API ------------------------------------------------------------------
-
     def add_trajectories(self, trajectories: Iterable[Any], *, continues=None) -> list[int]:
         """Append trajectories; returns their ids.
 
@@ -188,9 +201,11 @@ class TrajectoryReplayBuffer:
         *,
         device: str | torch.device | None = None,
         pin_memory: bool = False,
+        version: float | None = None,
     ) -> dict[str, Any]:
         """``num_chunks`` transitions drawn with replacement by the sampler (by default
-        uniformly from the last ``sample_window_size`` trajectories, as RLinf does).
+        uniformly from the last ``sample_window_size`` trajectories, as RLinf does);
+        ``version``: the policy version being trained (for ``Staleness``).
 
         Returns RLinf's nested dict of tensors ``[num_chunks, ...]`` (e.g.
         ``actions [n, C*A]``, ``rewards [n, C]``, ``curr_obs/main_images [n, H, W, 3] uint8``).
@@ -205,18 +220,14 @@ class TrajectoryReplayBuffer:
             raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
         if problem := device_problem(device):
             raise DeviceUnavailableError(problem)
-        return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
+        kw = {"device": device, "pin_memory": pin_memory, "version": version}
+        return sample_tensors(self.core, num_chunks, **kw)
 
-    def sample_chunks(
-        self,
-        num_chunks: int,
-        *,
-        device: str | torch.device | None = None,
-        pin_memory: bool = False,
-    ) -> dict[str, Any]:
-        if problem := device_problem(device):
+    def sample_chunks(self, num_chunks: int, **kw) -> dict[str, Any]:
+        """RLinf's name for :meth:`sample` (same keywords)."""
+        if problem := device_problem(kw.get("device")):
             raise DeviceUnavailableError(problem)
-        return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
+        return self.sample(num_chunks, **kw)
 
     def prefetch(
         self,
@@ -295,10 +306,8 @@ class TrajectoryReplayBuffer:
     def __del__(self):
         core = getattr(self, "core", None)
         if core is not None and not core.closed:
-            try:
+            with contextlib.suppress(Exception):
                 core.close()
-            except Exception:
-                pass
 
     @property
     def path(self) -> Path:
@@ -307,8 +316,6 @@ class TrajectoryReplayBuffer:
     @property
     def schema(self):
         return self.core.schema
-
-    # -- checkpoints ----------------------------------------------------------------
 
     def save_checkpoint(self, save_path: str) -> None:
         """Write a complete, consistent checkpoint of the buffer to ``save_path``.
@@ -346,8 +353,6 @@ class TrajectoryReplayBuffer:
         src = locate(load_path, storage_options or self.core.storage_options)
         load_into(self.core, src, local_rank, world_size, is_distributed, allow_pickle)
 
-    # -- episodes, clips and n-step (zreplay) -------------------------------------------
-
     @property
     def num_episodes(self) -> int:
         """Episodes (whole or partly) in the visible data."""
@@ -358,28 +363,23 @@ class TrajectoryReplayBuffer:
         return self.core.episode_table()
 
     def sample_clips(
-        self,
-        num_clips: int,
-        history_len: int,
-        frameskip: int = 1,
-        pad: str | None = None,
-        action_keys: tuple[str, ...] = ("actions",),
-    ) -> dict[str, Any]:
+        self, num_clips: int, history_len: int, frameskip: int = 1, pad: str | None = None,
+        action_keys: tuple[str, ...] = ("actions",), version: float | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Clips ``[num_clips, history_len, ...]`` (tensors) drawn by the sampler over
         every valid window of every episode (uniformly by default); never across an
         episode boundary."""
         spec = ClipSpec(history_len, frameskip, pad, action_keys)
-        return nested_tensors(self.core.sample_clips(spec, num_clips))
+        return nested_tensors(self.core.sample_clips(spec, num_clips, version=version))
 
     def sample_nstep(self, num_chunks: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """Transitions with n-step returns (tensors); ``next_obs`` n steps ahead from the
         stored ``next_obs`` (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
-        kw.setdefault(
-            "obs_key",
-            "curr_obs" if "curr_obs" in {k.split("/")[0] for k in self.core.keys} else None,
-        )
+        has_obs = "curr_obs" in {k.split("/")[0] for k in self.core.keys}
+        kw.setdefault("obs_key", "curr_obs" if has_obs else None)
+        version = kw.pop("version", None)
         spec = NStepSpec(n, gamma, **kw)
-        return nested_tensors(self.core.sample_nstep(spec, num_chunks))
+        return nested_tensors(self.core.sample_nstep(spec, num_chunks, version=version))
 
     def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite") -> None:
         """Write every episode as ``"hdf5"`` or a ``"zarr"`` episode buffer."""

@@ -32,6 +32,12 @@ class BufferView:
     with its last commit (as tree leaves; use the writer's ``alpha``/``eps``), follows
     ``refresh()`` and keeps ``update_priorities`` in this process only: a view never
     writes.
+
+    ``rate_limiter`` (``zreplay.MinSize``, ``zreplay.SampleToInsertRatio``): samples wait
+    until the writers inserted enough; ``learner_id`` declares this view a learner whose
+    sample count writers keep pace with (published beside the commits, resumed when a
+    view with the same ``learner_id`` is opened again; one process per ``learner_id``).
+    :meth:`close` tells the writers this learner stopped.
     """
 
     def __init__(
@@ -40,21 +46,26 @@ class BufferView:
         seed: int | None = None,
         sampler=None,
         storage_options: dict | None = None,
+        rate_limiter=None,
+        learner_id: str | None = None,
     ):
-        self._seed, self._sampler_arg = seed, sampler
+        self._seed = seed
         self.core = BufferCore.reader(
             path, sampler=sampler, seed=seed, owner=self, storage_options=storage_options
         )
         self.root = self.core.engine.root
         self.path = self.core.path
+        self.core.set_rate_limiter(rate_limiter, learner_id)
 
-    # Handed to DataLoader workers as its location and options: each worker reopens it.
+    # Handed to DataLoader workers and Ray tasks as its location, options and sampler
+    # configuration (no data): each copy reopens the store.  A learner's identity and
+    # rate limiter stay in the process that declared it.
 
     def __getstate__(self) -> dict:
         return {
             "path": str(self.path),
             "seed": self._seed,
-            "sampler": self._sampler_arg,
+            "sampler": self.core.sampler.unbound_copy(),
             "options": self.core.storage_options,
         }
 
@@ -85,6 +96,17 @@ class BufferView:
     def refresh(self) -> bool:
         """Re-read every segment's commit; returns True if anything new became visible."""
         return self.core.refresh()
+
+    def close(self) -> None:
+        """A rate-limited learner publishes its last count and that it stopped (writers
+        stop waiting for it); otherwise nothing to release (a view holds no lock)."""
+        self.core.close()
+
+    def __enter__(self) -> BufferView:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def episodes(self) -> EpisodeView:
         """The visible episodes of every segment (rows as visible positions)."""
@@ -137,9 +159,11 @@ class BufferView:
     def sample_clips(self, batch_size: int, history_len: int = 1, **kw) -> dict[str, Any]:
         """``batch_size`` clips ``[batch, history_len, ...]`` drawn by the sampler over all
         valid clips (uniformly by default); never across an episode boundary.  ``kw``:
-        ``frameskip``, ``pad``, ``keys``, ``action_keys`` (see :meth:`clips`)."""
+        ``frameskip``, ``pad``, ``keys``, ``action_keys`` (see :meth:`clips`), ``version``
+        (the policy version being trained, for ``Staleness``)."""
+        version = kw.pop("version", None)
         spec, keys = _clip_args(history_len, **kw)
-        return unflatten(self.core.sample_clips(spec, batch_size, keys))
+        return unflatten(self.core.sample_clips(spec, batch_size, keys, version=version))
 
     def clips(self, indices, history_len: int = 1, **kw) -> dict[str, Any]:
         """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first.
@@ -153,9 +177,9 @@ class BufferView:
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """n-step transitions (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
-        keys = kw.pop("keys", None)
+        keys, version = kw.pop("keys", None), kw.pop("version", None)
         spec = NStepSpec(n, gamma, **kw)
-        return unflatten(self.core.sample_nstep(spec, batch_size, keys))
+        return unflatten(self.core.sample_nstep(spec, batch_size, keys, version=version))
 
     def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
         """Visible steps of episode ``e`` (oldest first) as nested ``[L, ...]`` arrays."""
@@ -165,13 +189,16 @@ class BufferView:
         """Rows at visible positions ``[0, num_rows)`` as a nested dict of numpy arrays."""
         return unflatten(self.core.rows(positions, keys))
 
-    def sample(self, n: int, keys: list[str] | None = None) -> dict[str, Any]:
+    def sample(
+        self, n: int, keys: list[str] | None = None, *, version: float | None = None
+    ) -> dict[str, Any]:
         """``n`` rows drawn with replacement by the sampler (uniformly by default), as a
         nested dict of numpy arrays; a prioritized sampler adds ``index`` (int64 ``[n]``)
-        and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips."""
+        and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips.
+        ``version``: the policy version being trained (``Staleness`` weighs rows by it)."""
         if n <= 0:
             raise ValueError(f"n must be > 0, got {n}")
-        return unflatten(self.core.sample(n, keys))
+        return unflatten(self.core.sample(n, keys, version=version))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return index_tree(self.rows([i]), 0)
@@ -219,10 +246,12 @@ def open(  # noqa: A001
     sampler=None,
     *,
     storage_options: dict | None = None,
+    rate_limiter=None,
+    learner_id: str | None = None,
 ) -> BufferView:
     """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
     URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.
     ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment).
     ``sampler``: a :mod:`zreplay.samplers` sampler or hook for ``sample``/``sample_clips``/
-    ``sample_nstep``."""
-    return BufferView(path, seed=seed, sampler=sampler, storage_options=storage_options)
+    ``sample_nstep``; ``rate_limiter``, ``learner_id``: see :class:`BufferView`."""
+    return BufferView(path, seed, sampler, storage_options, rate_limiter, learner_id)

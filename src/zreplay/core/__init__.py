@@ -6,6 +6,16 @@ thin adapters of :class:`BufferCore`; see README "The buffer core".
 
 from ..engine.ramtier import RamPolicy
 from .buffer import BufferCore, Prepared, TrajectoryRecord
+from .rate import MinSize, RateLimiter, SampleToInsertRatio
 from .stream import RandomStream
 
-__all__ = ["BufferCore", "Prepared", "RamPolicy", "RandomStream", "TrajectoryRecord"]
+__all__ = [
+    "BufferCore",
+    "MinSize",
+    "Prepared",
+    "RamPolicy",
+    "RandomStream",
+    "RateLimiter",
+    "SampleToInsertRatio",
+    "TrajectoryRecord",
+]

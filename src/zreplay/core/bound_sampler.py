@@ -34,15 +34,29 @@ class BoundSampler:
     def prioritized(self) -> bool:
         return self.sampler.prioritized
 
-    def context(self, rng: np.random.Generator, snapshot, step: int) -> Context:
-        return Context(rng, snapshot.space, step, self._owner)
+    def context(self, rng: np.random.Generator, snapshot, step: int, version=None) -> Context:
+        return Context(rng, snapshot.space, step, self._owner, version)
 
-    def draw_rows(self, rng, snapshot, n: int, step: int) -> Drawn:
-        return self.sampler.draw_rows(self.context(rng, snapshot, step), n)
+    def draw_rows(self, rng, snapshot, n: int, step: int, version=None) -> Drawn:
+        return self.sampler.draw_rows(self.context(rng, snapshot, step, version), n)
 
-    def pick(self, rng, n: int, step: int) -> Callable[[Units, object], Drawn]:
+    def pick(self, rng, n: int, step: int, version=None) -> Callable[[Units, object], Drawn]:
         """A ``pick(units, snapshot)`` for the clip and n-step plans."""
-        return lambda units, snap: self.sampler.draw_units(self.context(rng, snap, step), units, n)
+        s = self.sampler
+        return lambda units, snap: s.draw_units(self.context(rng, snap, step, version), units, n)
+
+    def admit(self, items: list, free_rows: int | None) -> list[bool]:
+        """Which of ``items`` (in order) to add to a buffer with ``free_rows`` rows left
+        before capacity (None: no capacity): an item that would fill the buffer is
+        dropped when the sampler says so (``Staleness(evict_stale=True)``: a stale one)."""
+        keep = []
+        for it in items:
+            full = free_rows is not None and it.n_rows > free_rows
+            k = not (full and self.sampler.drops(it))
+            keep.append(k)
+            if free_rows is not None and k:
+                free_rows = max(free_rows - it.n_rows, 0)
+        return keep
 
     # -- priorities -----------------------------------------------------------------
 

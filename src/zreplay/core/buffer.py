@@ -14,7 +14,6 @@ Everything a facade needs is a public method here; see README "The buffer core".
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -23,19 +22,19 @@ import numpy as np
 
 from ..engine import replace
 from ..engine.prepared import Prepared
-from ..engine.ramtier import RamPolicy
 from ..engine.reader import BufferReader
 from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, ReadOnlyError
 from ..index.episodes import EpisodeView
-from ..index.trajectories import time_major
 from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer
-from .records import TrajectoryRecord
+from .rate import RateGate, RateLimiter
+from .records import TrajectoryRecord, read_trajectory
+from .staging import staged_replacement
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
@@ -56,6 +55,7 @@ class BufferCore:
         self._pid = os.getpid()
         self._is_reader = not engine.writable
         self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
+        self.rate: RateGate | None = None
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -81,8 +81,6 @@ class BufferCore:
     ) -> BufferCore:
         """A read-only core over every segment of the buffer at ``path``."""
         return cls(BufferReader(path, storage_options), sampler, RandomStream(seed), owner)
-
-    # -- what it holds --------------------------------------------------------------
 
     @property
     def writable(self) -> bool:
@@ -157,6 +155,12 @@ class BufferCore:
         """Draw with ``sampler`` from now on (a sampler, hook or None for uniform)."""
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
 
+    def set_rate_limiter(self, limiter: RateLimiter | None, learner_id: str | None = None):
+        """Rate-limit this core's samples (and a writer's adds) with ``limiter`` (see
+        :mod:`zreplay.core.rate`); ``learner_id`` declares it a learner that publishes
+        its sample count (resumed from its progress file)."""
+        self.rate = None if limiter is None else RateGate(limiter, self, learner_id)
+
     def update_priorities(self, indices, priorities) -> int:
         """Set the priorities of what a batch drew (``batch["index"]``); returns how many
         were applied (rows evicted since they were drawn are skipped)."""
@@ -187,21 +191,29 @@ class BufferCore:
     def _read(self, fn) -> dict:
         return self.read(fn)[1]
 
-    def pick(self, n: int, step: int | None = None):
+    def pick(self, n: int, step: int | None = None, version=None):
         """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
-        taken now unless ``step`` is given)."""
+        taken now unless ``step`` is given); ``version``: the caller's policy version."""
         if int(n) <= 0:
             raise ValueError(f"the number of samples must be > 0, got {n}")
+        if self.rate is not None:  # a rate-limited learner waits, then counts them
+            self.rate.before_sample(int(n))
+            self.rate.sampled(int(n))
         step = self.stream.take_step(step)
-        return self._bound.pick(self.stream.rng, int(n), step)
+        return self._bound.pick(self.stream.rng, int(n), step, version)
 
-    def sample(self, n: int, keys: list[str] | None = None, alloc=None) -> dict[str, np.ndarray]:
+    def sample(
+        self, n: int, keys: list[str] | None = None, alloc=None, version=None
+    ) -> dict[str, np.ndarray]:
         """``n`` rows drawn by the sampler (flat dict; ``index``/``weight`` beside the data
         for a prioritized sampler), or ``n`` clips for a sampler with a clip shape.
-        ``alloc(name, shape, dtype)`` provides each data output (rows only)."""
+        ``alloc(name, shape, dtype)`` provides each data output (rows only); ``version``:
+        the policy version now trained (``Staleness`` weighs rows by it)."""
         clips = self._bound.sampler.clips
         if clips is not None:
-            return self.sample_clips(clips, n, keys)
+            return self.sample_clips(clips, n, keys, version=version)
+        if self.rate is not None:
+            self.rate.before_sample(int(n))
         extra: dict = {}
         box: dict = {}
 
@@ -210,21 +222,24 @@ class BufferCore:
                 raise EmptyBufferError(self.engine.empty_message())
             if "step" not in box:  # a view's retry draws again with the same step
                 box["step"] = self.stream.take_step()
-            rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"])
+            rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"], version)
             extra.clear()
             extra.update(got)
             self.stream.num_sampled += n
             return rows if keys is None else {k: (k, rows) for k in keys}
 
         _, out = self.read(draw, alloc)
+        if self.rate is not None:
+            self.rate.sampled(int(n))
         return plans.add_extra(out, extra)
 
     def sample_clips(
-        self, spec: ClipSpec, n: int, keys: list[str] | None = None, step: int | None = None
+        self, spec: ClipSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
         """``n`` clips ``{key: [n, history_len, ...]}`` drawn by the sampler over every
         valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized)."""
-        return plans.gather_clips(self._read, spec, keys or self.keys, self.pick(n, step))
+        pick = self.pick(n, step, version)
+        return plans.gather_clips(self._read, spec, keys or self.keys, pick)
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
@@ -234,10 +249,11 @@ class BufferCore:
         return spec.num_clips(self.episodes())
 
     def sample_nstep(
-        self, spec: NStepSpec, n: int, keys: list[str] | None = None, step: int | None = None
+        self, spec: NStepSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
-        return plans.gather_nstep(self._read, spec, self.keys, self.pick(n, step), keys)
+        pick = self.pick(n, step, version)
+        return plans.gather_nstep(self._read, spec, self.keys, pick, keys)
 
     def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
         """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
@@ -259,20 +275,7 @@ class BufferCore:
 
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
         """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
-        keys = self.keys if keys is None else list(keys)
-        box = {}
-
-        def draw(snap):
-            ref = box["ref"] = snap.trajectory(i)
-            pos = ref.positions()
-            return {k: (k, pos) for k in keys}
-
-        _, flat = self.read(draw)
-        ref = box["ref"]
-        meta = ref.metadata()
-        T, B = meta["T"], meta["B"]
-        columns = {k: time_major(v, T, B) for k, v in flat.items()}
-        return TrajectoryRecord(columns, continues=ref.part.index.continues(ref.j), **meta)
+        return read_trajectory(self.read, self.keys if keys is None else list(keys), i)
 
     def trajectories(self, start: int = 0, stop: int | None = None) -> Iterator[TrajectoryRecord]:
         """Visible trajectories ``[start, stop)``, oldest first."""
@@ -302,8 +305,17 @@ class BufferCore:
         return self.engine
 
     def add(self, items: list[Prepared]) -> list[int]:
-        """Validate, then append trajectories (all or none pass); returns their ids."""
-        return add_checked(self._writer(), items)
+        """Validate, then append trajectories (all or none pass); returns their ids (-1
+        for a stale one a full buffer dropped: ``Staleness(evict_stale=True)``).  With a
+        rate limiter, first waits until the rows do not run ahead of the learners."""
+        eng = self._writer()
+        if self.rate is not None:
+            self.rate.before_insert(sum(it.n_rows for it in items))
+        cap = eng.state.capacity
+        free = None if cap is None else cap - eng.num_rows
+        keep = self._bound.admit(items, free)
+        ids = iter(add_checked(eng, [it for it, k in zip(items, keep, strict=True) if k]))
+        return [next(ids) if k else -1 for k in keep]
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
@@ -333,30 +345,18 @@ class BufferCore:
         replace.adopt(self._writer(), src, writer_id, first, stop, dict(state))
         self.load_state(state)
 
-    @contextlib.contextmanager
-    def replacing(self, state: Mapping | None = None) -> Iterator[BufferCore]:
-        """Replace this buffer's contents with what the block adds to the yielded core (a
-        staging buffer whose rows and ids go on from this one's), all or nothing: swapped
-        in when the block ends, discarded if it raises.  ``state``: the stream and sampler
-        state to resume afterwards (default: this buffer's as it is then)."""
-        writer = self._writer()
-        with replace.replacement(writer) as path:
-            staging = BufferCore.writer(
-                path,
-                writer_id=writer.writer_id,
-                ram=RamPolicy(trajectories=2),
-                layout=writer.layout_overrides,
-                durable=writer.durable,
-            )
-            try:
-                yield staging
-            finally:
-                staging.close()
-            new = dict(self.state() if state is None else state)
-            replace.swap_in_staged(writer, new)
-        self.load_state(new)
+    def replacing(self, state: Mapping | None = None):
+        """A context manager: replace this buffer's contents with what the block adds to
+        the yielded core (a staging buffer whose rows and ids go on from this one's), all
+        or nothing: swapped in when the block ends, discarded if it raises.  ``state``:
+        the stream and sampler state to resume afterwards (default: this buffer's then)."""
+        return staged_replacement(self, self._writer(), state)
 
     def close(self) -> None:
+        """Close the writer (commit, unlock); a rate-limited learner publishes that it
+        stopped."""
+        if self.rate is not None:
+            self.rate.close()
         if self.writable:
             self.engine.close()
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.prepared import Prepared
+from ..index.trajectories import time_major
 
 
 @dataclass
@@ -34,3 +35,20 @@ class TrajectoryRecord:
             self.trajectory_id,
             continues=self.continues,
         )
+
+
+def read_trajectory(read, keys: list[str], i: int) -> TrajectoryRecord:
+    """Visible trajectory ``i`` read through ``read(draw)`` (a core's one gather)."""
+    box = {}
+
+    def draw(snap):
+        ref = box["ref"] = snap.trajectory(i)
+        pos = ref.positions()
+        return {k: (k, pos) for k in keys}
+
+    _, flat = read(draw)
+    ref = box["ref"]
+    meta = ref.metadata()
+    T, B = meta["T"], meta["B"]
+    columns = {k: time_major(v, T, B) for k, v in flat.items()}
+    return TrajectoryRecord(columns, continues=ref.part.index.continues(ref.j), **meta)

@@ -103,7 +103,9 @@ class BufferReader:
         for wid in self.root.writer_ids():
             seg_dir = self.root.segment_dir(wid)
             commit = read_commit(seg_dir)
-            if commit is None:
+            if commit is None or commit.n_rows == 0:
+                # Nothing to read (never wrote, or cleared): its arrays may not exist (yet).
+                changed |= self._segs.pop(wid, None) is not None
                 continue
             st = self._segs.get(wid)
             if st is not None and st.commit.gen == commit.gen:
@@ -158,11 +160,17 @@ class BufferReader:
                         idx.n_rows,
                         pos0,
                         lambda st=st: saved_priorities(st.segment.dir, st.commit),
+                        idx,
                     )
                 )
             offsets = np.concatenate([*offs, self._cum_rows[-1:]]).astype(np.int64)
-            self._space = RowSpace(offsets, self._cum_traj.astype(np.int64), segs)
+            self._space = RowSpace(offsets, self._cum_traj.astype(np.int64), segs, self._column)
         return self._space
+
+    def _column(self, key: str, positions: np.ndarray) -> np.ndarray:
+        """Stored rows of ``key`` at visible positions (for samplers that weigh rows by a
+        stored column); ``Evicted`` makes the read start over on a fresh snapshot."""
+        return gather(self.snapshot(), {key: (key, positions)})[key]
 
     # -- shape of the data ----------------------------------------------------------
 
@@ -209,15 +217,15 @@ class BufferReader:
         self.check_process()
         for _ in range(RETRIES):
             snap = self.snapshot()
-            drawn = draw(snap)
-            if self.schema is None:
-                return drawn, {}
-            if isinstance(drawn, dict):
-                requests = drawn
-            else:
-                rows = np.asarray(drawn, np.int64)
-                requests = {k: (k, rows) for k in self.schema.keys}
-            try:
+            try:  # a draw may read too (a sampler weighing rows by a stored column)
+                drawn = draw(snap)
+                if self.schema is None:
+                    return drawn, {}
+                if isinstance(drawn, dict):
+                    requests = drawn
+                else:
+                    rows = np.asarray(drawn, np.int64)
+                    requests = {k: (k, rows) for k in self.schema.keys}
                 return drawn, gather(snap, requests, alloc)
             except Evicted:
                 self.refresh()

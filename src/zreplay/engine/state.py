@@ -19,7 +19,7 @@ from ..schema import Schema
 from ..store.commit import Commit
 from ..store.segment import Segment
 from .committer import Job, StateSource, build_job, sampler_state
-from .gather import Part, Snapshot
+from .gather import Part, Snapshot, gather
 from .prepared import Prepared
 from .ramtier import RamPolicy, RamTier
 from .recovery import OpenedSegment
@@ -240,9 +240,13 @@ class SegmentState:
         part = Part(self.segment, idx, lo, hi, lo, tier, tier.lo if tier is not None else hi)
 
         def space() -> RowSpace:
-            return RowSpace.of_index(idx, SegmentRows(0, idx, lo, hi, lo, persisted))
+            seg = SegmentRows(0, idx, lo, hi, lo, persisted, idx)
+            return RowSpace.of_index(
+                idx, seg, lambda key, pos: gather(snap, {key: (key, pos)})[key]
+            )
 
-        return Snapshot(self.schema, [part], idx.episodes, space)
+        snap = Snapshot(self.schema, [part], idx.episodes, space)
+        return snap
 
     def stats(self) -> dict:
         """Counts: visible trajectories/rows, what the RAM tier holds (whole trajectories

@@ -25,7 +25,8 @@ class SegmentRows:
     segment's rows were renumbered from scratch (cleared, replaced by a checkpoint): state
     kept for the old rows is then dropped.  Global rows ``[low_row, n_rows)`` sit at
     positions ``[pos0, pos0 + n_rows - low_row)``.  ``persisted()`` returns the priorities
-    saved with the segment, if any.
+    saved with the segment, if any; ``index`` is its trajectory table
+    (:class:`~zreplay.index.trajectories.TrajectoryIndex`).
     """
 
     key: int
@@ -34,6 +35,8 @@ class SegmentRows:
     n_rows: int
     pos0: int
     persisted: Callable[[], Persisted | None] | None = None
+    # The segment's in-RAM trajectory table (offsets, model_weights_id, ...), if known.
+    index: object = None
 
     def positions(self, rows: np.ndarray) -> np.ndarray:
         return rows - self.low_row + self.pos0
@@ -43,17 +46,21 @@ class SegmentRows:
 class RowSpace:
     """Visible trajectories as row positions: trajectory ``g`` holds positions
     ``[offsets[g], offsets[g + 1])`` (``offsets`` int64[G + 1]); segment ``s`` holds
-    trajectories ``[bounds[s], bounds[s + 1])`` (``bounds`` int64[S + 1]), oldest first."""
+    trajectories ``[bounds[s], bounds[s + 1])`` (``bounds`` int64[S + 1]), oldest first;
+    ``read`` gathers stored rows at positions."""
 
     offsets: np.ndarray
     bounds: np.ndarray
     segments: list[SegmentRows] = field(default_factory=list)
+    # read(key, positions) -> the stored rows of ``key`` at ``positions`` (the engine's
+    # gather, for samplers that weigh rows by a stored column: Staleness).
+    read: Callable[[str, np.ndarray], np.ndarray] | None = None
 
     @classmethod
-    def of_index(cls, index, segment: SegmentRows) -> RowSpace:
+    def of_index(cls, index, segment: SegmentRows, read=None) -> RowSpace:
         """The space of one writer's in-RAM index (positions are global rows)."""
         off = index.offsets[index.low :]
-        return cls(off, np.array([0, len(off) - 1], np.int64), [segment])
+        return cls(off, np.array([0, len(off) - 1], np.int64), [segment], read)
 
     @property
     def lo(self) -> int:

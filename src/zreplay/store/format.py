@@ -8,6 +8,7 @@ layout from here, so the format is spelled out in one place.
 <root>/zreplay/                   zero-size array node: zreplay's own files of the buffer
     writers/<n>                   writer number n, claimed once by the writer id it holds
     schema.json                   schema and layout of the writer that fixed them first
+    learners/<learner_id>.json    a rate-limited learner's published progress
 <root>/segments/<writer_id>/      one writer's segment:
     data/<key>                    rows, shape (capacity, *row_shape), sharded
     offsets                       int64[n_traj + 1], cumulative rows per trajectory
@@ -39,6 +40,7 @@ SEGMENTS = "segments"
 # The zero-size array node holding zreplay's own files, in the root and in each segment.
 META = "zreplay"
 WRITERS = "writers"
+LEARNERS = "learners"
 COMMIT_NAME = "commit.json"
 LOCK_NAME = "writer.lock"
 # Exclusive-created by the writer that fixes the schema: racing writers agree on its layout.
@@ -133,6 +135,14 @@ def staging_root(segment_dir):
 def intent_path(segment_dir):
     """The record that a built replacement is being swapped in (see engine/replace.py)."""
     return segment_dir / META / "replace.json"
+
+
+def learners_dir(root):
+    return root / META / LEARNERS
+
+
+def learner_path(root, learner_id: str):
+    return learners_dir(root) / f"{learner_id}.json"
 
 
 def legacy_commit_path(segment_dir):

@@ -10,6 +10,7 @@ sampler, never a new buffer class.  Built-ins:
 * :class:`Prioritized`: proportional prioritized replay (batches carry ``index``/``weight``;
   feed ``update_priorities``); priorities are saved with the buffer;
 * :class:`PrioritizedClips`: the same over clip start positions (sequence replay);
+* :class:`Staleness`: drops or down-weights rows whose policy version lags the current one;
 * any callable ``fn(step, buffer, batch_size, history_len) -> indices`` (:class:`Hook`).
 
 The contract a sampler implements is in :mod:`zreplay.sampling.samplers.base`; the public
@@ -22,6 +23,7 @@ from .base import Context, RowSpace, Sampler, SegmentRows, Units
 from .hook import Hook
 from .prioritized import Prioritized, PrioritizedClips
 from .recency import Recency
+from .staleness import Staleness
 from .uniform import Uniform, Window
 
 
@@ -46,6 +48,7 @@ __all__ = [
     "RowSpace",
     "Sampler",
     "SegmentRows",
+    "Staleness",
     "Uniform",
     "Units",
     "Window",

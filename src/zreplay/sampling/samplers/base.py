@@ -97,13 +97,16 @@ class Units:
 @dataclass
 class Context:
     """What a draw may look at: the buffer's generator, its rows, its step counter (the
-    number of batches drawn before, or the step the caller passed) and the buffer itself
-    (for ``fn(step, buffer, batch_size, history_len)`` hooks)."""
+    number of batches drawn before, or the step the caller passed), the buffer itself
+    (for ``fn(step, buffer, batch_size, history_len)`` hooks) and the policy version the
+    caller passed (``sample(n, version=v)``; samplers that do not weigh by version ignore
+    it)."""
 
     rng: np.random.Generator
     space: RowSpace
     step: int = 0
     buffer: Any = None
+    version: float | None = None
 
 
 class Sampler:
@@ -129,6 +132,12 @@ class Sampler:
             "sampler=zreplay.samplers.Prioritized() to use update_priorities"
         )
 
+    def drops(self, item) -> bool:
+        """Whether a full buffer drops ``item`` (a trajectory about to be added, with
+        ``columns`` and ``model_weights_id``) instead of evicting its oldest rows for it.
+        Built-ins keep everything except ``Staleness(evict_stale=True)``."""
+        return False
+
     def config(self) -> dict:
         """Constructor arguments (JSON values)."""
         return {}
@@ -139,6 +148,13 @@ class Sampler:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` saved (stateless samplers: nothing)."""
+
+    def unbound_copy(self) -> Sampler:
+        """A new sampler of the same configuration and saved state, bound to no buffer
+        (what a buffer or view handed to another process samples with there)."""
+        new = type(self)(**self.config())
+        new.load_state_dict(self.state_dict())
+        return new
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())

@@ -25,6 +25,9 @@ class Hook(Sampler):
     def config(self) -> dict:
         return {"fn": getattr(self.fn, "__qualname__", repr(self.fn))}
 
+    def unbound_copy(self) -> Hook:
+        return Hook(self.fn)
+
     def _call(self, ctx: Context, n: int, history_len: int) -> np.ndarray:
         idx = np.asarray(self.fn(ctx.step, ctx.buffer, n, history_len))
         if idx.shape != (n,):
