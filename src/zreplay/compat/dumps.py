@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core.records import BATCH_BYTES
 from ..errors import FormatError
 from ..store.location import locate
 from ..store.root import is_buffer
@@ -22,16 +23,20 @@ from .hdf5 import MODES, write_hdf5
 DUMP_RAM_BYTES = 1 << 30
 
 
-def episode_items(
-    core: BufferCore, progress=None
-) -> Iterator[tuple[dict[str, np.ndarray], bool, bool]]:
-    """``(columns [L, ...], terminated, truncated)`` per visible episode, oldest first."""
-    view = core.episodes()
-    for e in range(len(view)):
-        cols = core.episode(e)
+def episode_batches(
+    core: BufferCore, progress=None, batch_bytes: int = BATCH_BYTES
+) -> Iterator[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """Every visible episode, oldest first, in batches read together (one range read per
+    key where the episodes' rows are contiguous): ``(columns [steps, ...], {"length",
+    "terminated", "truncated"})``; ``progress(k)`` after each batch of ``k`` episodes."""
+    n, e = core.num_episodes, 0
+    while e < n:
+        cols, table = core.episodes_from(e, batch_bytes=batch_bytes)
+        k = len(table["length"])
+        e += k
         if progress is not None:
-            progress(1)
-        yield cols, bool(view.terminated[e]), bool(view.truncated[e])
+            progress(k)
+        yield cols, table
 
 
 def dump(
@@ -47,7 +52,8 @@ def dump(
     ``path``: ``format="hdf5"`` (one file; ``kw``: ``compression``, ``level``) or
     ``"zarr"`` (a buffer directory; ``kw``: ``layout``, ``durable``, ...).  ``mode``:
     ``"overwrite"`` (written aside and renamed in), ``"append"`` (same columns) or
-    ``"error"`` (refuse an existing path).  ``progress(1)`` after each episode is read."""
+    ``"error"`` (refuse an existing path).  ``progress(k)`` after each batch of ``k``
+    episodes is read (episodes are read ~64 MiB at a time and written in whole chunks)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     path = Path(path)
@@ -56,7 +62,7 @@ def dump(
     core = getattr(src, "core", src)
     core.flush()
     if format == "hdf5":
-        write_hdf5(episode_items(core, progress), path, mode, **kw)
+        write_hdf5(episode_batches(core, progress), path, mode, **kw)
     elif format == "zarr":
         _dump_zarr(core, path, mode, progress, **kw)
     else:
@@ -79,10 +85,13 @@ def _dump_zarr(core: BufferCore, path: Path, mode: str, progress=None, **kw) -> 
         **kw,
     )
     try:
-        for cols, _term, _trunc in episode_items(core, progress):
-            n = len(next(iter(cols.values())))
-            dst.add(
-                [Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)]
-            )
+        for cols, table in episode_batches(core, progress):
+            ends = np.cumsum(table["length"])
+            items = []
+            for a, b in zip(ends - table["length"], ends, strict=True):
+                n = int(b - a)
+                one = {k: v[a:b, None] for k, v in cols.items()}
+                items.append(Prepared(one, n, 1, split_episodes=False))
+            dst.add(items)
     finally:
         dst.close()

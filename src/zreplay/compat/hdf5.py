@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +39,15 @@ CHUNK_BYTES = 1 << 20
 
 
 def write_hdf5(
-    items: Iterable[tuple[dict[str, np.ndarray], bool, bool]],
+    batches: Iterable[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]],
     path: Path,
     mode: str,
     compression: str | None = "gzip",
     level: int = 4,
 ) -> None:
-    """Write ``(columns [L, ...], terminated, truncated)`` episodes to ``path`` (``mode``:
-    see the module docstring)."""
+    """Write batches of episodes ``(columns [steps, ...], {"length", "terminated",
+    "truncated"} per episode)`` to ``path`` (``mode``: see the module docstring); each
+    batch is one resize and one write per dataset (see :class:`_Column`)."""
     import h5py
 
     if mode == "append" and path.exists():
@@ -54,8 +57,10 @@ def write_hdf5(
         target = path.with_name(f".{path.name}.partial-{os.getpid()}")
         f = h5py.File(target, "w")
         columns = None
+    writers: dict[str, _Column] = {}
+    pool = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-h5")
     try:
-        for cols, term, trunc in items:
+        for cols, table in batches:
             if columns is None:
                 columns = sorted(cols)
                 for name in columns:
@@ -75,31 +80,33 @@ def write_hdf5(
                 raise SchemaError(
                     f"{path}: columns {sorted(cols)} differ from the file's {columns}"
                 )
-            n = len(next(iter(cols.values())))
-            start = int(f[columns[0]].shape[0])
+            if not writers:
+                writers = {name: _Column(f[name], pool) for name in columns}
+            start = writers[columns[0]].rows
             for name in columns:
+                writers[name].append(cols[name], path, name)
+            lengths = np.asarray(table["length"], np.int64)
+            offsets = start + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            values = (lengths, offsets, table["terminated"], table["truncated"])
+            for name, value in zip(EPISODE_DATASETS, values, strict=True):
                 ds = f[name]
-                if ds.shape[1:] != cols[name].shape[1:] or ds.dtype != cols[name].dtype:
-                    raise SchemaError(
-                        f"{path}: column {name!r} is {ds.dtype}{ds.shape[1:]} in the file, "
-                        f"{cols[name].dtype}{cols[name].shape[1:]} here"
-                    )
-                ds.resize(start + n, axis=0)
-                ds[start:] = cols[name]
-            for name, value in zip(EPISODE_DATASETS, (n, start, term, trunc), strict=True):
-                ds = f[name]
-                ds.resize(ds.shape[0] + 1, axis=0)
-                ds[-1] = value
+                n0 = ds.shape[0]
+                ds.resize(n0 + len(value), axis=0)
+                ds[n0:] = value
+        for w in writers.values():
+            w.close()
         if columns is None and "zreplay" not in f.attrs:
             f.attrs["zreplay"] = json.dumps(
                 {"format": "hdf5-episodes", "version": 1, "columns": []}
             )
         f.flush()
     except BaseException:
+        pool.shutdown(cancel_futures=True)
         f.close()
         if target != path:
             target.unlink(missing_ok=True)
         raise
+    pool.shutdown()
     f.close()
     if target != path:
         os.replace(target, path)
@@ -117,6 +124,80 @@ def _create(f, name: str, sample: np.ndarray, compression, level: int) -> None:
     f.create_dataset(
         name, shape=(0, *row), maxshape=(None, *row), dtype=sample.dtype, chunks=(chunk, *row), **kw
     )
+
+
+class _Column:
+    """Appends rows to one dataset chunked along rows: whole chunks are compressed on a
+    thread pool (zlib releases the GIL) and stored with ``write_direct_chunk``, exactly
+    the bytes HDF5's own shuffle + deflate pipeline would store; rows short of a whole
+    chunk wait for the next batch (or :meth:`close`).  Datasets with other filters
+    (lzf, szip, ...) get one plain ``ds[a:b] = rows`` per batch instead."""
+
+    def __init__(self, ds, pool: ThreadPoolExecutor):
+        self.ds, self.pool = ds, pool
+        self.rows = int(ds.shape[0])
+        self.chunk = int(ds.chunks[0]) if ds.chunks else 0
+        direct = (
+            self.chunk
+            and ds.chunks[1:] == ds.shape[1:]
+            and ds.compression in (None, "gzip")
+            and not ds.fletcher32
+            and ds.scaleoffset is None
+        )
+        self.direct = bool(direct)
+        self.level = int(ds.compression_opts or 0) if ds.compression == "gzip" else None
+        self.shuffle = bool(ds.shuffle) and ds.dtype.itemsize > 1
+        self.pending: list = []
+        # Rows of a partly filled last chunk already in the file are rewritten with it.
+        self.written = self.rows - self.rows % self.chunk if self.direct else self.rows
+        self.tail = ds[self.written : self.rows] if self.direct else None
+
+    def append(self, rows: np.ndarray, path, name: str) -> None:
+        ds = self.ds
+        if ds.shape[1:] != rows.shape[1:] or ds.dtype != rows.dtype:
+            raise SchemaError(
+                f"{path}: column {name!r} is {ds.dtype}{ds.shape[1:]} in the file, "
+                f"{rows.dtype}{rows.shape[1:]} here"
+            )
+        n = len(rows)
+        ds.resize(self.rows + n, axis=0)
+        self.rows += n
+        if not self.direct:
+            ds[self.rows - n : self.rows] = rows
+            return
+        if len(self.tail):
+            rows = np.concatenate([self.tail, rows])
+        whole = len(rows) - len(rows) % self.chunk
+        for a in range(0, whole, self.chunk):
+            self._submit(self.written + a, rows[a : a + self.chunk])
+        self.written += whole
+        self.tail = rows[whole:].copy()
+        self._drain(limit=2 * (os.cpu_count() or 2))
+
+    def close(self) -> None:
+        if self.direct and len(self.tail):
+            full = np.zeros((self.chunk, *self.ds.shape[1:]), self.ds.dtype)
+            full[: len(self.tail)] = self.tail
+            self._submit(self.written, full)
+        self._drain(limit=0)
+
+    def _submit(self, row: int, block: np.ndarray) -> None:
+        block = np.ascontiguousarray(block)
+        self.pending.append((row, self.pool.submit(_encode, block, self.shuffle, self.level)))
+
+    def _drain(self, limit: int) -> None:
+        offset = (0,) * (self.ds.ndim - 1)
+        while len(self.pending) > limit:
+            row, fut = self.pending.pop(0)
+            self.ds.id.write_direct_chunk((row, *offset), fut.result())
+
+
+def _encode(block: np.ndarray, shuffle: bool, level: int | None) -> bytes:
+    """A chunk as HDF5 stores it: byte shuffle (H5Z_FILTER_SHUFFLE) then deflate (zlib
+    format, as H5Z_FILTER_DEFLATE writes it; ``level`` None: no compression)."""
+    size = block.dtype.itemsize
+    raw = block.view(np.uint8).reshape(-1, size).T.tobytes() if shuffle else block.tobytes()
+    return raw if level is None else zlib.compress(raw, level)
 
 
 def _hdf5_columns(f, path) -> list[str]:

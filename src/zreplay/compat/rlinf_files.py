@@ -18,6 +18,8 @@ import json
 import os
 import pickle
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from ..store.root import is_buffer
 from .rlinf_trajectory import prepare
 
 BATCH = 64
+WRITES_AHEAD = 4
 
 
 def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Path:
@@ -48,6 +51,7 @@ def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Pat
 
 
 def _atomic_write_bytes(path: Path, write) -> None:
+    """``write(file)`` to a temp file, fsync it, rename it to ``path``."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         write(f)
@@ -79,32 +83,38 @@ def export_rlinf(
     index: dict[str, dict] = {}
     id_list: list[int] = []
     total = 0
-    for rec in core.trajectories():
-        tid, wid = rec.trajectory_id, rec.model_weights_id
-        traj = unflatten(rec.columns)
-        traj["max_episode_length"] = rec.max_episode_length
-        traj["model_weights_id"] = wid
-        shape_src = traj.get("prev_logprobs", traj.get("rewards"))
-        if shape_src is None:
-            shape_src = next(v for v in traj.values() if isinstance(v, np.ndarray))
-        T, B = shape_src.shape[:2]
-        path = trajectory_file(out, tid, wid, fmt)
-        payload = _to_torch(traj)
-        if fmt == "pt":
-            _atomic_write_bytes(path, lambda f, p=payload: torch.save(p, f))
-        else:
-            _atomic_write_bytes(path, lambda f, p=payload: pickle.dump(p, f))
-        index[str(tid)] = {
-            "num_samples": int(T * B),
-            "trajectory_id": int(tid),
-            "max_episode_length": int(rec.max_episode_length),
-            "shape": [int(d) for d in shape_src.shape],
-            "model_weights_id": wid,
-        }
-        id_list.append(int(tid))
-        total += int(T * B)
-        if progress is not None:
-            progress(1)
+    # Trajectories are read in large batches; files are written (and fsync'd) on a
+    # small pool meanwhile, at most WRITES_AHEAD in flight so memory stays bounded.
+    with ThreadPoolExecutor(2, thread_name_prefix="zreplay-export") as pool:
+        pending: list = []
+        for rec in core.trajectories():
+            tid, wid = rec.trajectory_id, rec.model_weights_id
+            traj = unflatten(rec.columns)
+            traj["max_episode_length"] = rec.max_episode_length
+            traj["model_weights_id"] = wid
+            shape_src = traj.get("prev_logprobs", traj.get("rewards"))
+            if shape_src is None:
+                shape_src = next(v for v in traj.values() if isinstance(v, np.ndarray))
+            T, B = shape_src.shape[:2]
+            path = trajectory_file(out, tid, wid, fmt)
+            payload = _to_torch(traj)
+            dump = torch.save if fmt == "pt" else pickle.dump
+            pending.append(pool.submit(_atomic_write_bytes, path, partial(dump, payload)))
+            while len(pending) > WRITES_AHEAD:
+                pending.pop(0).result()
+            index[str(tid)] = {
+                "num_samples": int(T * B),
+                "trajectory_id": int(tid),
+                "max_episode_length": int(rec.max_episode_length),
+                "shape": [int(d) for d in shape_src.shape],
+                "model_weights_id": wid,
+            }
+            id_list.append(int(tid))
+            total += int(T * B)
+            if progress is not None:
+                progress(1)
+        for fut in pending:
+            fut.result()
     meta = {
         "trajectory_format": fmt,
         "size": len(id_list),
@@ -264,8 +274,8 @@ def load_into(
         core.flush()
         return
 
-    view = BufferCore.reader(src, storage_options=src.backend.storage_options)
-    segs = [(wid, c) for wid, c in view.segments() if c.n_traj > c.low_traj]
+    options = src.backend.storage_options
+    segs = [(w, c) for w, c in BufferCore.segment_commits(src, options) if c.n_traj > c.low_traj]
     start, stop = rank_block(sum(c.n_traj - c.low_traj for _, c in segs), rank, world)
     if not segs:
         core.clear(reset_schema=True)
@@ -280,6 +290,7 @@ def load_into(
         core.adopt(src, wid, c.low_traj + start, c.low_traj + stop, state)
         return
     # Several writers' segments: copy the rank's block through the normal add path.
+    view = BufferCore.reader(src, storage_options=options)
     core.reseed(core.stream.seed, rank if distributed else None)
     core.clear(reset_schema=True)
     _add_batched(core, (rec.prepared() for rec in view.trajectories(start, stop)))

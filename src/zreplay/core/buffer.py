@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..engine.prepared import Prepared
-from ..engine.reader import BufferReader
+from ..engine.reader import BufferReader, segment_commits
 from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, ReadOnlyError
 from ..index.episodes import EpisodeView
@@ -32,36 +31,10 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
+from .records import BATCH_BYTES, TrajectoryRecord, read_episodes, read_trajectories
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
-
-
-@dataclass
-class TrajectoryRecord:
-    """One visible trajectory: ``columns`` (flat key path -> ``[T, B, ...]``) and its
-    metadata; ``continues`` (bool ``[B]``): lanes whose first step continues an episode
-    of the segment's previous trajectory."""
-
-    columns: dict[str, np.ndarray]
-    trajectory_id: int
-    max_episode_length: int
-    model_weights_id: str
-    T: int
-    B: int
-    continues: np.ndarray
-
-    def prepared(self) -> Prepared:
-        """This trajectory as an item to add to another buffer (same id and metadata)."""
-        return Prepared(
-            self.columns,
-            self.T,
-            self.B,
-            self.max_episode_length,
-            self.model_weights_id,
-            self.trajectory_id,
-            continues=self.continues,
-        )
 
 
 class BufferCore:
@@ -99,10 +72,12 @@ class BufferCore:
 
     @classmethod
     def reader(
-        cls, path, *, sampler=None, seed: int | None = None, owner=None, storage_options=None
+        cls, path, *, sampler=None, seed: int | None = None, owner=None, **options
     ) -> BufferCore:
-        """A read-only core over every segment of the buffer at ``path``."""
-        return cls(BufferReader(path, storage_options), sampler, RandomStream(seed), owner)
+        """A read-only core over every segment of the buffer at ``path``; ``options``
+        are :class:`~zreplay.engine.reader.BufferReader`'s (storage_options,
+        column_cache_bytes, chunk_cache_bytes)."""
+        return cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
 
     # -- what it holds --------------------------------------------------------------
 
@@ -292,11 +267,23 @@ class BufferCore:
         columns = {k: time_major(v, T, B) for k, v in flat.items()}
         return TrajectoryRecord(columns, continues=ref.part.index.continues(ref.j), **meta)
 
-    def trajectories(self, start: int = 0, stop: int | None = None) -> Iterator[TrajectoryRecord]:
-        """Visible trajectories ``[start, stop)``, oldest first."""
+    def trajectories(
+        self, start: int = 0, stop: int | None = None, batch_bytes: int = BATCH_BYTES
+    ) -> Iterator[TrajectoryRecord]:
+        """Visible trajectories ``[start, stop)``, oldest first, read ``batch_bytes`` of
+        rows at a time (one range read per key and batch)."""
         stop = self.num_trajectories if stop is None else stop
-        for i in range(start, stop):
-            yield self.trajectory(i)
+        row_bytes = self.schema.row_bytes if self.schema is not None else 1
+        yield from read_trajectories(self.read, self.keys, row_bytes, start, stop, batch_bytes)
+
+    def episodes_from(
+        self, start: int, keys: list[str] | None = None, batch_bytes: int = BATCH_BYTES
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Episodes from ``start`` on, as many as fit ``batch_bytes`` (at least one), read
+        together: ``(columns [steps, ...], {"length", "terminated", "truncated"})``."""
+        keys = keys or self.keys
+        row_bytes = sum(self.schema.specs[k].row_bytes for k in keys) if keys else 1
+        return read_episodes(self.read, keys, row_bytes, start, batch_bytes)
 
     def refresh(self) -> bool:
         """A reader re-reads the commits (True if anything new became visible)."""
@@ -306,6 +293,12 @@ class BufferCore:
     def segments(self) -> list[tuple[str, Any]]:
         """``(writer_id, commit)`` of every visible segment (readers)."""
         return self._reader().segments()
+
+    @staticmethod
+    def segment_commits(path, storage_options=None) -> list[tuple[str, Any]]:
+        """``(writer_id, commit)`` of every committed segment of the buffer at ``path``,
+        read without opening it (no arrays, no index)."""
+        return segment_commits(path, storage_options)
 
     # -- writing (writable cores) ----------------------------------------------------
 

@@ -40,6 +40,7 @@ from ..store.priority import PriorityArrays, saved_priorities
 from ..store.root import BufferRoot
 from .committer import Committer, Job, StateSource
 from .gather import Snapshot, gather_begin, gather_finish
+from .preload import TierPreload
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import open_arrays, open_segment, read_adoptable, remove_for_overwrite
@@ -119,6 +120,7 @@ class SegmentWriter:
             self._wlock.release()
             raise
         self._committer = Committer(self)
+        self._preload = TierPreload.start(self.cond, self.state, self._committer)
         _LIVE.add(self)
 
     def attach(self, source: StateSource) -> None:
@@ -284,7 +286,7 @@ class SegmentWriter:
                 requests = {k: (k, rows) for k in snap.schema.keys}
             pending = gather_begin(snap, requests, alloc)
             if not pending.reads:
-                return drawn, pending.out
+                return drawn, pending.finish_outputs()
             self._committer.begin_disk_read()
         try:
             return drawn, gather_finish(pending)
@@ -319,6 +321,7 @@ class SegmentWriter:
         """
         with self._add_lock:
             self.flush()
+            self._preload.stop()
             with self.cond:
                 self._clear_locked(reset_schema)
 
@@ -327,10 +330,15 @@ class SegmentWriter:
             raise SchemaError(
                 f"{self.path} has other writers' segments; their schema cannot be reset"
             )
-        self.root.remove_segment_data(self.writer_id)
-        commit = self.state.cleared_commit(self._source())
-        write_commit(self.seg_dir, commit, durable=self.durable)
-        self.state.set_commit(commit)
+        if self.state.commit.n_rows:
+            # The data goes after an empty commit names none of it (a crash in between
+            # leaves an empty segment); a segment that never committed rows has none.
+            self.root.remove_segment_data(self.writer_id)
+            commit = self.state.cleared_commit(self._source())
+            write_commit(self.seg_dir, commit, durable=self.durable)
+            self.state.set_commit(commit)
+        else:
+            self.root.remove_segment_data(self.writer_id)
         if reset_schema:
             self.root.replace_schema(None, None)
         self._reopen()
@@ -351,6 +359,7 @@ class SegmentWriter:
         src = read_adoptable(src_root, src_writer)
         with self._add_lock:
             self.flush()
+            self._preload.stop()
             with self.cond:
                 self._clear_locked(reset_schema=True)
                 self.root.remove_segment_data(self.writer_id)
@@ -361,11 +370,13 @@ class SegmentWriter:
                 write_commit(self.seg_dir, commit, durable=self.durable)
                 st.set_commit(commit)
                 self._reopen()
+            self._preload = TierPreload.start(self.cond, self.state, self._committer)
 
     def drop_ram(self) -> None:
         """Release the RAM tier's committed rows (they stay readable from disk)."""
         with self._add_lock:  # no add may be copying into the tier we replace
             self.flush()
+            self._preload.stop()
             with self.cond:
                 self.state.empty_tier()
 
@@ -377,6 +388,7 @@ class SegmentWriter:
             try:
                 self.flush()
             finally:
+                self._preload.stop()
                 self._committer.stop()
                 self._closed = True
                 self._wlock.release()

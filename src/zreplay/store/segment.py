@@ -36,6 +36,7 @@ class Segment:
         layouts: Mapping[str, KeyLayout],
         writable: bool,
         durable: bool = True,
+        chunk_cache_bytes: int = 0,
     ):
         self.dir = locate(seg_dir)
         self.backend = self.dir.backend
@@ -44,9 +45,12 @@ class Segment:
         self.layouts = dict(layouts)
         self.writable = writable
         self._context = self.backend.array_context(durable)
-        self.data = {
-            k: ArrayHandle(self.dir / "data" / k, self._context, writable) for k in schema.keys
-        }
+        # Data arrays may share a cache of decoded chunks (readers only; see
+        # Backend.array_context); index arrays are read whole and never need one.
+        data_ctx = self._context
+        if chunk_cache_bytes > 0:
+            data_ctx = self.backend.array_context(durable, chunk_cache_bytes)
+        self.data = {k: ArrayHandle(self.dir / "data" / k, data_ctx, writable) for k in schema.keys}
         self.offsets = ArrayHandle(self.dir / "offsets", self._context, writable)
         self.traj = {
             c: ArrayHandle(self.dir / "traj" / c, self._context, writable) for c in TRAJ_COLUMNS
@@ -223,10 +227,12 @@ class Segment:
             )
         return out
 
-    def read_rows(self, key: str, rows: np.ndarray) -> PendingRead:
-        """Start reading sorted unique ``rows`` of ``key`` (int64)."""
-        store = self.data[key].reopen_if_short(int(rows[-1]) + 1)
-        return PendingRead(store[rows].read(), self, key, int(rows[0]), int(rows[-1]) + 1)
+    def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
+        """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the
+        result holds them in that order."""
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        store = self.data[key].reopen_if_short(hi)
+        return PendingRead(store[rows].read(), self, key, lo, hi)
 
     def read_range(self, key: str, start: int, stop: int) -> PendingRead:
         """Start reading rows ``[start, stop)`` of ``key``."""
