@@ -299,3 +299,22 @@ def test_load_checkpoint_refills_the_ram_tier_in_the_background(stored, tmp_path
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
     buf.close()
     assert zreplay.verify(tmp_path / "b").ok
+
+
+def test_column_cache_knobs(stored, tmp_path):
+    def cache(obj):
+        return obj.core.engine.snapshot().parts[0].cache
+
+    assert cache(zreplay.open(stored, column_cache_bytes=0)) is None
+    c = cache(zreplay.open(stored))
+    specs = zreplay.open(stored).schema.specs
+    assert c.max_rows * sum(specs[k].row_bytes for k in c.keys) <= 128 << 20
+    assert all(specs[k].row_bytes <= 1024 for k in c.keys)
+    path = str(tmp_path / "b")
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
+        buf.add_trajectories([make_traj(0)])
+        assert cache(buf) is not None
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, enable_cache=False
+    ) as buf:
+        assert cache(buf) is None  # RAM tier off: every committed row is read from disk

@@ -33,6 +33,7 @@ from ..schema import unflatten
 MODES = ("overwrite", "append", "error")
 EPISODE_DATASETS = ("ep_len", "ep_offset", "ep_terminated", "ep_truncated")
 CHUNK_BYTES = 1 << 20
+READ_BYTES = 64 << 20
 
 
 # -- HDF5 ----------------------------------------------------------------------------
@@ -222,9 +223,24 @@ def iter_hdf5(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
         columns = _hdf5_columns(f, path)
         if not columns:
             return
-        lens, offs = f["ep_len"][:], f["ep_offset"][:]
-        for n, o in zip(lens, offs, strict=True):
-            yield unflatten({c: f[c][o : o + n] for c in columns})
+        lens, offs = f["ep_len"][:].astype(np.int64), f["ep_offset"][:].astype(np.int64)
+        # Consecutive episodes are read together, ~READ_BYTES per batch: one read per
+        # column decompresses each chunk once instead of once per episode it holds.
+        row_bytes = sum(max(1, f[c].dtype.itemsize * int(np.prod(f[c].shape[1:]))) for c in columns)
+        i = 0
+        while i < len(lens):
+            j = i + max(
+                1, int(np.searchsorted(np.cumsum(lens[i:]) * row_bytes, READ_BYTES, "right"))
+            )
+            if np.all(offs[i + 1 : j] == (offs + lens)[i : j - 1]):
+                a, b = int(offs[i]), int(offs[j - 1] + lens[j - 1])
+                block = {c: f[c][a:b] for c in columns}
+                for o, n in zip(offs[i:j] - a, lens[i:j], strict=True):
+                    yield unflatten({c: v[o : o + n] for c, v in block.items()})
+            else:
+                j = i + 1
+                yield unflatten({c: f[c][offs[i] : offs[i] + lens[i]] for c in columns})
+            i = j
 
 
 def hdf5_info(path: str | Path) -> dict[str, Any]:

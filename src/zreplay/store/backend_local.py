@@ -174,7 +174,9 @@ class LocalBackend(Backend):
         # Directories are made only where a file goes (an empty directory would confuse
         # zarr's hierarchy walk).
         counts = [0, 0, True]  # linked, copied, links work here
-        _link_dir(os.fspath(src), os.fspath(dst), skip, counts, None)
+        d0 = os.fspath(dst)
+        os.makedirs(os.path.dirname(d0), exist_ok=True)
+        _link_dir(os.fspath(src), d0, skip, counts)
         return counts[0], counts[1]
 
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
@@ -270,52 +272,55 @@ class LocalBackend(Backend):
         return ts.open(spec, read=True, write=writable, context=context).result(), fills
 
 
-def _link_dir(s_dir: str, d_dir: str, skip, counts: list, make_parent) -> None:
-    made = False
-
-    def make() -> None:
-        nonlocal made
-        if not made:
-            if make_parent is None:  # the top: its parents may be missing too
-                os.makedirs(d_dir, exist_ok=True)
-            else:
-                make_parent()
-                try:
-                    os.mkdir(d_dir)
-                except FileExistsError:
-                    pass
-            made = True
-
+def _link_dir(s_dir: str, d_dir: str, skip, counts: list) -> int:
+    """Link the files under ``s_dir`` into ``d_dir`` (made here); returns how many went
+    in.  A directory that got none is removed again (an empty directory would confuse
+    zarr's hierarchy walk)."""
     try:
-        entries = list(os.scandir(s_dir))
+        os.mkdir(d_dir)
+    except FileExistsError:
+        pass
+    n = 0
+    try:
+        with os.scandir(s_dir) as it:
+            entries = list(it)
     except FileNotFoundError:
-        return
+        entries = []
     for e in entries:
         if e.is_dir(follow_symlinks=False):
-            _link_dir(e.path, os.path.join(d_dir, e.name), skip, counts, make)
-            continue
-        if skip(e.name):
-            continue
-        make()
-        d = os.path.join(d_dir, e.name)
+            n += _link_dir(e.path, d_dir + "/" + e.name, skip, counts)
+        elif not skip(e.name):
+            n += _link_file(e.path, d_dir + "/" + e.name, counts)
+    if not n:
         try:
-            if counts[2]:
-                try:
-                    os.link(e.path, d)
-                except FileExistsError:
-                    os.unlink(d)
-                    os.link(e.path, d)
-                counts[0] += 1
-                continue
-        except FileNotFoundError:
-            continue  # an evicted shard deleted while we walked
+            os.rmdir(d_dir)
         except OSError:
-            counts[2] = False  # another filesystem: copy from now on
-        try:
-            shutil.copy2(e.path, d)
-            counts[1] += 1
-        except FileNotFoundError:
-            continue
+            pass  # something else is there
+    return n
+
+
+def _link_file(src: str, dst: str, counts: list) -> int:
+    """Hard-link ``src`` to ``dst`` (replacing it), or copy it once links fail; 0 if
+    ``src`` vanished (an evicted shard deleted while we walked)."""
+    try:
+        if counts[2]:
+            try:
+                os.link(src, dst)
+            except FileExistsError:
+                os.unlink(dst)
+                os.link(src, dst)
+            counts[0] += 1
+            return 1
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        counts[2] = False  # another filesystem: copy from now on
+    try:
+        shutil.copy2(src, dst)
+    except FileNotFoundError:
+        return 0
+    counts[1] += 1
+    return 1
 
 
 def _check_forked(writable: bool) -> None:
