@@ -339,7 +339,7 @@ class SegmentWriter:
             self.state.set_commit(commit)
         else:
             self.root.remove_segment_data(self.writer_id)
-        if reset_schema:
+        if reset_schema and self.state.schema is not None:
             self.root.replace_schema(None, None)
         self._reopen()
 
