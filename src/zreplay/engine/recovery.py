@@ -148,5 +148,7 @@ def read_adoptable(src_root, src_writer: str) -> Adoptable:
     schema, layouts = src.schema()
     src_dir = src.segment_dir(src_writer)
     commit = read_commit(src_dir)
-    cols = Segment(src_dir, schema, layouts, writable=False).read_index(commit)
+    # Only the index is read here (no data array is opened); it is checked against the
+    # commit as every open does.
+    cols = Segment(src_dir, Schema({}), {}, writable=False).read_index(commit)
     return Adoptable(src_dir, schema, layouts, commit, cols["offsets"], cols["piece_end"])
