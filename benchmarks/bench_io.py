@@ -214,17 +214,21 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def alternate(fns: dict, repeats: int, warmup: int = 3) -> dict:
-    """Call every function in turn, ``repeats`` times (order rotating): stats per name."""
+def alternate(fns: dict, repeats: int, warmup: int = 3, block: int = 20) -> dict:
+    """``repeats`` calls of every function, in blocks of ``block`` calls taking turns
+    (order rotating): stats per name.  Blocks, not single calls, take turns because
+    torch's intra-op threads keep spinning for a while after an op and would tax
+    whatever runs right after them."""
     names = list(fns)
     for _ in range(warmup):
         for n in names:
             fns[n]()
     out = {n: [] for n in names}
-    for i in range(repeats):
+    for i in range(-(-repeats // block)):
         k = i % len(names)
         for n in names[k:] + names[:k]:
-            out[n].append(timed(fns[n]))
+            for _ in range(min(block, repeats - len(out[n]))):
+                out[n].append(timed(fns[n]))
     return {n: stats(v) for n, v in out.items()}
 
 
@@ -308,6 +312,7 @@ def child_clips(job: dict) -> dict:
     )
     rb.extend(td)
     warm_page_cache(buf)
+    os.sync()
     view = zreplay.open(buf, seed=0)
     figs = {"zreplay view": lambda: view.sample_clips(32, history_len=8)}
     import inspect
@@ -345,6 +350,28 @@ def child_clips(job: dict) -> dict:
         )
     except ImportError:
         pass
+    # Where the time goes: the same rows with the image keys stored lz4 or uncompressed
+    # (layout overrides; the codec choice itself is the add path's), read the same way.
+    imgs = ("curr_obs/main_images", "next_obs/main_images")
+    probes = {"zreplay view, images zstd-1 (default)": view}
+    for name, codec in (
+        ("lz4-5", {"codec": "lz4", "level": 5}),
+        ("uncompressed", {"codec": "none"}),
+    ):
+        path = wdir / f"img_{name}"
+        b = zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(path), layout={k: dict(codec) for k in imgs}
+        )
+        for i in range(n):
+            b.add_trajectories([nest(pool[i % POOL])])
+        b.close()
+        warm_page_cache(path)
+        probes[f"zreplay view, images {name}"] = zreplay.open(path, seed=0)
+    res.update(
+        alternate(
+            {k: (lambda v=v: v.sample_clips(32, history_len=8)) for k, v in probes.items()}, 60
+        )
+    )
     rng = np.random.default_rng(1)
     lane = rng.integers(0, N // IMG_T, 32)
     clip_rows = ((lane * IMG_T + rng.integers(0, IMG_T - 7, 32))[:, None] + np.arange(8)).ravel()
@@ -518,6 +545,9 @@ def child_ckpt(job: dict) -> dict:
     shutil.rmtree(fresh, ignore_errors=True)
     ckpt = job["ckpt"]
     warm_page_cache(ckpt)
+    # Earlier sections leave GBs of dirty pages; their writeback would tax the directory
+    # and link operations of whichever load happens to run meanwhile.
+    os.sync()
     if side == "rlinf":
         sys.path.insert(0, job["rlinf_env"])
         exec(RLINF_CHILD_SETUP, {})
@@ -782,7 +812,7 @@ def build_table(R: dict) -> tuple[str, dict]:
                 t.add(fig, f"{name} ({d['chunks']} chunks)", d["median_s"], d["p90_s"])
                 continue
             r = ratio(d["median_s"], peer) if name.startswith("zreplay view") else None
-            if "nstep" in name or "Prioritized" in name:
+            if "Prioritized" in name:
                 r = None
             t.add(fig, name, d["median_s"], d["p90_s"], r, "this / faster TorchRL" if r else "")
             summary[f"clips: {name}"] = d["median_s"]
