@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
+import uuid
 
 import numpy as np
 import pytest
@@ -199,3 +200,32 @@ def run_children(jobs, timeout: float = 60.0) -> list:
                 p.kill()
                 p.join()
     return results
+
+
+S3_BUCKET = "zreplay-tests"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A moto S3 server on a free port of 127.0.0.1 and a bucket, shared by the test
+    session (moto keeps its buckets in the process); stopped at the end."""
+    import logging
+
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
+    fs = s3fs.S3FileSystem(**options)
+    if not fs.exists(S3_BUCKET):
+        fs.mkdir(S3_BUCKET)
+    yield options
+    server.stop()
+
+
+@pytest.fixture
+def url(s3):
+    """A fresh buffer URL in the moto bucket."""
+    return f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:8]}/buf"

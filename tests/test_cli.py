@@ -157,7 +157,8 @@ def test_verify_exit_codes_on_healthy_and_damaged_buffers(rlinf_buffer, tmp_path
 
 def test_damaged_chunk_fails_reads_with_one_line(capsys, rlinf_buffer, tmp_path):
     bad = damaged_copy(rlinf_buffer, tmp_path / "bad.zarr", "rewards")
-    assert run(capsys, "info", str(bad))[0] == 0  # metadata only: still readable
+    status, info = run_json(capsys, "info", str(bad))  # metadata: still readable
+    assert status == 0 and "damaged" in info["rewards"]["error"]
     status, out, err = run(capsys, "export", str(bad), str(tmp_path / "x.h5"), "--format", "hdf5")
     assert status == 1 and out == ""
     assert_one_line_error(err, "key 'rewards'", "damaged")
@@ -214,12 +215,13 @@ def test_non_buffers_and_usage_errors(capsys, tmp_path):
 
     got = zreplay_cli("export", str(tmp_path), str(tmp_path / "o"), "--format", "zip")
     assert got.returncode == 2 and "invalid choice: 'zip'" in got.stderr
-    for argv in (["info"], ["frobnicate"], ["plot", str(tmp_path)]):
+    for argv in (["info"], ["frobnicate"], ["plot"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2
-    status, out, _ = run(capsys)  # no command: the help, listing every command
-    assert status == 0 and all(c in out for c in ("demo", "info", "verify", "export", "plot"))
+    got = zreplay_cli()  # no command: the help, listing every command, as a usage error
+    assert got.returncode == 2 and got.stdout == ""
+    assert all(c in got.stderr for c in ("usage: zreplay", "demo", "info", "verify", "plot"))
 
 
 # -- export / import -----------------------------------------------------------------
@@ -299,7 +301,8 @@ def test_outputs_are_not_clobbered_without_overwrite(capsys, episode_buffer, tmp
 def test_progress_callbacks_count_the_work(rlinf_buffer, tmp_path):
     seen = []
     report = zreplay.verify(rlinf_buffer, progress=lambda w, k, n: seen.append((w, k, n)))
-    assert sum(n for _, _, n in seen) == report.rows_checked > 0
+    n_keys = len(zreplay.open(rlinf_buffer).keys())
+    assert sum(n for _, _, n in seen) == report.rows_checked * n_keys == 54 * n_keys
     assert {k for _, k, _ in seen} == set(zreplay.open(rlinf_buffer).keys())
     view, ticks = zreplay.open(rlinf_buffer), []
     zreplay.dump(view, tmp_path / "e.h5", progress=ticks.append)
@@ -333,3 +336,63 @@ def test_demo_still_runs(capsys, tmp_path):
         capsys, "demo", "--path", str(tmp_path / "demo.zarr"), "--trajectories", "2"
     )
     assert status == 0 and "round trip of trajectory 0 bit-exact: True" in out
+
+
+# -- what a new user asks of info, plot and verify -------------------------------------
+
+
+def test_info_reports_rewards_returns_and_each_keys_layout(capsys, episode_buffer, tmp_path):
+    status, info = run_json(capsys, "info", str(episode_buffer))
+    rw = info["rewards"]
+    assert status == 0 and rw["key"] == "reward"
+    assert rw["per_step"] == {"mean": 0.5, "std": 0.0, "min": 0.5, "max": 0.5}
+    assert rw["returns"]["min"] == 2.0 and rw["returns"]["max"] == 4.5  # lengths 4 and 9
+    assert rw["returns"]["mean"] == pytest.approx(0.5 * 25 / 4)
+    px = info["keys"]["pixels"]
+    layout = zreplay.open(episode_buffer).root.schema()[1]["pixels"]
+    assert (px["chunk_rows"], px["shard_rows"]) == (layout.chunk_rows, layout.shard_rows)
+    assert px["codec"] == f"{layout.codec} level {layout.level}"
+    status, out, _ = run(capsys, "info", str(episode_buffer))
+    assert "reward per episode (return): mean 3.125, std" in out and "min 2, max 4.5" in out
+    assert "chunk rows" in out and f"{layout.codec} level {layout.level}" in out
+
+    h5 = tmp_path / "e.h5"
+    assert main(["export", str(episode_buffer), str(h5), "--format", "hdf5", "-q"]) == 0
+    capsys.readouterr()
+    status, info = run_json(capsys, "info", str(h5))
+    assert info["rewards"]["returns"]["max"] == 4.5
+    assert info["keys"]["pixels"]["codec"] == "gzip level 4 + shuffle"
+
+
+def test_plot_colours_endings_averages_returns_and_defaults_its_output(
+    capsys, episode_buffer, tmp_path
+):
+    got = zreplay_cli("plot", str(episode_buffer), "--json", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    info = json.loads(got.stdout)
+    png = tmp_path / "episodes.png"  # <buffer name>.png in the current directory
+    assert info["out"] == "episodes.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (info["episodes_terminated"], info["episodes_truncated"]) == (4, 0)
+    assert info["moving_average_window"] == 2
+    from zreplay.cli.plot import moving_average
+
+    avg, window = moving_average(np.array([1.0, 3.0, 5.0, 7.0]))
+    assert window == 2 and avg.tolist() == [2.0, 4.0, 6.0]
+    # the axes drawn: one point colour per ending, a mean line, a length histogram
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    save = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: figures.append(fig) or save(fig, *a, **k)
+    try:
+        assert run(capsys, "plot", str(episode_buffer), "--out", str(tmp_path / "p.png"))[0] == 0
+    finally:
+        plt.Figure.savefig = save
+    titles = [ax.get_title() for ax in figures[0].axes]
+    assert "episode lengths" in titles and "per-step 'reward'" in titles
+    ret = figures[0].axes[titles.index("episode return (sum of 'reward')")]
+    labels = ret.get_legend_handles_labels()[1]
+    assert "terminated (4)" in labels and "mean of 2" in labels

@@ -230,7 +230,7 @@ def test_hdf5_dump_is_what_h5py_itself_writes(stored, tmp_path, compression):
         ref = flat(view.episode(e))
         assert all(np.array_equal(eps[e][k], ref[k]) for k in ref)
     with h5py.File(out) as f:
-        ds = f["curr_obs/states"]
+        ds = f["curr_obs.states"]  # nested keys are root datasets named with "."
         assert ds.compression == compression and ds.shuffle == bool(compression)
         assert ds.chunks[0] > 1
         # the same data written by h5py reads back identically through the same filters

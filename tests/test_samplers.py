@@ -173,13 +173,20 @@ def test_rows_from_every_add_path_enter_at_the_running_max(tmp_path):
     buf.add_trajectories([make_traj(5)])
     buf.update_priorities([0], 7.0)
     buf.load_checkpoint(str(tmp_path / "rlinf"))  # RLinf files: a fresh tree, new rows
-    assert buf.priorities(np.arange(2 * ROWS_PER_TRAJ)).tolist() == [1.0] * 36
-    buf.update_priorities([3], 9.0)
+    index = buf.core.engine.state.index
+    lo = index.low_row  # rows are never reused: the loaded ones come after row 17
+    assert lo >= ROWS_PER_TRAJ and index.n_rows == lo + 36
+    assert buf.priorities(np.arange(lo, lo + 36)).tolist() == [1.0] * 36
+    assert buf.priorities([0]).tolist() == [0.0]  # the stale row is gone
+    buf.update_priorities([lo + 3], 9.0)
     buf.add_trajectories([make_traj(7)])
-    assert buf.priorities(np.arange(36, 54)).tolist() == [9.0] * 18
-    buf.clear()  # a cleared buffer starts over: row ids restart, no stale leaves
+    assert buf.priorities(np.arange(lo + 36, lo + 54)).tolist() == [9.0] * 18
+    buf.clear()  # a cleared buffer keeps counting rows: no stale leaves, nothing reused
     buf.add_trajectories([make_traj(8)])
-    assert buf.priorities(np.arange(18)).tolist() == [1.0] * 18
+    new = buf.core.engine.state.index.low_row  # rows go on at the next shard boundary
+    assert new >= lo + 54
+    assert buf.priorities(np.arange(lo, new)).tolist() == [0.0] * (new - lo)
+    assert buf.priorities(np.arange(new, new + 18)).tolist() == [1.0] * 18
     buf.close()
     rb = zreplay.ReplayBuffer(100, sampler=Prioritized(alpha=1.0, eps=0.0))
     rb.write_episode(episode(5))

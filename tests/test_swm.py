@@ -195,7 +195,8 @@ def test_transform_applies_to_getitem_only(tmp_path):
 def test_clear_keeps_schema_and_refill_works(rb):
     fill(rb, [5, 5])
     rb.clear()
-    assert rb.num_episodes == 0 and rb.column_names == ["action", "pixels", "reward", "terminated"]
+    # stable-worldmodel's order: the first episode's (not sorted)
+    assert rb.num_episodes == 0 and rb.column_names == ["pixels", "action", "reward", "terminated"]
     with pytest.raises(ValueError, match="schema mismatch"):
         rb.write_episode({"other": np.zeros(3)})
     fill(rb, [4])

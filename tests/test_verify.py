@@ -31,9 +31,8 @@ def shard_file(root: Path, key: str) -> Path:
 def test_healthy_buffer_verifies(written):
     report = zreplay.verify(written)
     assert report.ok, str(report)
-    assert report.trajectories == 4 and report.rows_checked == 4 * 18 * len(
-        zreplay.open(written).keys()
-    )
+    assert report.trajectories == 4 and report.rows_checked == 4 * 18  # rows, not x keys
+    assert "72 rows checked" in str(report)
 
 
 def test_flipped_byte_is_an_error_naming_the_key_never_wrong_data(written):
@@ -115,6 +114,24 @@ def _commit_with(**fields):
     return damage
 
 
+def _array_meta(rel: str, **fields):
+    def damage(root):
+        meta = json.loads((root / rel / "zarr.json").read_text())
+        (root / rel / "zarr.json").write_text(json.dumps({**meta, **fields}))
+
+    return damage
+
+
+def _root_schema(key: str, **fields):
+    def damage(root):
+        meta = json.loads((root / "zarr.json").read_text())
+        spec = meta["attributes"]["zreplay"]["schema"][key]
+        spec.update(fields)
+        (root / "zarr.json").write_text(json.dumps(meta))
+
+    return damage
+
+
 REWARDS_SHARD = SEG + "data/rewards/c/0/0"
 DAMAGE = {  # name: (damage, what the error says)
     "commit.json binary garbage": (_write(SEG + "zreplay/commit.json", b"\xff\xfe\x00\x13junk"), "commit record is unreadable"),
@@ -125,8 +142,8 @@ DAMAGE = {  # name: (damage, what the error says)
     "commit.json n_rows a string": (_commit_with(n_rows="72"), "field 'n_rows' is '72'"),
     "commit.json n_traj null": (_commit_with(n_traj=None), "field 'n_traj' is None"),
     "commit.json n_rows negative": (_commit_with(n_rows=-1), "inconsistent"),
-    "commit.json more rows than written": (_commit_with(n_rows=10**12), "disagree with commit.json"),
-    "commit.json more trajectories than indexed": (_commit_with(n_traj=10**6), "index cannot be read"),
+    "commit.json more rows than written": (_commit_with(n_rows=10**12), "needs 1000000000000"),
+    "commit.json more trajectories than indexed": (_commit_with(n_traj=10**6), "needs 1000001"),
     "root zarr.json truncated": (_truncate("zarr.json", 50), "zarr.json is not valid JSON"),
     "array zarr.json truncated": (_truncate(SEG + "data/actions/zarr.json", 50), "cannot open array"),
     "offsets zarr.json truncated": (_truncate(SEG + "offsets/zarr.json", 50), "cannot open array"),
@@ -136,6 +153,15 @@ DAMAGE = {  # name: (damage, what the error says)
     "data shard missing": (_remove(REWARDS_SHARD), "key 'rewards', rows [0, 72)"),
     "data shard truncated": (_truncate(REWARDS_SHARD, 100), "key 'rewards', rows [0, 72)"),
     "data chunk byte flipped": (_flip(REWARDS_SHARD), "key 'rewards', rows [0, 72)"),
+    # issue 13, defect 7: index chunks are checksummed, array metadata cross-checked
+    "offsets chunk byte flipped": (_flip(SEG + "offsets/c/0"), "index cannot be read"),
+    "trajectory ids chunk byte flipped": (_flip(SEG + "traj/trajectory_id/c/0"), "index cannot be read"),
+    "terminated flags chunk byte flipped": (_flip(SEG + "episodes/terminated/c/0"), "index cannot be read"),
+    "data array dtype edited": (_array_meta(SEG + "data/rewards", data_type="int32"), "but the root records float32"),
+    "offsets dtype edited": (_array_meta(SEG + "offsets", data_type="uint64"), "but the root records int64"),
+    # defect 9: recorded shapes are bounded before anything is allocated
+    "root schema row shape huge": (_root_schema("rewards", row_shape=[2**20, 2**20]), "recorded schema or layout is invalid"),
+    "root schema dtype unknown": (_root_schema("rewards", dtype="<c16"), "recorded schema or layout is invalid"),
 }  # fmt: skip
 
 
@@ -171,3 +197,78 @@ def test_damage_is_a_specific_error_everywhere_and_reported(pristine, tmp_path, 
     report = zreplay.verify(root)
     assert not report.ok and any(says in p for p in report.problems), str(report)
     assert tree_state(tmp_path, skip=root) == outside
+
+
+@pytest.mark.parametrize(
+    "rel", ["offsets/c/0", "traj/trajectory_id/c/0", "episodes/terminated/c/0"]
+)
+def test_every_bit_flip_in_an_index_chunk_is_caught(pristine, tmp_path, rel):
+    """Issue 13, defect 7: index chunks had no checksum; some flips decoded to other ids,
+    merged episodes or cleared a terminated flag with verify OK."""
+    root = tmp_path / "buf"
+    shutil.copytree(pristine, root)
+    chunk = root / SEG / rel
+    data = chunk.read_bytes()
+    for i in range(len(data)):
+        for bit in (0x01, 0x10, 0x80):
+            damaged = bytearray(data)
+            damaged[i] ^= bit
+            chunk.write_bytes(bytes(damaged))
+            with pytest.raises(CorruptBufferError, match="index cannot be read"):
+                zreplay.open(root)
+    chunk.write_bytes(data)
+    assert zreplay.verify(root).ok
+
+
+OPEN_ALL = """
+import json, sys, zreplay
+out = {}
+for name, fn in [
+    ("view", lambda: zreplay.open(sys.argv[1]).sample(8)),
+    ("writer", lambda: zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=sys.argv[1]).sample(8)),
+]:
+    try:
+        fn()
+        out[name] = "opened"
+    except zreplay.CorruptBufferError as e:
+        out[name] = str(e)
+report = zreplay.verify(sys.argv[1])
+out["verify"] = report.problems
+print(json.dumps(out))
+"""
+
+
+def _huge_index(root):
+    for rel in ["offsets", *(f"traj/{c}" for c in ("trajectory_id", "T", "B", "max_episode_length", "model_weights_id", "piece_end")), *(f"episodes/{c}" for c in ("start", "length", "episode", "step", "terminated", "truncated"))]:  # fmt: skip
+        _array_meta(
+            SEG + rel,
+            shape=[10**15, *json.loads((root / SEG / rel / "zarr.json").read_text())["shape"][1:]],
+        )(root)
+    _commit_with(n_traj=10**15 - 1, n_pieces=10**15 - 1)(root)
+
+
+def _huge_rows(root):
+    for meta_file in (root / SEG / "data").rglob("zarr.json"):
+        meta = json.loads(meta_file.read_text())
+        if meta["node_type"] == "array":
+            meta_file.write_text(json.dumps({**meta, "shape": [10**15, *meta["shape"][1:]]}))
+    _commit_with(n_rows=10**15)(root)
+
+
+@pytest.mark.parametrize("damage", [_huge_index, _huge_rows], ids=["index", "rows"])
+def test_absurd_recorded_sizes_are_errors_not_aborts(pristine, tmp_path, damage):
+    """Issue 13, defect 9: array shapes of 1e15 with a matching commit count killed the
+    view, the writer and verify with an uncatchable std::bad_alloc."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "buf"
+    shutil.copytree(pristine, root)
+    damage(root)
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN_ALL, str(root)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["view"] != "opened" and out["writer"] != "opened", out
+    assert out["verify"], out

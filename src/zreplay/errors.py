@@ -1,4 +1,4 @@
-"""The exceptions zreplay raises.
+"""The exceptions zreplay raises, and :func:`warn_caller` for its warnings.
 
 Each subclasses the builtin that callers already catch, so ``except ValueError`` keeps
 working for bad input and ``except RuntimeError`` for state problems, and each message
@@ -6,6 +6,21 @@ says what to do next.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first frame outside zreplay: the user's line
+    that called into it, however deep the warning is found."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class ZReplayError(Exception):
@@ -37,6 +52,12 @@ class FormatError(ZReplayError, ValueError):
     """A path is not a zreplay buffer (or an RLinf directory), or its format version is unsupported."""
 
 
+class DestinationError(ZReplayError, ValueError):
+    """A checkpoint, export or dump target (or a load source) is the buffer itself, lies
+    inside it or holds it, or is a file or a non-empty directory the operation does not
+    replace; nothing was touched."""
+
+
 class CorruptBufferError(ZReplayError, RuntimeError):
     """A buffer's files are damaged: unreadable commit record, missing or inconsistent index."""
 
@@ -63,3 +84,19 @@ class WriteFailedError(ZReplayError, RuntimeError):
 
 class ReadOnlyError(ZReplayError, RuntimeError):
     """A write was attempted through a read-only view."""
+
+
+class AppendOnlyError(ZReplayError, NotImplementedError):
+    """A write that is not an append (``zreplay.torchrl.ZarrStorage`` never overwrites a
+    row in place: ``storage[idx] = value``, writes through a view, non-sequential writers)."""
+
+
+class DeviceUnavailableError(ZReplayError, RuntimeError):
+    """A batch was asked for on a device this process cannot use (``device="cuda"``
+    without a CUDA device or a CUDA build of torch)."""
+
+
+class MainGuardError(ZReplayError, RuntimeError):
+    """A process that multiprocessing is still starting (a ``spawn``/``forkserver``
+    DataLoader worker importing the parent's script) opened a buffer for writing: the
+    script's top level ran again because it lacks ``if __name__ == "__main__":``."""

@@ -43,6 +43,10 @@ SUPPORTED_DTYPES = {
 # Elements per row above which we refuse a key: a typo'd shape should fail loudly, not
 # allocate terabytes.  2**28 elements is a 16k x 16k RGB frame.
 MAX_ROW_ELEMENTS = 1 << 28
+# Key paths become directories under <buffer>/segments/<writer>/data/: bounded well below
+# PATH_MAX (4096) so a long nesting fails here, before anything is written.
+MAX_KEY_PATH = 512
+MAX_KEY_DEPTH = 16
 
 
 def check_key_component(name: Any, where: str = "") -> str:
@@ -60,11 +64,18 @@ def check_key_component(name: Any, where: str = "") -> str:
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts into ``{"a/b": value}``; every component is name-checked."""
+    """Flatten nested dicts into ``{"a/b": value}``; every component is name-checked, and
+    whole paths are bounded (they become directories under the buffer)."""
     out: dict[str, Any] = {}
     for name, value in nested.items():
         check_key_component(name, prefix)
         path = f"{prefix}/{name}" if prefix else name
+        if len(path) > MAX_KEY_PATH or path.count("/") >= MAX_KEY_DEPTH:
+            raise KeyNameError(
+                f"key path {path[:80]!r}... is {len(path)} characters, {path.count('/') + 1} "
+                f"levels deep; at most {MAX_KEY_PATH} characters and {MAX_KEY_DEPTH} levels "
+                "(each becomes a directory of the buffer): shorten names or nest less"
+            )
         if isinstance(value, Mapping):
             if not value:
                 continue
@@ -87,23 +98,49 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def as_numpy(value: Any, key: str) -> np.ndarray:
-    """View a numpy array or torch tensor as a numpy array (no copy for CPU tensors)."""
+    """View a numpy array or torch tensor as a numpy array (no copy for CPU tensors).
+    Anything that is not plain strided data (masked arrays, sparse, nested, quantized or
+    meta tensors, dtypes numpy lacks) is a SchemaError saying how to convert it."""
     if isinstance(value, np.ndarray):
-        return value
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        if value.dtype == torch.bfloat16:
+        if isinstance(value, np.ma.MaskedArray):
             raise SchemaError(
-                f"key {key!r}: bfloat16 has no numpy equivalent; convert it with "
-                ".float() or .to(torch.float16) before adding"
+                f"key {key!r}: masked arrays are not stored (their mask would be lost); "
+                "pass value.filled(fill_value), or store the mask as a key of its own"
             )
-        return value.detach().cpu().numpy()
+        return value if type(value) is np.ndarray else np.asarray(value)
+    if type(value).__module__.startswith("torch"):
+        return _tensor_as_numpy(value, key)
     raise SchemaError(
         f"key {key!r}: expected a numpy array or torch tensor shaped [T, B, ...], "
         f"got {type(value).__name__}"
     )
+
+
+def _tensor_as_numpy(value: Any, key: str) -> np.ndarray:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise SchemaError(f"key {key!r}: expected a tensor, got {type(value).__name__}")
+    fix = None
+    if value.dtype == torch.bfloat16:
+        fix = "bfloat16 has no numpy equivalent; convert it with .float() or .to(torch.float16)"
+    elif value.is_nested:
+        fix = "a nested tensor has no [T, B, ...] shape; add equal-shaped tensors"
+    elif value.layout != torch.strided:
+        fix = f"a {value.layout} tensor is not stored as such; convert it with .to_dense()"
+    elif value.is_quantized:
+        fix = "a quantized tensor is not stored as such; convert it with .dequantize()"
+    elif value.device.type == "meta":
+        fix = "a tensor on the meta device holds no data; materialise it first"
+    if fix is not None:
+        raise SchemaError(f"key {key!r}: {fix} before adding")
+    try:
+        return value.detach().resolve_conj().resolve_neg().cpu().numpy()
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        raise SchemaError(
+            f"key {key!r}: a {value.dtype} tensor cannot be read as a numpy array ({e}); "
+            "convert it to a supported dtype (bool, (u)int8-64, float16/32/64) first"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -126,7 +163,21 @@ class KeySpec:
 
     @classmethod
     def from_json(cls, path: str, d: Mapping) -> KeySpec:
-        return cls(path, np.dtype(d["dtype"]), tuple(int(x) for x in d["row_shape"]))
+        """The spec recorded for ``path``; ValueError for anything a writer could not
+        have recorded (an unsupported dtype, a negative or oversize row shape)."""
+        dtype = np.dtype(d["dtype"])
+        row = d["row_shape"]
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"key {path!r}: dtype {dtype} is not one zreplay stores")
+        if not isinstance(row, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in row
+        ):
+            raise ValueError(f"key {path!r}: row_shape {row!r} is not a list of lengths >= 1")
+        if int(np.prod(row, dtype=object)) > MAX_ROW_ELEMENTS:
+            raise ValueError(
+                f"key {path!r}: row_shape {row} has more than {MAX_ROW_ELEMENTS} elements"
+            )
+        return cls(path, dtype, tuple(row))
 
 
 class Schema:

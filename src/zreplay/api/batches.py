@@ -3,13 +3,13 @@ memory, devices), trajectories with their metadata."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..errors import warn_caller
 from ..schema import unflatten
 
 _TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
@@ -31,12 +31,33 @@ def can_pin() -> bool:
     if torch.cuda.is_available():
         return True
     if not _pin_warned:
-        warnings.warn(
-            "pin_memory=True but no CUDA device is available; returning unpinned tensors",
-            stacklevel=5,
-        )
+        warn_caller("pin_memory=True but no CUDA device is available; returning unpinned tensors")
         _pin_warned = True
     return False
+
+
+def device_problem(device) -> str | None:
+    """Why ``device`` cannot receive a batch in this process (None: it can).  Facades
+    check it before sampling and raise, so the error names the caller's line."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"device={device!r} is not a torch device ({e})"
+    if dev.type == "cuda":
+        if torch.version.cuda is None:
+            why = f"this torch ({torch.__version__}) was built without CUDA"
+        elif not torch.cuda.is_available():
+            why = "no CUDA device is visible to this process"
+        elif dev.index is not None and dev.index >= torch.cuda.device_count():
+            why = f"there are {torch.cuda.device_count()} CUDA devices"
+        else:
+            return None
+        return f"device={device!r}: {why}; sample to the CPU (device=None or 'cpu')"
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        return f"device={device!r}: MPS is not available; sample to the CPU (device=None)"
+    return None
 
 
 def nested_tensors(flat: Mapping[str, np.ndarray], device=None) -> dict:

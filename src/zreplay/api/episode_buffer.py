@@ -19,7 +19,6 @@ reshaped to ``(history_len, frameskip * action_dim)``), whole-episode FIFO evict
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,21 @@ import numpy as np
 import torch.utils.data
 
 from ..compat.dumps import dump
+from ..compat.swm_dataset import SwmDatasetMethods
 from ..compat.swm_episode import (
     EPISODE_DATA_KEY,
+    ReplicaCore,
+    UniformClips,
     as_trajectory,
     check_columns,
+    check_length,
     episode_columns,
+    positive,
+    sample_error,
+    warn_episode_data,
 )
 from ..core import BufferCore, RamPolicy, RandomStream
-from ..errors import SchemaError
+from ..errors import EmptyBufferError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
@@ -45,7 +51,7 @@ DEFAULT_RAM_BYTES = 1 << 30
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
 
-class ReplayBuffer(torch.utils.data.Dataset):
+class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
     """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
 
     Args (stable-worldmodel's):
@@ -96,13 +102,18 @@ class ReplayBuffer(torch.utils.data.Dataset):
         break_lock: bool = False,
         storage_options: Mapping | None = None,
     ):
-        if int(max_steps) <= 0:
-            raise ValueError(f"max_steps must be > 0, got {max_steps}")
+        for name, value in (("max_steps", max_steps), ("history_len", history_len)):
+            positive(name, value)
+        positive("frameskip", frameskip)
         self.max_steps = int(max_steps)
-        self.spec = ClipSpec(history_len, frameskip, pad, tuple(action_keys))
-        self.history_len, self.frameskip, self.pad = history_len, frameskip, pad
+        self.history_len = int(history_len)
+        self.num_steps = self.history_len  # stable-worldmodel: "Dataset's num_steps"
+        self.frameskip = int(frameskip)
+        self.span = self.num_steps * self.frameskip
+        self.spec = ClipSpec(self.history_len, self.frameskip, pad, tuple(action_keys))
+        self.pad = pad
         self.transform, self.key_filter = transform, key_filter
-        self._hook = sampler
+        self._hook = None if isinstance(sampler, UniformClips) else sampler
         self._warned_episode_data = False
         self._pid = os.getpid()
         self._replica = None
@@ -121,15 +132,20 @@ class ReplayBuffer(torch.utils.data.Dataset):
             storage_options=storage_options,
         )
         self.path = self.core.path
+        # Columns in the first episode's order (stable-worldmodel's), kept with commits.
+        self._order = self.core.facade_state.get("columns")
 
     @property
-    def sampler(self) -> Sampler | Callable | None:
+    def sampler(self) -> Sampler | Callable:
         """What the buffer samples with: a ``fn(step, buffer, batch_size, history_len)``
-        hook or a :mod:`zreplay.samplers` sampler (``None``: uniform).  Assignable."""
-        return self._hook
+        hook or a :mod:`zreplay.samplers` sampler; by default a :class:`UniformClips`
+        hook (stable-worldmodel's uniform sampler).  Assignable (``None``: uniform)."""
+        return UniformClips() if self._hook is None else self._hook
 
     @sampler.setter
     def sampler(self, sampler: Sampler | Callable | None) -> None:
+        if isinstance(sampler, UniformClips):
+            sampler = None  # the default, drawn by zreplay's vectorized Uniform
         if not self.core.closed:
             self.core.set_sampler(sampler)
         self._hook = sampler
@@ -162,8 +178,11 @@ class ReplayBuffer(torch.utils.data.Dataset):
     def __enter__(self) -> ReplayBuffer:
         return self
 
-    def __exit__(self, *exc) -> None:
-        if not self.core.closed:
+    def __exit__(self, exc_type, *exc) -> None:
+        """Commit what was written and stay open: stable-worldmodel's ``World.collect``
+        enters and leaves its writer on every call (``close()`` releases the buffer).  On
+        an exception nothing is waited for (a failed commit must not hide it)."""
+        if exc_type is None and not self.core.closed:
             self.core.flush()
 
     def write_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> None:
@@ -184,13 +203,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
         ep = dict(ep)
         if EPISODE_DATA_KEY in ep:
             ep.pop(EPISODE_DATA_KEY)
-            if not self._warned_episode_data:
-                warnings.warn(
-                    "zreplay.ReplayBuffer stores per-step columns only; '_episode_data' "
-                    "was dropped",
-                    stacklevel=2,
-                )
-                self._warned_episode_data = True
+            self._warned_episode_data = self._warned_episode_data or warn_episode_data()
         if self.key_filter is not None:
             ep = dict(self.key_filter(ep))
             if not ep:
@@ -198,9 +211,10 @@ class ReplayBuffer(torch.utils.data.Dataset):
         cols, n = episode_columns(ep)
         if n == 0:
             return
-        if n > self.max_steps:
-            raise SchemaError(f"episode length {n} exceeds max_steps={self.max_steps}")
+        check_length(n, self.max_steps)
         check_columns(self.core.schema, cols)
+        if self.core.schema is None:
+            self._order = self.core.facade_state["columns"] = list(cols)
         self.core.add([as_trajectory(cols, n)])
 
     def flush(self) -> None:
@@ -228,8 +242,8 @@ class ReplayBuffer(torch.utils.data.Dataset):
 
     @property
     def lengths(self) -> np.ndarray:
-        """Stored episode lengths, oldest first."""
-        return self.core.episodes().length.copy()
+        """Stored episode lengths, oldest first (int32, as stable-worldmodel)."""
+        return self.core.episodes().length.astype(np.int32)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -239,7 +253,15 @@ class ReplayBuffer(torch.utils.data.Dataset):
 
     @property
     def column_names(self) -> list[str]:
-        return self.core.keys
+        """Column key paths in the first episode's order."""
+        keys = self.core.keys
+        return [k for k in self._order if k in keys] if self._order else keys
+
+    def _ordered(self, flat: dict) -> dict:
+        """``flat`` columns in :attr:`column_names` order (extras last), nested."""
+        names = self.column_names
+        first = {k: flat[k] for k in names if k in flat}
+        return unflatten({**first, **{k: v for k, v in flat.items() if k not in first}})
 
     @property
     def step(self) -> int:
@@ -265,8 +287,15 @@ class ReplayBuffer(torch.utils.data.Dataset):
         transform), chosen by the sampler (uniformly over all valid clips by default).
         A prioritized sampler adds ``index`` (int64 ``[batch]``: each clip's start row)
         and ``weight`` (float32 ``[batch]`` importance weights)."""
-        spec = self._clip_spec(history_len)
-        return unflatten(self.core.sample_clips(spec, _batch(batch_size), step=step))
+        positive("batch_size", batch_size)
+        h = self.history_len if history_len is None else history_len
+        positive("history_len", h)
+        spec = self._clip_spec(int(h))
+        try:
+            return self._ordered(self.core.sample_clips(spec, int(batch_size), step=step))
+        except (EmptyBufferError, ValueError, IndexError) as e:
+            sample_error(e, self, spec.history_len)
+            raise
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
@@ -274,14 +303,15 @@ class ReplayBuffer(torch.utils.data.Dataset):
         ``n_steps``, ``terminated_n``."""
         keys = kw.pop("keys", None)
         spec = NStepSpec(n, gamma, **kw)
-        return unflatten(self.core.sample_nstep(spec, _batch(batch_size), keys))
+        positive("batch_size", batch_size)
+        return self._ordered(self.core.sample_nstep(spec, int(batch_size), keys))
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
         """Stored episodes, oldest first, as ``{column: [per-step arrays]}`` (what
         ``write_episode`` accepts)."""
         for e in range(self.num_episodes):
             got = self.core.episode(e)
-            yield unflatten({k: list(v) for k, v in got.items()})
+            yield self._ordered({k: list(v) for k, v in got.items()})
 
     def clear(self) -> None:
         """Drop every episode (on disk too); the schema stays locked, the step counter
@@ -289,7 +319,8 @@ class ReplayBuffer(torch.utils.data.Dataset):
         self.core.clear()
 
     def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite", **kw) -> None:
-        """Write the stored episodes to ``path`` as ``"hdf5"`` (one file) or ``"zarr"`` (a
+        """Write the stored episodes to ``path`` as ``"hdf5"`` (one file in
+        stable-worldmodel's layout: its ``load_dataset`` reads it) or ``"zarr"`` (a
         zreplay buffer directory).  ``mode``: ``"overwrite"`` | ``"append"`` | ``"error"``."""
         dump(self, path, format=format, mode=mode, **kw)
 
@@ -306,10 +337,12 @@ class ReplayBuffer(torch.utils.data.Dataset):
         n = len(self)
         if n == 0:
             raise IndexError("ReplayBuffer is empty")
-        if not -n <= idx < n:
+        if idx < 0:
+            idx += n
+        if not 0 <= idx < n:
             raise IndexError(idx)
-        got = self.core.clips(self.spec, [int(idx) % n])
-        clip = unflatten({k: v[0] for k, v in got.items()})
+        got = self.core.clips(self.spec, [int(idx)])
+        clip = self._ordered({k: v[0] for k, v in got.items()})
         return self.transform(clip) if self.transform is not None else clip
 
     # DataLoader workers: never touch the parent's engine (its threads do not survive a
@@ -349,31 +382,13 @@ class ReplayBuffer(torch.utils.data.Dataset):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._replica = None
-        self.core = _ReplicaCore(self.path)
+        self.core = ReplicaCore(self.path)
 
     def __repr__(self) -> str:
+        if self.core.closed:
+            return f"ReplayBuffer(closed, path={self.path})"
         return (
-            f"<zreplay.ReplayBuffer {self.path}: {self.num_episodes} episodes, "
-            f"{self.num_steps_stored}/{self.max_steps} steps, columns={self.column_names}>"
+            f"ReplayBuffer(episodes={self.num_episodes}, steps={self.num_steps_stored}/"
+            f"{self.max_steps}, history_len={self.history_len}, frameskip={self.frameskip}, "
+            f"columns=[{', '.join(self.column_names) or '-'}], path={self.path})"
         )
-
-
-class _ReplicaCore:
-    """Stands in for the core in an unpickled replica (read through a view only)."""
-
-    closed = True
-
-    def __init__(self, path):
-        self.path = path
-
-    def __getattr__(self, name):
-        raise RuntimeError(
-            "this ReplayBuffer is a read-only replica in a DataLoader worker; write "
-            "through the original object"
-        )
-
-
-def _batch(batch_size: int) -> int:
-    if int(batch_size) <= 0:
-        raise ValueError(f"batch_size must be > 0, got {batch_size}")
-    return int(batch_size)

@@ -3,16 +3,29 @@
 ``Prefetcher(fn, depth)`` calls ``fn()`` on a daemon thread and keeps up to ``depth``
 results ready.  An exception in ``fn`` is re-raised by the consumer's next ``next()``
 (RLinf's preload thread dies silently and its consumer spins forever instead).
+
+Every live prefetcher is stopped at interpreter exit, before native libraries shut down:
+a daemon thread still inside a TensorStore read when that happens aborts the process
+(``terminate called without an active exception``), which is what a half-consumed
+``ReplayDataset`` iterator left for the garbage collector used to do.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-_DONE = object()
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for p in list(_LIVE):
+        p.close()
 
 
 class Prefetcher:
@@ -26,6 +39,7 @@ class Prefetcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zreplay-prefetch", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -63,7 +77,9 @@ class Prefetcher:
     def close(self) -> None:
         """Stop the background thread (batches already drawn are discarded)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        _LIVE.discard(self)
 
     def __enter__(self) -> Prefetcher:
         return self

@@ -1,15 +1,12 @@
 """``TrajectoryReplayBuffer``: a drop-in for RLinf 0.3's class, on a Zarr store.
 
 Same constructor names and meanings, same methods, same sample keys, nesting and dtypes.
-What differs (all on purpose, see README "Coming from RLinf"):
-
-* rows are read individually from compressed chunked arrays, never whole trajectory files;
-* ``add_trajectories`` validates and copies on the caller's thread and commits atomically
-  on a background writer; ``flush()`` waits for the commit;
-* ``sample`` returns exactly ``num_chunks`` rows and is safe against concurrent adds;
-* ``close()``/``clear_cache()`` never break the buffer; ``clear()`` removes data on disk;
-* constructing on an existing ``auto_save_path`` resumes it, continuing its random stream;
-* ``np.random`` is never seeded globally.
+What differs (all on purpose, see README "Coming from RLinf"): rows are read individually
+from compressed chunked arrays; ``add_trajectories`` validates and copies on the caller's
+thread and commits atomically on a background writer (``flush()`` waits for the commit);
+``sample`` returns exactly ``num_chunks`` rows, safe against concurrent adds;
+``close()``/``clear_cache()`` never break the buffer, ``clear()`` removes data on disk;
+an existing ``auto_save_path`` is resumed; ``np.random`` is never seeded globally.
 
 A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 """
@@ -24,14 +21,15 @@ import numpy as np
 import torch
 
 from ..compat.dumps import dump
-from ..compat.rlinf_files import export_rlinf, load_into
-from ..compat.rlinf_trajectory import prepare
+from ..compat.rlinf_files import check_trajectory_format, export_rlinf, load_into
+from ..compat.rlinf_trajectory import prepare_all
 from ..core import BufferCore, RamPolicy, RandomStream
+from ..errors import DeviceUnavailableError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
 from ..store.location import locate
-from .batches import nested_tensors, sample_tensors, trajectory_dict
+from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
 from .prefetch import Prefetcher
 
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
@@ -52,7 +50,7 @@ class TrajectoryReplayBuffer:
             temporary store deleted on ``close()`` (as in RLinf, the RAM tier then holds
             ``sample_window_size`` trajectories; older ones stay sampleable from the store).
         auto_save_path: buffer directory (a Zarr v3 group). An existing buffer is resumed.
-        trajectory_format: default format of :meth:`export` (``"pt"``; anything else: pkl).
+        trajectory_format: default format of :meth:`export`: ``"pt"`` or ``"pkl"``.
 
     Args (zreplay's):
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
@@ -66,8 +64,7 @@ class TrajectoryReplayBuffer:
         continue_episodes: default of ``add_trajectories(continues=)``: each trajectory's
             environment lanes continue the episodes the same lanes of the previous
             trajectory left running (consecutive rollout chunks of the same envs).
-        storage_options: for an ``s3://bucket/prefix`` ``auto_save_path``: fsspec/s3fs
-            options such as ``{"endpoint_url": ..., "key": ..., "secret": ...}``.
+        storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ...) for ``s3://``.
         sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
             ``Prioritized``, ``PrioritizedClips``) or a callable ``fn(step, buffer,
             batch_size, history_len)`` returning row positions ``[0, total_samples)``.
@@ -99,6 +96,7 @@ class TrajectoryReplayBuffer:
     ):
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
+        check_trajectory_format(trajectory_format)
         if sample_window_size < 0:
             raise ValueError(f"sample_window_size must be >= 0, got {sample_window_size}")
         self.enable_cache = enable_cache
@@ -129,8 +127,6 @@ class TrajectoryReplayBuffer:
             break_lock=break_lock,
             storage_options=storage_options,
         )
-
-    # -- sampler --------------------------------------------------------------------
 
     @property
     def seed(self) -> int:
@@ -184,10 +180,7 @@ class TrajectoryReplayBuffer:
         of the previous trajectory left running, so episodes may span trajectories.
         """
         cont = self.continue_episodes if continues is None else continues
-        items = [prepare(t) for t in trajectories]
-        for it in items:
-            it.continues = cont
-        return self.core.add(items)
+        return self.core.add(prepare_all(trajectories, cont))
 
     def sample(
         self,
@@ -206,12 +199,13 @@ class TrajectoryReplayBuffer:
         ``PrioritizedClips`` the batch holds ``num_chunks`` clips ``[n, history_len, ...]``.
         Rows are gathered straight into the returned tensors' memory; with
         ``pin_memory=True`` that memory is page-locked, so a following ``device="cuda"``
-        copy is asynchronous (``non_blocking``).  Without an accelerator, ``pin_memory`` is
-        ignored with a warning, as in ``torch.utils.data.DataLoader``.
+        copy is asynchronous (``non_blocking``); without CUDA it is ignored with a warning.
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
-        return self.sample_chunks(num_chunks, device=device, pin_memory=pin_memory)
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
+        return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def sample_chunks(
         self,
@@ -220,6 +214,8 @@ class TrajectoryReplayBuffer:
         device: str | torch.device | None = None,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
         return sample_tensors(self.core, num_chunks, device=device, pin_memory=pin_memory)
 
     def prefetch(
@@ -233,6 +229,8 @@ class TrajectoryReplayBuffer:
         """An endless iterator of ``sample(num_chunks)`` batches drawn ``depth`` ahead on a
         background thread, so disk reads overlap the training step.  Use as a context
         manager (or call ``close()``).  Batches come from the same random stream, in order."""
+        if problem := device_problem(device):
+            raise DeviceUnavailableError(problem)
         return Prefetcher(
             lambda: self.sample(num_chunks, device=device, pin_memory=pin_memory), depth
         )
@@ -259,16 +257,10 @@ class TrajectoryReplayBuffer:
     def get_stats(self) -> dict[str, Any]:
         """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
         st = self.core.stats()
-        return {
-            "num_trajectories": st["trajectories"],
-            "total_samples": st["rows"],
-            "cache_size": st["trajectories_in_ram"],
-            "rows_in_ram": st["rows_in_ram"],
-            "ram_bytes": st["ram_bytes"],
-            "committed_trajectories": st["committed_trajectories"],
-            "pending_trajectories": st["pending_trajectories"],
-            "path": st["path"],
-        }
+        rlinf = {"num_trajectories": "trajectories", "total_samples": "rows"}
+        rlinf["cache_size"] = "trajectories_in_ram"
+        more = ("rows_in_ram", "ram_bytes", "committed_trajectories", "pending_trajectories")
+        return {**{k: st[v] for k, v in rlinf.items()}, **{k: st[k] for k in (*more, "path")}}
 
     def flush(self) -> None:
         """Block until every added trajectory is committed to the store."""
@@ -290,7 +282,15 @@ class TrajectoryReplayBuffer:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Close, as a file does (``ReplayBuffer``'s ``with`` only commits: see README)."""
         self.close()
+
+    def __repr__(self) -> str:
+        where = "temporary store" if self.core.temporary else str(self.path)
+        if self.core.closed:
+            return f"TrajectoryReplayBuffer(closed, {where})"
+        what = f"{len(self)} trajectories, {self.total_samples} rows, sampler={self.sampler!r}"
+        return f"TrajectoryReplayBuffer({where}: {what}, keys=[{', '.join(self.core.keys)}])"
 
     def __del__(self):
         core = getattr(self, "core", None)
@@ -315,7 +315,11 @@ class TrajectoryReplayBuffer:
 
         Pending writes are committed first; the sampler's RNG state is included.  Data
         files are hard-linked (no copying) where the filesystem allows.  The result is a
-        zreplay buffer directory: ``zreplay.open(save_path)`` reads it.
+        zreplay buffer directory: ``zreplay.open(save_path)`` reads it.  An older
+        checkpoint at ``save_path`` is replaced in one step (a crash leaves the old one or
+        the new); this buffer itself, a path inside or around it, a buffer with a live
+        writer and any other non-empty directory are refused
+        (:class:`~zreplay.DestinationError`, :class:`~zreplay.WriterLockedError`).
         """
         self.core.checkpoint(save_path)
 
@@ -383,9 +387,11 @@ class TrajectoryReplayBuffer:
 
     def export(self, path: str, format: str | None = None) -> int:
         """Write RLinf 0.3's on-disk layout (``trajectory_{id}_{weights}.pt|.pkl``,
-        ``metadata.json``, ``trajectory_index.json``); returns trajectories written."""
-        fmt = format or ("pt" if self.trajectory_format == "pt" else "pkl")
-        return export_rlinf(self.core, Path(path), fmt, self.seed)
+        ``metadata.json``, ``trajectory_index.json``) to the local directory ``path``;
+        returns trajectories written.  Built aside and swapped in whole: an earlier export
+        there is replaced; any other non-empty directory, or one inside or around this
+        buffer, is refused (:class:`~zreplay.DestinationError`) before anything is written."""
+        return export_rlinf(self.core, path, format or self.trajectory_format, self.seed)
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` (0 = oldest kept) as nested ``[T, B, ...]`` numpy arrays,

@@ -7,7 +7,8 @@ for scripts) and turns every expected failure into one line on stderr.
 Every command but ``demo`` takes ``--json`` and ``--quiet`` (no progress bars; bars are
 also off when stderr is not a terminal).  Exit status: 0 on success; 1 when a command
 fails (``zreplay: error: <message>``: a missing path, a directory that is not a buffer, a
-damaged buffer) or ``verify`` found problems; 2 for usage errors (argparse's).
+damaged buffer) or ``verify`` found problems; 2 for usage errors (argparse's, and no
+command at all: the help goes to stderr).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import os
 import sys
 
-from .output import EXIT_FAILED, EXIT_OK, one_line
+from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, one_line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plot", parents=[common], help="episode returns, lengths, frames (PNG)")
     p.add_argument("path", help="buffer directory")
-    p.add_argument("--out", required=True, help="image file to write, e.g. buffer.png")
+    p.add_argument("--out", help="image file to write (default: <buffer name>.png here)")
     p.add_argument("--dpi", type=int, default=100)
     p.set_defaults(run=plot.run)
     return ap
@@ -81,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo(argv[1:])
     parser = _parser()
-    if not argv:
-        parser.print_help()
-        return EXIT_OK
+    if not argv:  # a command is required: the help, as a usage error
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)  # exits 2 on a usage error
 
     from ..errors import ZReplayError

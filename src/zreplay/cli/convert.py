@@ -7,19 +7,21 @@
   (trajectories, ids and metadata kept), or a zreplay HDF5 file's episodes written with
   :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode).
 
-Outputs are never clobbered without ``--overwrite``; a failed import into a new path
-leaves nothing behind.
+Outputs are never clobbered without ``--overwrite``, and every output is built aside and
+swapped in whole: a failed export or import leaves what was at the output path (or
+nothing) as it was.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, PickleRefusedError
+from ..store.guard import new_tree
+from ..store.location import locate
 from .output import EXIT_OK, Result, progress, size
-from .paths import buffer_dir, clear_for_output, du, existing, is_hdf5, is_rlinf_dir, writer_locks
+from .paths import buffer_dir, check_output, du, existing, is_hdf5, is_rlinf_dir, writer_locks
 
 
 def _sampler_seed(view) -> int:
@@ -39,14 +41,14 @@ def run_export(args) -> Result:
     out = Path(args.out)
     result: dict[str, Any] = {"path": str(view.path), "out": str(out), "format": args.format}
     if args.format == "hdf5":
-        clear_for_output(out, args.overwrite, is_hdf5, "an HDF5 file")
+        check_output(out, args.overwrite, is_hdf5, "an HDF5 file")
         n = view.num_episodes
         with progress(args, n, "export", "episode") as bar:
             zreplay.dump(view, out, format="hdf5", progress=bar.update)
         result.update(episodes=n, rows=view.num_rows)
         done = f"wrote {n} episodes ({view.num_rows} steps) to {out}"
     else:
-        clear_for_output(out, args.overwrite, is_rlinf_dir, "an RLinf buffer directory")
+        check_output(out, args.overwrite, is_rlinf_dir, "an RLinf buffer directory")
         with progress(args, view.num_trajectories, "export", "traj") as bar:
             n = export_rlinf(view.core, out, args.format, _sampler_seed(view), bar.update)
         result.update(trajectories=n, rows=view.num_rows)
@@ -77,14 +79,8 @@ def run_import(args) -> Result:
             f"{dst} has a writer lock ({writer_locks(dst)[0]}): a writer may be running. "
             "Stop it (or delete the lock if it is gone) before overwriting"
         )
-    clear_for_output(dst, args.overwrite, is_buffer, "a zreplay buffer")
-    created = not dst.exists()
-    try:
-        (_import_rlinf if kind == "rlinf" else _import_hdf5)(args, src, dst)
-    except BaseException:
-        if created:  # no half-imported buffer under a name that was free
-            shutil.rmtree(dst, ignore_errors=True)
-        raise
+    check_output(dst, args.overwrite, is_buffer, "a zreplay buffer")
+    (_import_rlinf if kind == "rlinf" else _import_hdf5)(args, src, dst)
     view = zreplay.open(dst)
     result = {
         "src": str(src),
@@ -110,7 +106,11 @@ def _import_rlinf(args, src: Path, dst: Path) -> None:
     try:
         with progress(args, len(ids), "import", "traj") as bar:
             zreplay.import_rlinf(
-                str(src), str(dst), allow_pickle=args.allow_pickle, progress=bar.update
+                str(src),
+                str(dst),
+                allow_pickle=args.allow_pickle,
+                progress=bar.update,
+                overwrite=args.overwrite,
             )
     except PickleRefusedError as e:
         raise PickleRefusedError(f"{e} (on the command line: --allow-pickle)") from None
@@ -122,11 +122,12 @@ def _import_hdf5(args, src: Path, dst: Path) -> None:
     from ..compat.hdf5 import hdf5_info
 
     info = hdf5_info(src)
-    rb = zreplay.ReplayBuffer(max(1, info["steps"]), path=dst)
-    try:
-        with progress(args, info["episodes"], "import", "episode") as bar:
-            for episode in zreplay.iter_hdf5(src):
-                rb.write_episode(episode)
-                bar.update(1)
-    finally:
-        rb.close()
+    with new_tree(locate(dst), "import", overwrite=args.overwrite) as tmp:  # all or nothing
+        rb = zreplay.ReplayBuffer(max(1, info["steps"]), path=tmp)
+        try:
+            with progress(args, info["episodes"], "import", "episode") as bar:
+                for episode in zreplay.iter_hdf5(src):
+                    rb.write_episode(episode)
+                    bar.update(1)
+        finally:
+            rb.close()

@@ -1,10 +1,13 @@
-"""``zreplay info PATH``: schema, counts, bytes on disk per key, last commit.
+"""``zreplay info PATH``: schema, counts, bytes on disk per key, chunk layout and codec
+per key, reward and return statistics, last commit.
 
-For a buffer directory: per key its dtype, row shape, raw bytes (visible rows x row
-bytes) and the bytes of the files under ``segments/*/data/<key>/``; their quotient is the
-compression ratio (approximate: files may still hold evicted, not yet reclaimed rows).
-The last commit time is the newest ``commit.json`` ``time`` over the segments.  For a
-zreplay HDF5 episode file the same per column, from h5py's storage sizes.
+For a buffer directory: per key its dtype, row shape, chunk and shard rows, codec, raw
+bytes (visible rows x row bytes) and the bytes of the files under
+``segments/*/data/<key>/``; their quotient is the compression ratio (approximate: files
+may still hold evicted, not yet reclaimed rows).  Rewards (``rewards`` or ``reward``, see
+:mod:`zreplay.cli.rewards`): mean, std, min, max per step and per episode.  The last
+commit time is the newest ``commit.json`` ``time`` over the segments.  For an HDF5 episode
+file (zreplay's or stable-worldmodel's) the same per column, from h5py's storage sizes.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import CorruptBufferError, FormatError
 from .output import EXIT_OK, Result, ratio, size, table, when
 from .paths import buffer_dir, du, existing, is_hdf5
+from .rewards import buffer_rewards, hdf5_rewards, reward_key, summary
 
 
 def run(args) -> Result:
@@ -49,12 +53,16 @@ def buffer_info(path: Path) -> dict[str, Any]:
             }
         )
     keys = {}
+    _, layouts = view.root.schema()
     for key in view.keys():
-        spec = view.schema.specs[key]
+        spec, lay = view.schema.specs[key], layouts[key]
         raw = view.num_rows * spec.row_bytes
         disk = sum(du(view.root.segment_dir(s["writer_id"]) / "data" / key) for s in segments)
-        keys[key] = _key(str(spec.dtype), spec.row_shape, raw, disk)
+        codec = "none" if lay.codec == "none" else f"{lay.codec} level {lay.level}"
+        chunk = {"chunk_rows": lay.chunk_rows, "shard_rows": lay.shard_rows, "codec": codec}
+        keys[key] = {**_key(str(spec.dtype), spec.row_shape, raw, disk), **chunk}
     episodes = view.episode_table()
+    key = reward_key(view.keys())
     times = [s["last_commit"] for s in segments if s["last_commit"] is not None]
     return {
         "path": str(path),
@@ -67,33 +75,60 @@ def buffer_info(path: Path) -> dict[str, Any]:
         "segments": segments,
         **_totals(keys, du(path)),
         "last_commit": max(times, default=None),
+        "rewards": _buffer_rewards(view, key) if key else None,
     }
+
+
+def _buffer_rewards(view, key: str) -> dict[str, Any]:
+    try:
+        return _rewards(key, *buffer_rewards(view, key))
+    except CorruptBufferError as e:  # the rest of info still helps: say it, go on
+        return {"key": key, "error": str(e)}
 
 
 def hdf5_file_info(path: Path) -> dict[str, Any]:
     import h5py
 
-    from ..compat.hdf5 import hdf5_info
+    from ..compat.hdf5 import episode_flags, hdf5_info
 
     meta = hdf5_info(path)
     keys = {}
     with h5py.File(path, "r") as f:
-        for c in meta["columns"]:
-            ds = f[c]
+        for c, name in zip(meta["columns"], meta["datasets"], strict=True):
+            ds = f[name]
             raw = int(ds.size) * ds.dtype.itemsize
-            keys[c] = _key(str(ds.dtype), ds.shape[1:], raw, int(ds.id.get_storage_size()))
-        cols = [
-            f[n][:] if meta["columns"] else np.zeros(0)
-            for n in ("ep_len", "ep_terminated", "ep_truncated")
-        ]
+            keys[c] = {
+                **_key(str(ds.dtype), ds.shape[1:], raw, int(ds.id.get_storage_size())),
+                "chunk_rows": ds.chunks[0] if ds.chunks else None,
+                "codec": _hdf5_codec(ds),
+            }
+        lengths = f["ep_len"][:] if "ep_len" in f else np.zeros(0, np.int64)
+        terminated, truncated = episode_flags(f, meta["columns"], meta["datasets"])
+        key = reward_key(meta["columns"])
+        names = dict(zip(meta["columns"], meta["datasets"], strict=True))
+        rewards = _rewards(key, *hdf5_rewards(f, names[key])) if key else None
     return {
         "path": str(path),
         "kind": "hdf5",
         "keys": keys,
-        **_episodes(*cols),
+        **_episodes(lengths, terminated, truncated),
         "rows": meta["steps"],
         **_totals(keys, du(path)),
+        "rewards": rewards,
     }
+
+
+def _hdf5_codec(ds) -> str:
+    if not ds.compression:
+        return "none"
+    level = f" level {ds.compression_opts}" if ds.compression_opts is not None else ""
+    return f"{ds.compression}{level}" + (" + shuffle" if ds.shuffle else "")
+
+
+def _rewards(key: str, per_step, lengths, returns) -> dict[str, Any]:
+    """Per-step reward and per-episode return statistics (``summary``: mean, std, min,
+    max; None without steps)."""
+    return {"key": key, "per_step": summary(per_step), "returns": summary(returns)}
 
 
 def _key(dtype: str, row_shape, raw: int, disk: int) -> dict[str, Any]:
@@ -148,19 +183,34 @@ def text(info: dict[str, Any]) -> str:
         f"  {size(info['disk_bytes'])} on disk for {size(info['raw_bytes'])} of rows"
         + (f" ({r:.1f}x)" if r else "")
     )
+    rw = info.get("rewards")
+    if rw and "error" in rw:
+        lines.append(f"  {rw['key']}: unreadable: {rw['error']}")
+    for what, label in (("per_step", "per step"), ("returns", "per episode (return)")):
+        st = rw and rw.get(what)
+        if st:
+            lines.append(
+                f"  {rw['key']} {label}: mean {st['mean']:.4g}, std {st['std']:.4g}, "
+                f"min {st['min']:.4g}, max {st['max']:.4g}"
+            )
     if not info["keys"]:
         return "\n".join([*lines, "  no schema yet (nothing written)"])
-    rows = [["key", "dtype", "row shape", "on disk", "raw", "ratio"]]
+    rows = [["key", "dtype", "row shape", "chunk rows", "codec", "on disk", "raw", "ratio"]]
     for k, v in info["keys"].items():
         r = v["compression_ratio"]
+        chunk = v.get("chunk_rows")
+        if v.get("shard_rows"):
+            chunk = f"{chunk} (shard {v['shard_rows']})"
         rows.append(
             [
                 k,
                 v["dtype"],
                 str(v["row_shape"]),
+                str(chunk if chunk is not None else "-"),
+                v["codec"],
                 size(v["disk_bytes"]),
                 size(v["raw_bytes"]),
                 f"{r:.1f}x" if r else "-",
             ]
         )
-    return "\n".join([*lines, "", *("  " + line for line in table(rows, right={3, 4, 5}))])
+    return "\n".join([*lines, "", *("  " + line for line in table(rows, right={5, 6, 7}))])

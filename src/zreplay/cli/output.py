@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 Result = tuple[int, dict[str, Any], str]  # exit status, JSON object, text for a human
 

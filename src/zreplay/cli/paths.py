@@ -3,7 +3,6 @@ disk, and refusing to clobber one."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from ..compat.rlinf_files import is_rlinf_dir
 from ..errors import FormatError
 from ..store.location import locate
 
-__all__ = ["buffer_dir", "clear_for_output", "du", "existing", "is_hdf5", "is_rlinf_dir"]
+__all__ = ["buffer_dir", "check_output", "du", "existing", "is_hdf5", "is_rlinf_dir"]
 
 
 def existing(path: str | Path):
@@ -53,18 +52,15 @@ def writer_locks(path: Path) -> list[Path]:
     return sorted([*segments.glob("*/zreplay/writer.lock"), *segments.glob("*/writer.lock")])
 
 
-def clear_for_output(
+def check_output(
     out: Path, overwrite: bool, replaceable: Callable[[Path], bool], what: str
 ) -> None:
-    """Make ``out`` free for a new output: absent or an empty directory are fine; anything
-    else needs ``--overwrite`` and must be ``what`` (``replaceable``), and is removed."""
+    """Refuse ``out`` unless it is free (absent or an empty directory) or, with
+    ``--overwrite``, ``what`` (``replaceable``).  Nothing is removed here: the writers
+    build their output aside and swap it in whole, so a failure keeps the old one."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not overwrite:
         raise FileExistsError(f"{out} exists; pick a new path or pass --overwrite")
     if not replaceable(out):
         raise FileExistsError(f"{out} exists and is not {what}; refusing to overwrite it")
-    if out.is_dir():
-        shutil.rmtree(out)
-    else:
-        out.unlink()

@@ -1,9 +1,10 @@
-"""``zreplay plot PATH --out FILE.png``: episode returns and lengths, a reward histogram and
-a few frames of each image key, drawn with matplotlib's Agg backend (no display needed).
+"""``zreplay plot PATH [--out FILE.png]``: episode returns (each episode coloured by how
+it ended, with a moving average), lengths, a histogram of lengths and one of per-step
+rewards, and a few frames of each image key, drawn with matplotlib's Agg backend (no
+display needed).  ``--out`` defaults to ``<buffer name>.png`` in the current directory.
 
-The reward key is ``rewards`` (RLinf) or ``reward`` (stable-worldmodel); trailing
-dimensions (RLinf's ``[C]`` action chunks) are summed per step.  Image keys are uint8 keys
-with row shape ``(H, W)``, ``(H, W, 1)`` or ``(H, W, 3)``.
+Rewards: see :mod:`zreplay.cli.rewards`.  Image keys are uint8 keys with row shape
+``(H, W)``, ``(H, W, 1)`` or ``(H, W, 3)``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..conventions import REWARD_KEYS
 from ..errors import EmptyBufferError
 from ..schema import flatten
 from .output import EXIT_OK, Result, progress
 from .paths import buffer_dir
+from .rewards import buffer_rewards, reward_key
 
-REWARD_KEYS = ("rewards", "reward")
 MAX_IMAGE_KEYS, FRAMES_PER_KEY = 3, 4
+# How an episode ended -> (label, colour); an episode cut without a flag, or still running.
+ENDINGS = {
+    "terminated": ("terminated", "tab:blue"),
+    "truncated": ("truncated", "tab:orange"),
+    "open": ("no flag (cut or running)", "tab:gray"),
+}
 
 
 def is_image(spec) -> bool:
@@ -28,14 +36,25 @@ def is_image(spec) -> bool:
     return len(shape) == 2 or shape[2] in (1, 3)
 
 
-def episode_rewards(view, key: str, tick) -> list[np.ndarray]:
-    """Per-step rewards ``[L]`` (float64, trailing dims summed) of every visible episode."""
-    out = []
-    for e in range(view.num_episodes):
-        r = flatten(view.episode(e, keys=[key]))[key]
-        out.append(r.reshape(len(r), -1).sum(axis=1, dtype=np.float64))
-        tick(1)
-    return out
+def default_out(path) -> Path:
+    """``<last path component>.png`` in the current directory."""
+    name = str(path).rstrip("/").rsplit("/", 1)[-1] or "buffer"
+    return Path(f"{Path(name).stem or name}.png")
+
+
+def moving_average(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Trailing mean over ``window`` episodes (about a tenth of them, 2..100)."""
+    window = int(min(100, max(2, len(values) // 10)))
+    if len(values) < window:
+        return np.zeros(0), window
+    c = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
+    return (c[window:] - c[:-window]) / window, window
+
+
+def endings(table) -> np.ndarray:
+    return np.where(
+        table["terminated"], "terminated", np.where(table["truncated"], "truncated", "open")
+    )
 
 
 def run(args) -> Result:
@@ -48,40 +67,55 @@ def run(args) -> Result:
     import zreplay
 
     view = zreplay.open(buffer_dir(args.path))
-    lengths = view.episode_table()["length"]
+    table = view.episode_table()
+    lengths = table["length"]
     n = len(lengths)
     if n == 0:
         raise EmptyBufferError(f"{view.path} holds no episodes; nothing to plot")
-    reward_key = next((k for k in REWARD_KEYS if k in view.keys()), None)
+    how = endings(table)
+    key = reward_key(view.keys())
     image_keys = [k for k in view.keys() if is_image(view.schema.specs[k])][:MAX_IMAGE_KEYS]
-    rewards = []
-    if reward_key is not None:
-        with progress(args, n, "plot", "episode") as bar:
-            rewards = episode_rewards(view, reward_key, bar.update)
-    returns = np.array([r.sum() for r in rewards])
+    per_step = returns = np.zeros(0)
+    if key is not None:
+        with progress(args, view.num_rows, "plot", "row") as bar:
+            per_step, _, returns = buffer_rewards(view, key, bar.update)
 
-    fig = plt.figure(figsize=(13, 3.4 * (1 + len(image_keys))), layout="constrained")
+    fig = plt.figure(figsize=(16, 3.4 * (1 + len(image_keys))), layout="constrained")
     grid = fig.add_gridspec(1 + len(image_keys), 3 * FRAMES_PER_KEY)
-    ax_ret, ax_len, ax_hist = (fig.add_subplot(grid[0, 4 * i : 4 * i + 4]) for i in range(3))
-    ret_title = f"episode return (sum of {reward_key!r})" if reward_key else "episode return"
-    for ax, values, title, color in (
-        (ax_ret, returns, ret_title, "tab:blue"),
-        (ax_len, lengths, "episode length", "tab:green"),
+    ax_ret, ax_len, ax_lhist, ax_rhist = (
+        fig.add_subplot(grid[0, 3 * i : 3 * i + 3]) for i in range(4)
+    )
+    x = np.arange(n)
+    window = None
+    for ax, values, title in (
+        (ax_ret, returns, f"episode return (sum of {key!r})" if key else "episode return"),
+        (ax_len, lengths, "episode length"),
     ):
-        if len(values):
-            ax.plot(np.arange(n), values, ".-", lw=0.8, ms=3, color=color)
-        else:
+        if not len(values):
             ax.text(0.5, 0.5, f"no {' or '.join(REWARD_KEYS)} key", ha="center", va="center")
+        for end, (label, color) in ENDINGS.items():
+            sel = how == end
+            if len(values) and sel.any():
+                ax.scatter(x[sel], values[sel], s=8, color=color, label=f"{label} ({sel.sum()})")
+        if ax is ax_ret and len(values):
+            avg, window = moving_average(values)
+            if len(avg):
+                ax.plot(x[window - 1 :], avg, color="black", lw=1.2, label=f"mean of {window}")
+        if len(values):
+            ax.legend(fontsize=7, loc="best")
         ax.set_title(title)
         ax.set_xlabel("episode (oldest first)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if rewards:
-        ax_hist.hist(np.concatenate(rewards), bins=50, color="tab:orange")
-    ax_hist.set_title(f"per-step {reward_key!r}" if rewards else "reward histogram (no reward key)")
+    ax_lhist.hist(lengths, bins=min(50, max(1, len(np.unique(lengths)))), color="tab:green")
+    ax_lhist.set_title("episode lengths")
+    ax_lhist.set_xlabel("steps")
+    if len(per_step):
+        ax_rhist.hist(per_step, bins=50, color="tab:purple")
+    ax_rhist.set_title(f"per-step {key!r}" if key else "reward histogram (no reward key)")
 
     positions = np.unique(np.linspace(0, view.num_rows - 1, FRAMES_PER_KEY).astype(np.int64))
-    for r, key in enumerate(image_keys, start=1):
-        frames = flatten(view.rows(positions, keys=[key]))[key]
+    for r, image in enumerate(image_keys, start=1):
+        frames = flatten(view.rows(positions, keys=[image]))[image]
         for j, (pos, frame) in enumerate(zip(positions, frames, strict=True)):
             ax = fig.add_subplot(grid[r, 3 * j : 3 * j + 3])
             gray = frame.ndim == 2 or frame.shape[-1] == 1
@@ -91,10 +125,10 @@ def run(args) -> Result:
                 vmin=0,
                 vmax=255,
             )
-            ax.set_title(f"{key} row {int(pos)}", fontsize=9)
+            ax.set_title(f"{image} row {int(pos)}", fontsize=9)
             ax.axis("off")
     fig.suptitle(f"{view.path}: {n} episodes, {view.num_rows} rows")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out(args.path)
     fig.savefig(out, dpi=args.dpi)
     plt.close(fig)
 
@@ -102,9 +136,12 @@ def run(args) -> Result:
         "path": str(view.path),
         "out": str(out),
         "episodes": n,
-        "reward_key": reward_key,
+        "episodes_terminated": int((how == "terminated").sum()),
+        "episodes_truncated": int((how == "truncated").sum()),
+        "reward_key": key,
         "image_keys": image_keys,
         "mean_return": float(returns.mean()) if len(returns) else None,
+        "moving_average_window": window,
         "mean_length": float(lengths.mean()),
     }
     text = f"wrote {out}: {n} episodes, mean length {result['mean_length']:.3g}"

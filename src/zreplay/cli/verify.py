@@ -12,12 +12,12 @@ def run(args) -> Result:
     import zreplay
 
     path = buffer_dir(args.path)
-    total = None if args.index_only else rows_to_check(path)
+    total, n_keys = (None, 1) if args.index_only else rows_to_check(path)
     with progress(args, total, "verify", "row") as bar:
 
         def tick(writer_id: str, key: str, rows: int) -> None:
             bar.set_postfix_str(f"{writer_id}/{key}", refresh=False)
-            bar.update(rows)
+            bar.update(rows / n_keys)  # a row is done when all its keys are
 
         report = zreplay.verify(path, data=not args.index_only, progress=tick)
     result = {
@@ -32,9 +32,9 @@ def run(args) -> Result:
     return (EXIT_OK if report.ok else EXIT_FAILED), result, str(report)
 
 
-def rows_to_check(path: Path) -> int | None:
-    """Rows x keys that ``verify`` will decode (the bar's total); None when the commit
-    records cannot be read (verify then reports why)."""
+def rows_to_check(path: Path) -> tuple[int | None, int]:
+    """``(rows, keys)`` that ``verify`` will decode (the bar's total is the rows); rows
+    None when the commit records cannot be read (verify then reports why)."""
     from ..errors import ZReplayError
     from ..store.commit import read_commit
     from ..store.root import BufferRoot
@@ -47,6 +47,6 @@ def rows_to_check(path: Path) -> int | None:
             c = read_commit(root.segment_dir(wid))
             if c is not None and c.n_traj:
                 total += c.n_rows - max(c.low_row, c.reclaimed_below)
-        return total * (len(schema) if schema is not None else 0)
+        return total, max(1, len(schema) if schema is not None else 0)
     except (ZReplayError, OSError, ValueError, KeyError):
-        return None
+        return None, 1

@@ -14,13 +14,15 @@ import numpy as np
 
 from ..core import BufferCore, Prepared, RamPolicy, RandomStream
 from ..core.records import BATCH_BYTES
-from ..errors import FormatError
+from ..store.guard import check_apart, new_tree
 from ..store.location import locate
 from ..store.root import is_buffer
 from .hdf5 import MODES, write_hdf5
 
 # RAM kept decoded while a Zarr dump is written (as ReplayBuffer's default).
 DUMP_RAM_BYTES = 1 << 30
+# Formats and the writer a FileExistsError names (stable-worldmodel's HDF5 one).
+FORMATS = {"hdf5": "HDF5Writer: ", "zarr": ""}
 
 
 def episode_batches(
@@ -51,31 +53,40 @@ def dump(
     """Write every visible episode of ``src`` (a buffer, a view or a ``BufferCore``) to
     ``path``: ``format="hdf5"`` (one file; ``kw``: ``compression``, ``level``) or
     ``"zarr"`` (a buffer directory; ``kw``: ``layout``, ``durable``, ...).  ``mode``:
-    ``"overwrite"`` (written aside and renamed in), ``"append"`` (same columns) or
+    ``"overwrite"`` (written aside and swapped in whole; for Zarr, only over a zreplay
+    buffer without a live writer), ``"append"`` (same columns) or
     ``"error"`` (refuse an existing path).  ``progress(k)`` after each batch of ``k``
     episodes is read (episodes are read ~64 MiB at a time and written in whole chunks)."""
+    # stable-worldmodel's messages, word for word.
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; available: {list(FORMATS)}")
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise ValueError(f"write mode must be one of {MODES}, got {mode!r}")
     path = Path(path)
     if mode == "error" and path.exists():
-        raise FileExistsError(f"{path} exists (mode='error'); pick another path or mode")
+        raise FileExistsError(
+            f"{FORMATS[format]}'{path}' already exists. Pass mode='overwrite' to replace it "
+            "or mode='append' to extend it."
+        )
     core = getattr(src, "core", src)
+    check_apart(locate(path), core.path, "dump")
     core.flush()
     if format == "hdf5":
         write_hdf5(episode_batches(core, progress), path, mode, **kw)
-    elif format == "zarr":
-        _dump_zarr(core, path, mode, progress, **kw)
     else:
-        raise ValueError(f"format must be 'hdf5' or 'zarr', got {format!r}")
+        _dump_zarr(core, path, mode, progress, **kw)
 
 
 def _dump_zarr(core: BufferCore, path: Path, mode: str, progress=None, **kw) -> None:
-    if mode == "overwrite" and path.exists():
-        if not is_buffer(path):
-            raise FormatError(f"{path} exists and is not a zreplay buffer; delete it yourself")
-        loc = locate(path)
-        loc.backend.remove_tree(loc)
-    existing = BufferCore.reader(path).num_rows if path.exists() else 0
+    loc = locate(path)
+    if mode == "append" and is_buffer(loc):
+        _write_episodes(core, loc, BufferCore.reader(loc).num_rows, progress, **kw)
+        return
+    with new_tree(loc, "dump", sources=[core.path]) as tmp:  # all or nothing
+        _write_episodes(core, tmp, 0, progress, **kw)
+
+
+def _write_episodes(core: BufferCore, path, existing: int, progress, **kw) -> None:
     need = existing + int(core.episodes().length.sum())
     dst = BufferCore.writer(
         path,

@@ -1,18 +1,30 @@
 """Episodes in an HDF5 file: :func:`write_hdf5`, :func:`iter_hdf5`, :func:`hdf5_info`
 (``zreplay.dump(..., format="hdf5")`` and ``zreplay.load_hdf5`` use them).
 
-HDF5 layout (one file, written through h5py; compatible in spirit with
-stable-worldmodel's ``hdf5`` format: one dataset per column plus episode offsets):
+The layout is stable-worldmodel's ``hdf5`` format, so its ``HDF5Dataset`` /
+``load_dataset`` read a zreplay dump as they read their own files:
 
-* ``/<column path>``: ``[total_steps, *step_shape]`` of the column's dtype, chunked along
-  steps (about 1 MiB per chunk) and compressed (gzip level 4 after byte shuffle);
-* ``/ep_len``, ``/ep_offset`` (int64): length and first step of each episode;
-* ``/ep_terminated``, ``/ep_truncated`` (bool): how each episode ended;
-* root attribute ``zreplay`` = JSON ``{"format": "hdf5-episodes", "version": 1, "columns": [...]}``.
+* ``/<column>``: ``[total_steps, *step_shape]`` of the column's dtype; every root
+  dataset other than ``ep_len``/``ep_offset`` is a per-step column;
+* ``/ep_len`` (int32), ``/ep_offset`` (int64): length and first step of each episode
+  (present, empty, in a dump of no episodes);
+* root attribute ``zreplay`` = JSON ``{"format": "hdf5-episodes", "version": 2,
+  "columns": [key paths], "datasets": [names]}``.
 
-``mode="overwrite"`` writes a temporary file beside ``path`` and renames it in (an
+What zreplay does differently from stable-worldmodel's writer: columns are chunked along
+steps (about 1 MiB per chunk) and compressed (gzip level 4 after byte shuffle; whole
+chunks are compressed on a thread pool and stored as they are, :class:`_Column`) where it
+writes one uncompressed step per chunk; nested keys (``obs/state``) are stored as one root
+dataset each, named with ``.`` (``obs.state``: stable-worldmodel reads a group as a broken
+column), and the ``zreplay`` attribute maps them back; how an episode ended is not stored
+(the flags are the last step's ``terminated``/``truncated`` columns, as when it was
+added).  ``mode="overwrite"`` writes a temporary file beside ``path`` and renames it in (an
 interrupted dump never leaves a half file under the name); ``"append"`` extends an
 existing file with the same columns; ``"error"`` refuses an existing path.
+
+Readers take zreplay's files (version 2, and version 1 with ``ep_terminated`` /
+``ep_truncated`` datasets and nested keys as groups) and stable-worldmodel's (no
+attribute: every root dataset but ``ep_len``/``ep_offset`` is a column).
 """
 
 from __future__ import annotations
@@ -27,13 +39,21 @@ from typing import Any
 
 import numpy as np
 
+from ..conventions import TERMINATION_KEYS, TRUNCATION_KEYS
 from ..errors import FormatError, SchemaError
 from ..schema import unflatten
 
-MODES = ("overwrite", "append", "error")
-EPISODE_DATASETS = ("ep_len", "ep_offset", "ep_terminated", "ep_truncated")
+MODES = ("append", "overwrite", "error")  # stable-worldmodel's WRITE_MODES, in its order
+EPISODE_DATASETS = ("ep_len", "ep_offset")
+LEGACY_FLAGS = ("ep_terminated", "ep_truncated")  # version 1 files only
 CHUNK_BYTES = 1 << 20
 READ_BYTES = 64 << 20
+VERSION = 2
+
+
+def dataset_name(path: str) -> str:
+    """The root dataset of column ``path`` (``obs/state`` -> ``obs.state``)."""
+    return path.replace("/", ".")
 
 
 # -- HDF5 ----------------------------------------------------------------------------
@@ -53,53 +73,48 @@ def write_hdf5(
 
     if mode == "append" and path.exists():
         target, f = path, h5py.File(path, "a")
-        columns = _hdf5_columns(f, path)
+        try:
+            columns, names = layout(f, path)
+        except BaseException:
+            f.close()
+            raise
     else:
         target = path.with_name(f".{path.name}.partial-{os.getpid()}")
         f = h5py.File(target, "w")
-        columns = None
+        columns = names = None
+    columns, names = (columns, names) if columns else (None, None)  # an empty file
     writers: dict[str, _Column] = {}
     pool = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-h5")
     try:
+        if "ep_len" not in f:
+            f.create_dataset("ep_len", shape=(0,), maxshape=(None,), dtype="i4", chunks=(4096,))
+            f.create_dataset("ep_offset", shape=(0,), maxshape=(None,), dtype="i8", chunks=(4096,))
+        if columns is None and "zreplay" not in f.attrs:
+            _set_meta(f, [], [])
+        legacy = [n for n in LEGACY_FLAGS if n in f]
         for cols, table in batches:
             if columns is None:
-                columns = sorted(cols)
-                for name in columns:
-                    if name in EPISODE_DATASETS:
-                        raise SchemaError(
-                            f"column {name!r} collides with an HDF5 episode dataset name"
-                        )
-                    _create(f, name, cols[name], compression, level)
-                for name, dtype in zip(EPISODE_DATASETS, ("i8", "i8", "?", "?"), strict=True):
-                    f.create_dataset(
-                        name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(4096,)
-                    )
-                f.attrs["zreplay"] = json.dumps(
-                    {"format": "hdf5-episodes", "version": 1, "columns": columns}
-                )
-            elif sorted(cols) != columns:
+                columns, names = _create_columns(f, cols, compression, level)
+            elif sorted(cols) != sorted(columns):
                 raise SchemaError(
-                    f"{path}: columns {sorted(cols)} differ from the file's {columns}"
+                    f"{path}: columns {sorted(cols)} differ from the file's {sorted(columns)}"
                 )
             if not writers:
-                writers = {name: _Column(f[name], pool) for name in columns}
-            start = writers[columns[0]].rows
-            for name in columns:
-                writers[name].append(cols[name], path, name)
+                writers = {name: _Column(f[name], pool) for name in names}
+            start = writers[names[0]].rows
+            for col, name in zip(columns, names, strict=True):
+                writers[name].append(cols[col], path, col)
             lengths = np.asarray(table["length"], np.int64)
             offsets = start + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-            values = (lengths, offsets, table["terminated"], table["truncated"])
-            for name, value in zip(EPISODE_DATASETS, values, strict=True):
-                ds = f[name]
+            values = {"ep_len": lengths, "ep_offset": offsets}
+            values.update(zip(LEGACY_FLAGS, (table["terminated"], table["truncated"]), strict=True))
+            for name in [*EPISODE_DATASETS, *legacy]:
+                ds, value = f[name], values[name]
                 n0 = ds.shape[0]
                 ds.resize(n0 + len(value), axis=0)
                 ds[n0:] = value
         for w in writers.values():
             w.close()
-        if columns is None and "zreplay" not in f.attrs:
-            f.attrs["zreplay"] = json.dumps(
-                {"format": "hdf5-episodes", "version": 1, "columns": []}
-            )
         f.flush()
     except BaseException:
         pool.shutdown(cancel_futures=True)
@@ -111,6 +126,28 @@ def write_hdf5(
     f.close()
     if target != path:
         os.replace(target, path)
+
+
+def _create_columns(f, cols: dict[str, np.ndarray], compression, level: int):
+    columns = sorted(cols)
+    names = [dataset_name(c) for c in columns]
+    clash = {n for n in names if names.count(n) > 1} | set(names) & {*EPISODE_DATASETS}
+    if clash:
+        raise SchemaError(
+            f"columns {columns} cannot all be root datasets of an HDF5 episode file: "
+            f"{sorted(clash)} would collide (nested keys are named with '.'; ep_len and "
+            "ep_offset are the episode table); rename the keys"
+        )
+    for col, name in zip(columns, names, strict=True):
+        _create(f, name, cols[col], compression, level)
+    _set_meta(f, columns, names)
+    return columns, names
+
+
+def _set_meta(f, columns: list[str], names: list[str]) -> None:
+    f.attrs["zreplay"] = json.dumps(
+        {"format": "hdf5-episodes", "version": VERSION, "columns": columns, "datasets": names}
+    )
 
 
 def _create(f, name: str, sample: np.ndarray, compression, level: int) -> None:
@@ -201,56 +238,98 @@ def _encode(block: np.ndarray, shuffle: bool, level: int | None) -> bytes:
     return raw if level is None else zlib.compress(raw, level)
 
 
-def _hdf5_columns(f, path) -> list[str]:
-    try:
-        meta = json.loads(f.attrs["zreplay"])
-        if meta.get("format") != "hdf5-episodes":
-            raise ValueError(meta.get("format"))
-        return list(meta["columns"])
-    except (KeyError, ValueError, TypeError) as e:
-        f.close()
-        raise FormatError(f"{path} is not a zreplay HDF5 episode file ({e!r})") from None
+def layout(f, path) -> tuple[list[str], list[str]]:
+    """``(column key paths, their dataset names)`` of an open episode file: zreplay's
+    (the ``zreplay`` attribute) or stable-worldmodel's (``ep_len``/``ep_offset`` and a
+    dataset per column)."""
+    import h5py
+
+    if "zreplay" in f.attrs:
+        try:
+            meta = json.loads(f.attrs["zreplay"])
+            if meta.get("format") != "hdf5-episodes" or meta.get("version", 1) > VERSION:
+                raise ValueError(meta.get("format"), meta.get("version"))
+            columns = list(meta["columns"])
+            return columns, list(meta.get("datasets", columns))
+        except (KeyError, ValueError, TypeError) as e:
+            raise FormatError(f"{path} is not a zreplay HDF5 episode file ({e!r})") from None
+    if not all(k in f for k in EPISODE_DATASETS):
+        raise FormatError(
+            f"{path} is not an HDF5 episode file: neither zreplay's (no 'zreplay' attribute) "
+            "nor stable-worldmodel's (no ep_len/ep_offset datasets)"
+        )
+    names = [k for k in f.keys() if k not in EPISODE_DATASETS]
+    for k in names:
+        ds = f[k]
+        if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in "biuf":
+            raise FormatError(
+                f"{path}: column {k!r} is not a numeric or boolean dataset; zreplay stores "
+                "numeric per-step columns only"
+            )
+    return names, names
 
 
 def iter_hdf5(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
-    """Episodes of a zreplay HDF5 file, as nested ``{column: [L, ...]}`` arrays."""
+    """Episodes of a zreplay (or stable-worldmodel) HDF5 episode file, as nested
+    ``{column: [L, ...]}`` arrays."""
     import h5py
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such HDF5 file")
     with h5py.File(path, "r") as f:
-        columns = _hdf5_columns(f, path)
+        columns, names = layout(f, path)
         if not columns:
             return
         lens, offs = f["ep_len"][:].astype(np.int64), f["ep_offset"][:].astype(np.int64)
         # Consecutive episodes are read together, ~READ_BYTES per batch: one read per
         # column decompresses each chunk once instead of once per episode it holds.
-        row_bytes = sum(max(1, f[c].dtype.itemsize * int(np.prod(f[c].shape[1:]))) for c in columns)
-        i = 0
+        row_bytes = sum(max(1, f[d].dtype.itemsize * int(np.prod(f[d].shape[1:]))) for d in names)
+        pairs, i = list(zip(columns, names, strict=True)), 0
         while i < len(lens):
             j = i + max(
                 1, int(np.searchsorted(np.cumsum(lens[i:]) * row_bytes, READ_BYTES, "right"))
             )
             if np.all(offs[i + 1 : j] == (offs + lens)[i : j - 1]):
                 a, b = int(offs[i]), int(offs[j - 1] + lens[j - 1])
-                block = {c: f[c][a:b] for c in columns}
+                block = {c: f[d][a:b] for c, d in pairs}
                 for o, n in zip(offs[i:j] - a, lens[i:j], strict=True):
                     yield unflatten({c: v[o : o + n] for c, v in block.items()})
             else:
                 j = i + 1
-                yield unflatten({c: f[c][offs[i] : offs[i] + lens[i]] for c in columns})
+                yield unflatten({c: f[d][offs[i] : offs[i] + lens[i]] for c, d in pairs})
             i = j
+
+
+def episode_flags(f, columns: list[str], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """How each episode of an open file ended: the legacy datasets of a version 1 file,
+    else its last step's termination / truncation column (False without one)."""
+    lens = f["ep_len"][:] if "ep_len" in f else np.zeros(0, np.int64)
+    if all(k in f for k in LEGACY_FLAGS):
+        return f[LEGACY_FLAGS[0]][:].astype(bool), f[LEGACY_FLAGS[1]][:].astype(bool)
+    last = (f["ep_offset"][:] + lens - 1) if len(lens) else np.zeros(0, np.int64)
+    by_path = dict(zip(columns, names, strict=True))
+    out = []
+    for keys in (TERMINATION_KEYS, TRUNCATION_KEYS):
+        name = next((by_path[k] for k in keys if k in by_path), None)
+        if name is None or not len(lens):
+            out.append(np.zeros(len(lens), bool))
+            continue
+        rows, back = np.unique(last, return_inverse=True)  # h5py reads increasing indices
+        flags = f[name][rows]
+        out.append(flags.reshape(len(flags), -1).astype(bool).any(axis=1)[back])
+    return out[0], out[1]
 
 
 def hdf5_info(path: str | Path) -> dict[str, Any]:
     import h5py
 
     with h5py.File(path, "r") as f:
-        columns = _hdf5_columns(f, path)
-        lens = f["ep_len"][:] if columns else np.zeros(0, np.int64)
+        columns, names = layout(f, path)
+        lens = f["ep_len"][:] if "ep_len" in f else np.zeros(0, np.int64)
         return {
             "columns": columns,
+            "datasets": names,
             "episodes": len(lens),
             "steps": int(lens.sum()),
             "max_episode_len": int(lens.max(initial=0)),

@@ -28,12 +28,17 @@ import torch
 
 from ..core import BufferCore
 from ..core.ranks import rank_block
-from ..errors import CorruptBufferError, FormatError, PickleRefusedError
+from ..engine.reader import segment_commits
+from ..errors import CorruptBufferError, DestinationError, FormatError, PickleRefusedError
 from ..schema import unflatten
+from ..store.guard import check_apart, check_target, new_tree, relation
+from ..store.location import locate
 from ..store.root import is_buffer
 from .rlinf_trajectory import prepare
 
-BATCH = 64
+# Trajectories added at once while loading (each batch is staged whole in RAM).
+BATCH = 8
+# RLinf files an export has written ahead of the last one finished (bounded memory).
 WRITES_AHEAD = 4
 
 
@@ -50,14 +55,19 @@ def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Pat
     return directory / name
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
-    """``write(file)`` to a temp file, fsync it, rename it to ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+def check_trajectory_format(fmt: str) -> None:
+    if fmt not in ("pt", "pkl"):
+        raise ValueError(
+            f"trajectory_format must be 'pt' or 'pkl', got {fmt!r} (RLinf writes any value "
+            "other than 'pt' as .pkl pickles: say 'pkl' for that)"
+        )
+
+
+def _write_synced(path: Path, write) -> None:
+    with open(path, "wb") as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _to_torch(tree: Any) -> Any:
@@ -72,14 +82,26 @@ def _to_torch(tree: Any) -> Any:
 
 
 def export_rlinf(
-    core: BufferCore, out: Path, fmt: str, seed: int, progress: Callable[[int], None] | None = None
+    core: BufferCore, out, fmt: str, seed: int, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Write every visible trajectory of ``core`` in RLinf 0.3's layout under ``out``
-    (``seed``: RLinf's metadata field); ``progress(1)`` after each trajectory."""
-    if fmt not in ("pt", "pkl"):
-        raise ValueError(f"format must be 'pt' or 'pkl', got {fmt!r}")
+    """Write every visible trajectory of ``core`` in RLinf 0.3's layout to the local
+    directory ``out`` (``seed``: RLinf's metadata field); ``progress(1)`` after each
+    trajectory.  All or nothing: built beside ``out`` and swapped in whole, replacing an
+    earlier RLinf export there; any other non-empty ``out``, or one inside or around the
+    buffer, is refused before anything is written."""
+    check_trajectory_format(fmt)
+    out = locate(out)
+    if not out.backend.is_local:
+        raise DestinationError(
+            f"export writes RLinf's files to a local directory; {out} is not one"
+        )
+    check_target(out, "export", sources=[core.path], replaces=is_rlinf_dir, kind=RLINF_DIR)
     core.flush()
-    out.mkdir(parents=True, exist_ok=True)
+    with new_tree(out, "export", sources=[core.path], replaces=is_rlinf_dir, kind=RLINF_DIR) as tmp:
+        return _write_rlinf(core, tmp, fmt, seed, progress)
+
+
+def _write_rlinf(core: BufferCore, out: Path, fmt: str, seed: int, progress) -> int:
     index: dict[str, dict] = {}
     id_list: list[int] = []
     total = 0
@@ -99,7 +121,7 @@ def export_rlinf(
             path = trajectory_file(out, tid, wid, fmt)
             payload = _to_torch(traj)
             dump = torch.save if fmt == "pt" else pickle.dump
-            pending.append(pool.submit(_atomic_write_bytes, path, partial(dump, payload)))
+            pending.append(pool.submit(_write_synced, path, partial(dump, payload)))
             while len(pending) > WRITES_AHEAD:
                 pending.pop(0).result()
             index[str(tid)] = {
@@ -123,8 +145,8 @@ def export_rlinf(
         "seed": seed,
     }
     idx = {"trajectory_index": index, "trajectory_id_list": id_list}
-    _atomic_write_bytes(out / "trajectory_index.json", lambda f: f.write(json.dumps(idx).encode()))
-    _atomic_write_bytes(out / "metadata.json", lambda f: f.write(json.dumps(meta).encode()))
+    _write_synced(out / "trajectory_index.json", lambda f: f.write(json.dumps(idx).encode()))
+    _write_synced(out / "metadata.json", lambda f: f.write(json.dumps(meta).encode()))
     return len(id_list)
 
 
@@ -218,6 +240,9 @@ def _add_batched(core: BufferCore, items) -> None:
     core.add(batch)
 
 
+RLINF_DIR = "an RLinf buffer directory (metadata.json + trajectory_index.json)"
+
+
 def is_rlinf_dir(path) -> bool:
     """RLinf 0.3's buffer directory: ``metadata.json`` + ``trajectory_index.json``."""
     return (path / "metadata.json").is_file() and (path / "trajectory_index.json").is_file()
@@ -252,7 +277,10 @@ def load_into(
         raise ValueError(f"local_rank {rank} is outside [0, {world})")
     if not distributed:
         rank, world = 0, 1
-    if not core.temporary and str(src.resolve()) == str(core.path.resolve()):
+    rel = None if core.temporary else relation(src, core.path)
+    if rel not in (None, "same"):
+        check_apart(core.path, src, "load_checkpoint")
+    if rel == "same":
         if distributed and world > 1:
             raise ValueError(
                 f"{src} is this buffer's own directory; a rank's share must be loaded into "
@@ -263,24 +291,20 @@ def load_into(
         meta, ids, index = read_rlinf_index(src)
         start, stop = rank_block(len(ids), rank, world)
         fmt = meta.get("trajectory_format", "pt")
-        # Refuse (missing files, pickles) before this buffer's contents are replaced.
+        # Refuse (missing files, pickles) before anything is staged.
         files = rlinf_files(src, ids[start:stop], index, fmt, allow_pickle)
         core.reseed(int(meta.get("seed", core.stream.seed)), rank if distributed else None)
-        core.clear(reset_schema=True)
-        _add_batched(core, iter_rlinf(files, allow_pickle, progress))
-        core.reserve_trajectory_ids(
-            max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
-        )
-        core.flush()
+        with core.replacing() as staging:  # all or nothing: a bad file leaves the buffer as it was
+            _add_batched(staging, iter_rlinf(files, allow_pickle, progress))
+            staging.reserve_trajectory_ids(
+                max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
+            )
         return
 
     options = src.backend.storage_options
-    segs = [(w, c) for w, c in BufferCore.segment_commits(src, options) if c.n_traj > c.low_traj]
+    segs = [(w, c) for w, c in segment_commits(src, options) if c.n_traj > c.low_traj]
     start, stop = rank_block(sum(c.n_traj - c.low_traj for _, c in segs), rank, world)
-    if not segs:
-        core.clear(reset_schema=True)
-        return
-    if len(segs) == 1:
+    if len(segs) == 1:  # a restore: hard links, the source's rows, ids and priorities
         wid, c = segs[0]
         state = c.sampler
         if distributed:
@@ -289,10 +313,9 @@ def load_into(
             state = {**c.sampler, **core.stream.state()}
         core.adopt(src, wid, c.low_traj + start, c.low_traj + stop, state)
         return
-    # Several writers' segments: copy the rank's block through the normal add path.
+    # Several writers' segments: copy the rank's block, numbered after this buffer's rows.
     view = BufferCore.reader(src, storage_options=options)
     core.reseed(core.stream.seed, rank if distributed else None)
-    core.clear(reset_schema=True)
-    _add_batched(core, (rec.prepared() for rec in view.trajectories(start, stop)))
-    core.reserve_trajectory_ids(view.next_trajectory_id)
-    core.flush()
+    with core.replacing() as staging:
+        _add_batched(staging, (rec.prepared() for rec in view.trajectories(start, stop)))
+        staging.reserve_trajectory_ids(view.next_trajectory_id)

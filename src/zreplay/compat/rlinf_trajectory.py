@@ -91,6 +91,20 @@ def _strip_epoch_rows(key: str, arr: np.ndarray, T: int) -> np.ndarray:
     return arr.reshape(extra, per + 1, *arr.shape[1:])[:, 1:].reshape(T, *arr.shape[1:])
 
 
+def prepare_all(trajectories: Any, continues: Any) -> list[Prepared]:
+    """``add_trajectories``' argument (a list of trajectories) prepared; one trajectory
+    passed on its own is a SchemaError saying to wrap it in a list."""
+    if isinstance(trajectories, Mapping) or hasattr(trajectories, "max_episode_length"):
+        raise SchemaError(
+            f"add_trajectories takes a list of trajectories, got one "
+            f"{type(trajectories).__name__}; wrap it in a list: add_trajectories([traj])"
+        )
+    items = [prepare(t) for t in trajectories]
+    for it in items:
+        it.continues = continues
+    return items
+
+
 def prepare(traj: Any) -> Prepared:
     """Turn one accepted input into validated ``[T, B, ...]`` numpy columns (no data copy
     except where epoch bootstrap rows are dropped)."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..core import Prepared
-from ..errors import SchemaError
+from ..errors import EmptyBufferError, SchemaError, warn_caller
 from ..schema import Schema, as_numpy, flatten
 
 # Per-episode (not per-step) data in stable-worldmodel's episodes: not stored.
@@ -26,16 +26,34 @@ def classic_filter(ep: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ep.items() if k in keep}
 
 
+WRITE = "ReplayBuffer.write_episode: "  # stable-worldmodel's prefix of write errors
+
+
+def positive(name: str, value) -> None:
+    """stable-worldmodel's argument check (before any ``int()``, in its order)."""
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
 def episode_columns(ep: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
-    """``({key path: [L, ...] array}, L)``; ``SchemaError`` for a scalar column or columns
-    of unequal length."""
-    cols = {k: _per_step(k, v) for k, v in flatten(ep).items()}
-    lengths = {k: len(v) for k, v in cols.items()}
-    n = next(iter(lengths.values()))
-    for k, ln in lengths.items():
-        if ln != n:
-            raise SchemaError(f"column {k!r} has length {ln}, expected {n}")
-    return cols, n
+    """``({key path: [L, ...] array}, L)``: stable-worldmodel's checks column by column
+    in the episode's order (a scalar column, a length differing from the first
+    column's), with its messages; nested dicts become ``/`` key paths."""
+    cols: dict[str, np.ndarray] = {}
+    n = None
+    for k, v in flatten(ep).items():
+        arr = _per_step(k, v)
+        if n is None:
+            n = len(arr)
+        elif len(arr) != n:
+            raise SchemaError(f"{WRITE}column {k!r} has length {len(arr)}, expected {n}")
+        cols[k] = arr
+    return cols, n or 0
+
+
+def check_length(n: int, max_steps: int) -> None:
+    if n > max_steps:
+        raise SchemaError(f"{WRITE}episode length {n} exceeds max_steps={max_steps}")
 
 
 def check_columns(schema: Schema | None, cols: Mapping[str, np.ndarray]) -> None:
@@ -46,21 +64,52 @@ def check_columns(schema: Schema | None, cols: Mapping[str, np.ndarray]) -> None
     missing = sorted(set(schema.keys) - set(cols))
     extra = sorted(set(cols) - set(schema.keys))
     if missing or extra:
-        raise SchemaError(
-            f"ReplayBuffer.write_episode: schema mismatch. missing={missing}, extra={extra}"
-        )
+        raise SchemaError(f"{WRITE}schema mismatch. missing={missing}, extra={extra}")
     for k, v in cols.items():
         spec = schema.specs[k]
         if tuple(v.shape[1:]) != tuple(spec.row_shape):
             raise SchemaError(
-                f"column {k!r} per-step shape {tuple(v.shape[1:])} mismatches expected "
-                f"{tuple(spec.row_shape)}"
+                f"{WRITE}column {k!r} per-step shape {tuple(v.shape[1:])} mismatches "
+                f"expected {tuple(spec.row_shape)}"
             )
         if v.dtype != spec.dtype:
             raise SchemaError(
-                f"column {k!r} dtype {v.dtype} mismatches expected {spec.dtype} (cast it "
-                "explicitly; stable-worldmodel would silently truncate)"
+                f"{WRITE}column {k!r} dtype {v.dtype} mismatches expected {spec.dtype} "
+                "(cast it explicitly; stable-worldmodel would silently truncate)"
             )
+
+
+class UniformClips:
+    """stable-worldmodel's default sampler as a hook ``fn(step, buffer, batch_size,
+    history_len)``: uniform clip indices, from the buffer's own random generator (what
+    ``ReplayBuffer.sampler`` returns by default; wrapping it draws as the default does)."""
+
+    def __call__(self, step: int, buffer, batch_size: int, history_len: int) -> np.ndarray:
+        n = buffer.num_valid_ends(history_len)
+        if n == 0:
+            raise RuntimeError(no_clips(buffer, history_len))
+        return buffer.core.stream.rng.integers(0, n, size=batch_size)
+
+    def __repr__(self) -> str:
+        return "UniformClips()"
+
+
+def no_clips(buffer, history_len: int) -> str:
+    return (
+        f"ReplayBuffer.sample: no clips of history_len={history_len} available "
+        f"(num_episodes={buffer.num_episodes}, num_steps_stored={buffer.num_steps_stored})"
+    )
+
+
+def sample_error(e: BaseException, buffer, history_len: int) -> None:
+    """Give ``e`` (raised while sampling) stable-worldmodel's text where it has one."""
+    text = str(e.args[0]) if e.args else ""
+    if isinstance(e, EmptyBufferError) and text.startswith("no clips of"):
+        e.args = (no_clips(buffer, history_len),)
+    elif isinstance(e, ValueError) and text.startswith("sampler returned shape"):
+        e.args = ("ReplayBuffer.sample: " + text,)
+    elif isinstance(e, IndexError) and text.startswith("clip index out of range"):
+        e.args = ("ReplayBuffer: " + text,)
 
 
 def as_trajectory(cols: Mapping[str, np.ndarray], n: int) -> Prepared:
@@ -81,5 +130,26 @@ def _per_step(key: str, value: Any) -> np.ndarray:
     else:
         arr = _coerce(value, key)
     if arr.ndim == 0:
-        raise SchemaError(f"column {key!r} is scalar; expected a per-step array")
+        raise SchemaError(f"{WRITE}column {key!r} is scalar; expected a per-step array")
     return np.ascontiguousarray(arr)
+
+
+def warn_episode_data() -> bool:
+    warn_caller("zreplay.ReplayBuffer stores per-step columns only; '_episode_data' was dropped")
+    return True
+
+
+class ReplicaCore:
+    """Stands in for the core of a ``ReplayBuffer`` unpickled in a DataLoader worker (which
+    reads through a view of the store only)."""
+
+    closed = True
+
+    def __init__(self, path):
+        self.path = path
+
+    def __getattr__(self, name):
+        raise RuntimeError(
+            "this ReplayBuffer is a read-only replica in a DataLoader worker; write "
+            "through the original object"
+        )

@@ -14,23 +14,26 @@ Everything a facade needs is a public method here; see README "The buffer core".
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..engine import replace
 from ..engine.prepared import Prepared
-from ..engine.reader import BufferReader, segment_commits
+from ..engine.ramtier import RamPolicy
+from ..engine.reader import BufferReader
 from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, ReadOnlyError
 from ..index.episodes import EpisodeView
-from ..index.trajectories import time_major
 from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
+from .guards import add_checked, new_writer
 from .records import BATCH_BYTES, TrajectoryRecord, read_episodes, read_trajectories
 from .stream import RandomStream
 
@@ -51,6 +54,7 @@ class BufferCore:
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
         self._is_reader = not engine.writable
+        self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -65,7 +69,7 @@ class BufferCore:
         :class:`~zreplay.engine.writer.SegmentWriter`'s (capacity, ram, layout, durable,
         overwrite, break_lock, storage_options).  Resumes the stream and sampler state
         saved with the segment's last commit."""
-        core = cls(SegmentWriter(path, **options), sampler, stream or RandomStream(), owner)
+        core = cls(new_writer(path, options), sampler, stream or RandomStream(), owner)
         core.load_state(core.engine.commit.sampler)
         core.engine.attach(core)
         return core
@@ -111,6 +115,10 @@ class BufferCore:
     def num_rows(self) -> int:
         """Visible transitions (rows)."""
         return self.engine.num_rows
+
+    @property
+    def row_range(self) -> tuple[int, int]:  # (first, stop) of visible rows() positions
+        return self.engine.locked(lambda s: (int(s.bounds[0]), int(s.bounds[0]) + s.num_rows))
 
     @property
     def num_trajectories(self) -> int:
@@ -232,9 +240,9 @@ class BufferCore:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
         return plans.gather_nstep(self._read, spec, self.keys, self.pick(n, step), keys)
 
-    def episode(self, e: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Every visible step of episode ``e`` as ``[L, ...]`` arrays."""
-        return plans.gather_episode(self._read, keys or self.keys, e)
+    def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
+        """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
+        return plans.gather_episode(self._read, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
@@ -253,19 +261,7 @@ class BufferCore:
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
         """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
         keys = self.keys if keys is None else list(keys)
-        box = {}
-
-        def draw(snap):
-            ref = box["ref"] = snap.trajectory(i)
-            pos = ref.positions()
-            return {k: (k, pos) for k in keys}
-
-        _, flat = self.read(draw)
-        ref = box["ref"]
-        meta = ref.metadata()
-        T, B = meta["T"], meta["B"]
-        columns = {k: time_major(v, T, B) for k, v in flat.items()}
-        return TrajectoryRecord(columns, continues=ref.part.index.continues(ref.j), **meta)
+        return next(read_trajectories(self.read, self.schema, keys, i, i + 1, 0))
 
     def trajectories(
         self, start: int = 0, stop: int | None = None, batch_bytes: int = BATCH_BYTES
@@ -273,17 +269,14 @@ class BufferCore:
         """Visible trajectories ``[start, stop)``, oldest first, read ``batch_bytes`` of
         rows at a time (one range read per key and batch)."""
         stop = self.num_trajectories if stop is None else stop
-        row_bytes = self.schema.row_bytes if self.schema is not None else 1
-        yield from read_trajectories(self.read, self.keys, row_bytes, start, stop, batch_bytes)
+        yield from read_trajectories(self.read, self.schema, self.keys, start, stop, batch_bytes)
 
     def episodes_from(
         self, start: int, keys: list[str] | None = None, batch_bytes: int = BATCH_BYTES
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Episodes from ``start`` on, as many as fit ``batch_bytes`` (at least one), read
         together: ``(columns [steps, ...], {"length", "terminated", "truncated"})``."""
-        keys = keys or self.keys
-        row_bytes = sum(self.schema.specs[k].row_bytes for k in keys) if keys else 1
-        return read_episodes(self.read, keys, row_bytes, start, batch_bytes)
+        return read_episodes(self.read, self.schema, keys or self.keys, start, batch_bytes)
 
     def refresh(self) -> bool:
         """A reader re-reads the commits (True if anything new became visible)."""
@@ -294,19 +287,11 @@ class BufferCore:
         """``(writer_id, commit)`` of every visible segment (readers)."""
         return self._reader().segments()
 
-    @staticmethod
-    def segment_commits(path, storage_options=None) -> list[tuple[str, Any]]:
-        """``(writer_id, commit)`` of every committed segment of the buffer at ``path``,
-        read without opening it (no arrays, no index)."""
-        return segment_commits(path, storage_options)
-
     # -- writing (writable cores) ----------------------------------------------------
 
     def _writer(self) -> SegmentWriter:
         if not self.writable:
-            raise ReadOnlyError(
-                f"{self.path} is open read-only (zreplay.open); write through a buffer"
-            )
+            raise ReadOnlyError(f"{self.path} is open read-only (zreplay.open); use a buffer")
         return self.engine
 
     def _reader(self) -> BufferReader:
@@ -316,7 +301,7 @@ class BufferCore:
 
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories (all or none pass); returns their ids."""
-        return self._writer().add(items)
+        return add_checked(self._writer(), items)
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
@@ -326,8 +311,10 @@ class BufferCore:
         if self.writable:
             self.engine.flush()
 
-    def clear(self, reset_schema: bool = False) -> None:
-        self._writer().clear(reset_schema)
+    def clear(self) -> None:
+        """Remove every trajectory (on disk too) in one commit; rows, ids and the random
+        stream go on (nothing is ever reused)."""
+        self._writer().clear()
 
     def drop_ram(self) -> None:
         self._writer().drop_ram()
@@ -336,11 +323,36 @@ class BufferCore:
         self._writer().checkpoint(dest)
 
     def adopt(self, src, writer_id: str, first: int, stop: int, state: Mapping) -> None:
-        """Replace this segment with trajectories ``[first, stop)`` of segment
-        ``writer_id`` of the buffer at ``src`` (hard links), taking ``state`` (a commit's
-        sampler state) as this buffer's stream and sampler state."""
-        self._writer().adopt(src, writer_id, first, stop, dict(state))
+        """Replace this buffer's contents with trajectories ``[first, stop)`` of segment
+        ``writer_id`` of the buffer at ``src`` by hard-linking its files (no data copy),
+        all or nothing, taking ``state`` (a commit's sampler state) as this buffer's
+        stream and sampler state.  A restore: rows, trajectory ids and saved priorities
+        are the source's (indices drawn before it do not apply after it)."""
+        replace.adopt(self._writer(), src, writer_id, first, stop, dict(state))
         self.load_state(state)
+
+    @contextlib.contextmanager
+    def replacing(self, state: Mapping | None = None) -> Iterator[BufferCore]:
+        """Replace this buffer's contents with what the block adds to the yielded core (a
+        staging buffer whose rows and ids go on from this one's), all or nothing: swapped
+        in when the block ends, discarded if it raises.  ``state``: the stream and sampler
+        state to resume afterwards (default: this buffer's as it is then)."""
+        writer = self._writer()
+        with replace.replacement(writer) as path:
+            staging = BufferCore.writer(
+                path,
+                writer_id=writer.writer_id,
+                ram=RamPolicy(trajectories=2),
+                layout=writer.layout_overrides,
+                durable=writer.durable,
+            )
+            try:
+                yield staging
+            finally:
+                staging.close()
+            new = dict(self.state() if state is None else state)
+            replace.swap_in_staged(writer, new)
+        self.load_state(new)
 
     def close(self) -> None:
         if self.writable:
@@ -376,7 +388,7 @@ class BufferCore:
         return self._bound.prioritized
 
     def state(self) -> dict:
-        return {**self.stream.state(), **self._bound.state()}
+        return {**self.stream.state(), **self._bound.state(), "facade": dict(self.facade_state)}
 
     def priorities_to_save(self, n_rows: int, explicit: bool):
         space = self.engine.snapshot().space  # the writer holds its lock while it asks

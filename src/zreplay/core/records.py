@@ -1,4 +1,5 @@
-"""Whole trajectories and episodes read in large batches (exports, dumps, copies).
+"""What a buffer core hands out besides batches: whole trajectories with their metadata,
+and whole trajectories and episodes read in large batches (exports, dumps, copies).
 
 A read is ``read(draw) -> (drawn, {name: array})`` (``BufferCore.read``): ``draw`` runs on
 one consistent snapshot and asks for positions; the one gather reads them, a plain range
@@ -54,11 +55,17 @@ def _take(sizes: np.ndarray, row_bytes: int, batch_bytes: int) -> int:
     return max(1, int(np.searchsorted(used, batch_bytes, side="right")))
 
 
+def _row_bytes(schema, keys: list[str]) -> int:
+    return max(1, sum(schema.specs[k].row_bytes for k in keys)) if schema and keys else 1
+
+
 def read_trajectories(
-    read: Read, keys: list[str], row_bytes: int, start: int, stop: int, batch_bytes: int
+    read: Read, schema, keys: list[str], start: int, stop: int, batch_bytes: int
 ) -> Iterator[TrajectoryRecord]:
-    """Visible trajectories ``[start, stop)``, oldest first, read a batch at a time."""
-    i = start
+    """Visible trajectories ``[start, stop)`` (``start`` may count from the newest if
+    negative, ``stop`` then ``start + 1``) of ``schema``'s ``keys``, oldest first, read a
+    batch at a time."""
+    row_bytes, i = _row_bytes(schema, keys), start
     while i < stop:
         box: dict = {}
 
@@ -87,13 +94,13 @@ def read_trajectories(
 
 
 def read_episodes(
-    read: Read, keys: list[str], row_bytes: int, start: int, batch_bytes: int
+    read: Read, schema, keys: list[str], start: int, batch_bytes: int
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Visible episodes from ``start`` on that fit ``batch_bytes`` (at least one), from
     one snapshot: ``(columns [total steps, ...], table)`` where ``table`` has per-episode
     ``length``, ``terminated`` and ``truncated`` (episodes follow each other in the
     columns).  ``IndexError`` past the last episode."""
-    box: dict = {}
+    row_bytes, box = _row_bytes(schema, keys), {}
 
     def draw(snap):
         view = snap.episodes

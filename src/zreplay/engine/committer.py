@@ -41,7 +41,7 @@ class Job:
     complete: bool  # covers everything published when it was built
     rows: tuple[int, int]  # rows [start, stop) to write from the tier
     first_traj: int
-    offsets: np.ndarray  # offsets[first_traj + 1 : ...]
+    offsets: np.ndarray  # offsets[first_traj : ...]
     columns: dict[str, np.ndarray]  # trajectory columns from first_traj
     first_piece: int
     pieces: dict[str, np.ndarray]  # episode pieces from first_piece
@@ -92,20 +92,35 @@ def sampler_state(
 
 
 def build_job(
-    writer_id: str, index, old: Commit, tier, schema, segment, next_id: int, next_episode: int
+    writer_id: str,
+    index,
+    old: Commit,
+    tier,
+    schema,
+    segment,
+    next_id: int,
+    next_episode: int,
+    batch_ends: list[int] = (),
 ) -> Job:
-    """What the next commit after ``old`` covers: whole trajectories of ``index``
-    published since, at most a quarter of the RAM tier or ``JOB_BYTES`` (but at least one
-    trajectory), so adds waiting for room are released progressively and the store's
-    copies of the rows being written stay small.  Reads its arguments, changes nothing;
-    the commit's ``sampler`` state is the caller's to fill in."""
+    """What the next commit after ``old`` covers: whole adds (``batch_ends``: the
+    trajectory counts at which each add's batch ends; an add is never committed in part)
+    published since, at most the store backend's ``commit_tier_share`` of the RAM tier (a
+    quarter locally, all of it in an object store) or ``JOB_BYTES`` (but at least one
+    add), so adds waiting for room are released progressively and the store's copies of
+    the rows being written stay small.  Reads its arguments, changes nothing; the
+    commit's ``sampler`` state is the caller's to fill in."""
     first = min(old.n_traj, index.n)
     stop = index.n
     if tier is not None and stop > first:
-        rows = min(tier.capacity // 4, JOB_BYTES // max(1, schema.row_bytes))
+        share = segment.backend.commit_tier_share if segment is not None else 0.25
+        rows = min(int(tier.capacity * share), JOB_BYTES // max(1, schema.row_bytes))
         budget = old.n_rows + max(1, rows)
         stop = max(first + 1, int(np.searchsorted(index.offsets, budget, side="right")) - 1)
         stop = min(stop, index.n)
+        ends = [e for e in batch_ends if first < e <= index.n]
+        if ends:  # the last whole add within the budget, else the first add
+            fit = [e for e in ends if e <= stop]
+            stop = fit[-1] if fit else ends[0]
     low = min(index.low, stop)
     columns = index.columns_range(first, stop)
     ends = index.column("piece_end")
@@ -135,7 +150,7 @@ def build_job(
         complete=stop == index.n,
         rows=(old.n_rows, new.n_rows),
         first_traj=first,
-        offsets=index.offsets[first + 1 : stop + 1].copy(),
+        offsets=index.offsets[first : stop + 1].copy(),
         columns=columns,
         first_piece=p_first,
         pieces=pieces,
@@ -222,6 +237,13 @@ class Committer:
             self.stopping = True
             self.cond.notify_all()
         self.thread.join()
+
+    def abandon(self) -> None:
+        """Stop without committing anything more (the writer's state is stale; condition
+        held or not: the thread exits when it next looks)."""
+        self.stopping = True
+        self.want = self.done
+        self.error = None
 
     def begin_disk_read(self) -> None:
         """A reader is about to read committed rows from disk: hold off shard deletion."""

@@ -57,9 +57,9 @@ class Part:
     ``tier``: the writer's RAM tier (rows at or above ``tier_lo`` are read from RAM);
     ``cache``: the segment's column cache of small keys, which may hold committed rows
     below ``cache_hi`` (default ``n_rows``); ``reclaimed(row)``: for segments another
-    process writes, whether that writer has announced deleting the shard holding ``row``
-    since the snapshot was taken (then a failed or fill-value read means the rows were
-    evicted, not damaged)."""
+    process writes, whether that writer has since published a commit under which ``row``
+    is gone (evicted and reclaimed, the segment cleared or replaced): then a failed or
+    fill-value read means the rows went, not that they are damaged."""
 
     __slots__ = ("segment", "index", "pos0", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
     __slots__ += ("cache", "cache_hi")
@@ -361,7 +361,7 @@ def gather_finish(pending: PendingGather) -> dict[str, np.ndarray]:
                 else:
                     pending.target(name)[rd.sel] = got
         except CorruptBufferError:
-            # A writer deletes evicted shards only after announcing it in its commit.
+            # A writer deletes rows' files only after a commit that says they are gone.
             if rd.part.reclaimed is not None and rd.part.reclaimed(first):
                 raise Evicted() from None
             raise

@@ -11,8 +11,10 @@ are still visible and fit below the rows added since (``SegmentState.put_preload
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger("zreplay")
 
@@ -29,24 +31,37 @@ class TierPreload:
         self._stop = False
         self.thread: threading.Thread | None = None
 
-    @classmethod
-    def start(cls, cond, state, committer) -> TierPreload:
-        """Start refilling (condition not held); a no-op when nothing is missing."""
-        pre = cls(cond, state, committer)
-        with cond:
-            plan = state.preload_rows()
+    def start(self) -> TierPreload:
+        """Start refilling (condition not held; a refill still running is stopped
+        first); a no-op when nothing is missing.  Returns itself."""
+        self.stop()
+        self._stop = False
+        with self._cond:
+            plan = self._state.preload_rows()
         if plan is not None:
-            pre.thread = threading.Thread(
-                target=pre._run, args=plan, daemon=True, name="zreplay-preload"
+            self.thread = threading.Thread(
+                target=self._run, args=plan, daemon=True, name="zreplay-preload"
             )
-            pre.thread.start()
-        return pre
+            self.thread.start()
+        return self
 
     def stop(self) -> None:
         """Stop and wait for the thread (condition not held)."""
         self._stop = True
         if self.thread is not None:
             self.thread.join()
+            self.thread = None
+
+    @contextlib.contextmanager
+    def paused(self, resume: Callable[[], bool]) -> Iterator[None]:
+        """No refill runs in the block (the segment's contents may change in it); one
+        starts afresh after it if ``resume()`` (the writer is still open)."""
+        self.stop()
+        try:
+            yield
+        finally:
+            if resume():
+                self.start()
 
     def done(self) -> bool:
         return self.thread is None or not self.thread.is_alive()

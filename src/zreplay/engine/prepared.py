@@ -51,6 +51,18 @@ class Prepared:
         return self.T * self.B
 
 
+_INT64 = np.iinfo(np.int64)
+
+
+def _int64(value, name: str) -> int:
+    """``value`` as an int that an int64 column holds, else a SchemaError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise SchemaError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if not _INT64.min <= int(value) <= _INT64.max:
+        raise SchemaError(f"{name} {value} does not fit in int64; pass a smaller integer")
+    return int(value)
+
+
 def check_batch(
     items: list[Prepared], schema: Schema | None, lanes_b: int | None, capacity: int | None
 ) -> Schema:
@@ -59,6 +71,9 @@ def check_batch(
     previous trajectory), sizes against ``capacity`` rows and this machine's memory.
     Returns the schema; raises a ``ValueError`` subclass on the first problem."""
     for it in items:
+        it.max_episode_length = _int64(it.max_episode_length, "max_episode_length")
+        if it.trajectory_id is not None:
+            it.trajectory_id = _int64(it.trajectory_id, "trajectory_id")
         cont = np.asarray(it.continues, bool)
         if cont.shape not in ((), (it.B,)):
             raise SchemaError(

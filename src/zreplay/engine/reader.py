@@ -48,16 +48,21 @@ class _SegmentState:
             self.epoch = object()
             self.cache = ColumnCache(segment.schema, budget) if budget > 0 else None
 
-    def reclaimed(self, row: int) -> bool:
-        """Has the writer (since this state was read) announced deleting ``row``'s shard?"""
+    def gone(self, row: int) -> bool:
+        """Has the writer, since this state was read, published a commit under which
+        ``row`` is gone (evicted and its shard reclaimed, or the segment cleared or
+        replaced)?  Then a failed read of it is no damage: draw again."""
         now = read_commit(self.segment.dir)
-        return now is not None and now.reclaimed_below > row
+        if now is None or now.gen == self.commit.gen:
+            return False
+        return row < now.low_row or now.reclaimed_below > row or now.n_rows < self.commit.n_rows
 
 
 def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str, Commit]]:
     """``(writer_id, commit)`` of every committed segment of the buffer at ``path``, in
     name order, read without opening any array (what a checkpoint load needs first)."""
     root = BufferRoot(path, storage_options)
+    root.recover()  # a checkpoint saved over it that a crash interrupted
     root.read_meta()  # fails fast on a non-buffer
     out = []
     for wid in root.writer_ids():
@@ -100,6 +105,7 @@ class BufferReader:
         self.chunk_cache_bytes = int(chunk_cache_bytes)
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
+        self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
         self._pid = os.getpid()
         self._segs: dict[str, _SegmentState] = {}
@@ -238,7 +244,7 @@ class BufferReader:
                     st.index.low_row,
                     st.index.n_rows,
                     int(self._cum_rows[si]),
-                    reclaimed=st.reclaimed,
+                    reclaimed=st.gone,
                     cache=st.cache,
                 )
                 for si, st in enumerate(self._order)

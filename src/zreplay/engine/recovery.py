@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import CorruptBufferError, FormatError, WriterLockedError
+from ..errors import CorruptBufferError, FormatError, WriteFailedError, WriterLockedError
 from ..index.split import Lanes, lanes_after
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, migrate_commit, read_commit, remove_orphans
 from ..store.format import ID_BITS
-from ..store.lock import WriterLock
+from ..store.guard import live_writer
+from ..store.layout import check_recorded, layouts_for
 from ..store.root import BufferRoot, is_buffer
 from ..store.segment import Segment
+from . import replace
 
 
 @dataclass
@@ -42,12 +44,29 @@ def open_arrays(seg_dir, schema: Schema, layouts: dict, durable: bool) -> Segmen
     return Segment(seg_dir, schema, layouts, writable=True, durable=durable)
 
 
+def fix_schema(root: BufferRoot, seg_dir, schema: Schema, overrides, durable: bool):
+    """Fix the buffer's schema (or take the one already fixed, which must be the same)
+    and create this segment's arrays in the layout every segment uses; returns
+    ``(layouts, segment)``.  A failed write is a WriteFailedError; both steps are
+    idempotent, so the next add completes what a failed one began."""
+    try:
+        layouts = root.set_schema(schema, layouts_for(schema.specs, overrides))
+        check_recorded(schema.specs, layouts, overrides)
+        return layouts, open_arrays(seg_dir, schema, layouts, durable)
+    except OSError as e:
+        raise WriteFailedError(
+            f"could not create the arrays of {seg_dir} ({type(e).__name__}: {e}); "
+            "nothing was added. Fix the cause (disk space, permissions) and add again"
+        ) from e
+
+
 def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
     """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock); a
     format-2 buffer and segment are moved to format 3 first."""
     seg_dir = root.segment_dir(writer_id)
     root.upgrade()
     migrate_commit(seg_dir, durable)
+    replace.recover(root, seg_dir, durable)
     schema, layouts = root.schema()
     commit = read_commit(seg_dir) or Commit(writer_id=writer_id)
     if commit.writer_number < 0:
@@ -59,7 +78,15 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegme
     remove_orphans(seg_dir, committed)
     next_id = max(commit.next_trajectory_id, commit.writer_number << ID_BITS)
     opened = OpenedSegment(
-        commit, schema, layouts, None, TrajectoryIndex(), None, next_id, commit.next_episode, 1
+        commit,
+        schema,
+        layouts,
+        None,
+        TrajectoryIndex(first_row=commit.n_rows),
+        None,
+        next_id,
+        commit.next_episode,
+        1,
     )
     if schema is None:
         return opened
@@ -92,63 +119,16 @@ def remove_for_overwrite(path) -> None:
     """Delete the buffer at ``path`` (``overwrite=True``): refused while any of its
     segments has a live writer, and for anything that is not a zreplay buffer."""
     if is_buffer(path):
-        root = BufferRoot(path)
-        for wid in root.writer_ids():
-            info = WriterLock(root.segment_dir(wid)).live_holder()
-            if info is not None:
-                raise WriterLockedError(
-                    f"overwrite=True refused: segment {wid!r} of {path} is being "
-                    f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
-                    "close that writer first"
-                )
+        found = live_writer(path)
+        if found is not None:
+            wid, info = found
+            raise WriterLockedError(
+                f"overwrite=True refused: segment {wid!r} of {path} is being "
+                f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
+                "close that writer first"
+            )
         path.backend.remove_tree(path)
     elif any(True for _ in path.iterdir()):
         raise FormatError(
             f"overwrite=True refused: {path} is not a zreplay buffer; delete it yourself"
         )
-
-
-@dataclass
-class Adoptable:
-    """A committed segment whose trajectories another writer adopts by hard links."""
-
-    seg_dir: object
-    schema: Schema
-    layouts: dict
-    commit: Commit
-    offsets: object
-    piece_end: object
-
-    def commit_for(
-        self, current: Commit, first: int, stop: int, next_id: int, sampler: dict
-    ) -> Commit:
-        """The adopting writer's commit (after ``current``) showing trajectories
-        ``[first, stop)`` of this segment."""
-        off, ends, src = self.offsets, self.piece_end, self.commit
-        return Commit(
-            writer_id=current.writer_id,
-            gen=current.gen + 1,
-            n_rows=int(off[stop]),
-            n_traj=stop,
-            low_row=int(off[first]),
-            low_traj=first,
-            reclaimed_below=src.reclaimed_below,
-            next_trajectory_id=max(next_id, src.next_trajectory_id),
-            n_pieces=int(ends[stop - 1]) if stop else 0,
-            low_piece=int(ends[first - 1]) if first else 0,
-            next_episode=src.next_episode,
-            writer_number=current.writer_number,
-            sampler=sampler,
-        )
-
-
-def read_adoptable(src_root, src_writer: str) -> Adoptable:
-    """Segment ``src_writer`` of the buffer at ``src_root``, read up to its commit."""
-    src = BufferRoot(src_root)
-    schema, layouts = src.schema()
-    src_dir = src.segment_dir(src_writer)
-    commit = read_commit(src_dir)
-    # Only the index is read here (no data array is opened); it is checked against the
-    # commit as every open does.
-    cols = Segment(src_dir, Schema({}), {}, writable=False).read_index(commit)
-    return Adoptable(src_dir, schema, layouts, commit, cols["offsets"], cols["piece_end"])

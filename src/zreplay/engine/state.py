@@ -8,10 +8,13 @@ waiting and the I/O around them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.split import split_pieces
+from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit
 from ..store.segment import Segment
@@ -52,8 +55,22 @@ class SegmentState:
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
         self.columns = self._column_cache()
+        self.window_rows = 0  # committed rows the tier keeps for sampling (the RAM policy)
+        # Trajectory counts at which an add's batch ends: a commit never splits a batch.
+        self.batch_ends: list[int] = []
         if self.index.n:
             self.make_tier(o.largest_trajectory)
+
+    def empty_to(self, commit: Commit) -> None:
+        """Take ``commit`` (of a clear: nothing visible) as the segment's state, before its
+        arrays are opened again (a failure in between leaves no stale index behind)."""
+        index = TrajectoryIndex(first_row=commit.n_rows)
+        self.reopen(
+            OpenedSegment(
+                commit, self.schema, self.layouts, None, index, None,
+                commit.next_trajectory_id, commit.next_episode, 1,
+            )
+        )  # fmt: skip
 
     def set_schema(self, schema: Schema | None, layouts, segment: Segment | None) -> None:
         self.schema, self.layouts, self.segment = schema, layouts, segment
@@ -66,21 +83,39 @@ class SegmentState:
         return ColumnCache(self.schema, self.ram.column_budget)
 
     def set_commit(self, commit: Commit, job: Job | None = None) -> None:
-        """``commit`` was published (for ``job``, announcing a reclaim, or by the writer)."""
+        """``commit`` was published (for ``job``, announcing a reclaim, or by the writer).
+        Committed rows beyond the RAM policy's window leave the tier (all of them with the
+        RAM tier off; the rows of a batch larger than the window once it is on disk)."""
         self.commit = commit
-        if job is not None and not self.ram.enabled and self.tier is not None:
-            self.tier.release_below(commit.n_rows)
+        if job is not None and self.tier is not None:
+            self.tier.release_below(min(commit.n_rows, self.tier.hi - self.window_rows))
 
     # -- the RAM tier ---------------------------------------------------------------
 
     def make_tier(self, traj_rows: int) -> None:
-        self.tier = RamTier(self.schema, self.ram.rows_for(self.schema, traj_rows))
+        rows = self.ram.rows_for(self.schema, traj_rows)
+        self.window_rows = rows if self.ram.enabled else 0
+        self.tier = RamTier(self.schema, rows)
         self.tier.reset(self.index.n_rows)
 
-    def regrow_tier(self, traj_rows: int) -> RamTier:
-        """A larger tier for trajectories of ``traj_rows`` (the caller waited until every
-        row the current tier holds is committed)."""
-        self.tier = self.tier.resized(self.ram.rows_for(self.schema, traj_rows))
+    def tier_too_small(self, items: list[Prepared]) -> int | None:
+        """Rows of a larger RAM tier an add of ``items`` needs, or None if the current one
+        will do: it stages the whole batch at once, and holds at least two of its largest
+        trajectory (else it is regrown to the policy's size for that trajectory)."""
+        largest = max(it.n_rows for it in items)
+        total = sum(it.n_rows for it in items)
+        if 2 * largest <= self.tier.capacity and total <= self.tier.capacity:
+            return None
+        return max(self.ram.rows_for(self.schema, largest), total)
+
+    def regrow_tier(self, items: list[Prepared], rows: int) -> RamTier:
+        """A tier of ``rows`` rows holding what the current one holds (the caller waited
+        until every row the current tier holds is committed); its sampling window is the
+        policy's for the largest of ``items``."""
+        largest = max(it.n_rows for it in items)
+        if self.ram.enabled:
+            self.window_rows = max(self.window_rows, self.ram.rows_for(self.schema, largest))
+        self.tier = self.tier.resized(rows)
         return self.tier
 
     def empty_tier(self) -> None:
@@ -114,27 +149,41 @@ class SegmentState:
 
     # -- adding ---------------------------------------------------------------------
 
-    def publish(self, it: Prepared, start: int) -> int:
-        """Publish ``it``, whose rows were copied to tier rows from ``start``: assign its
-        id, cut its episodes, append it to the index and evict down to ``capacity``.
-        Returns its trajectory id."""
-        tid = self.next_trajectory_id if it.trajectory_id is None else int(it.trajectory_id)
-        self.next_trajectory_id = max(self.next_trajectory_id, tid + 1)
-        pieces, self.lanes, self.next_episode = split_pieces(
-            it.columns,
-            it.T,
-            it.B,
-            start,
+    def publish(self, items: list[Prepared], start: int) -> list[int]:
+        """Publish ``items``, whose rows were copied to tier rows from ``start`` on (one
+        after the other): assign their ids, cut their episodes, append them to the index
+        and evict down to ``capacity``.  All of them or none: everything that can fail
+        runs before the first change.  Returns their trajectory ids."""
+        next_id, lanes, next_episode, row = (
+            self.next_trajectory_id,
+            self.lanes,
             self.next_episode,
-            lanes=self.lanes,
-            continues=it.continues,
-            split=it.split_episodes,
+            start,
         )
-        self.index.append(it.T, it.B, tid, it.max_episode_length, it.weights_bytes, pieces)
+        entries, ids = [], []
+        for it in items:
+            tid = next_id if it.trajectory_id is None else int(it.trajectory_id)
+            next_id = max(next_id, tid + 1)
+            pieces, lanes, next_episode = split_pieces(
+                it.columns,
+                it.T,
+                it.B,
+                row,
+                next_episode,
+                lanes=lanes,
+                continues=it.continues,
+                split=it.split_episodes,
+            )
+            entries.append((it.T, it.B, tid, it.max_episode_length, it.weights_bytes, pieces))
+            ids.append(tid)
+            row += it.n_rows
+        self.index.append_many(entries)
+        self.batch_ends.append(self.index.n)
+        self.next_trajectory_id, self.lanes, self.next_episode = next_id, lanes, next_episode
         if self.capacity is not None:
             self.index.evict_to(self.capacity)
             self.tier.release_below(self.index.low_row)
-        return tid
+        return ids
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         """Never hand out trajectory ids below ``stop``."""
@@ -144,6 +193,7 @@ class SegmentState:
 
     def next_job(self, source: StateSource | None, explicit: bool) -> Job:
         """The next commit's job, with the sampler state and the priorities to save."""
+        self.batch_ends = [e for e in self.batch_ends if e > self.commit.n_traj]
         job = build_job(
             self.writer_id,
             self.index,
@@ -153,6 +203,7 @@ class SegmentState:
             self.segment,
             self.next_trajectory_id,
             self.next_episode,
+            self.batch_ends,
         )
         job.commit.sampler, job.priorities = self.sampler_state(source, job.commit.n_rows, explicit)
         return job
@@ -161,14 +212,39 @@ class SegmentState:
         """``(state, priorities to save)`` for a commit after the current one."""
         return sampler_state(source, self.commit.sampler.get("priority"), n_rows, explicit)
 
-    def cleared_commit(self, source) -> Commit:
-        """The commit of this segment emptied (ids keep counting)."""
+    def next_commit_base(self) -> Commit:
+        """The current commit with the next rows and ids this segment would give (what a
+        replacement built aside continues from)."""
         return Commit(
             writer_id=self.writer_id,
-            gen=self.commit.gen + 1,
+            gen=self.commit.gen,
+            n_rows=self.index.n_rows,
             next_trajectory_id=self.next_trajectory_id,
+            next_episode=self.next_episode,
             writer_number=self.commit.writer_number,
-            sampler=self.sampler_state(source)[0],
+        )
+
+    def cleared_commit(self, source) -> Commit:
+        """The commit of this segment emptied: no trajectory is visible, and rows,
+        trajectory and episode ids go on from where they are (never reused); every row
+        so far counts as reclaimed, and no saved priority is named.  The next row is the
+        first of a fresh shard of every key, so new rows never share a chunk with deleted
+        ones (a reader still holding an old snapshot finds its rows missing, not zeros)."""
+        old, rows = self.commit, self.index.n_rows
+        if self.layouts:
+            unit = math.lcm(*(lay.shard_rows for lay in self.layouts.values()))
+            rows = -(-rows // unit) * unit
+        state = sampler_state(source, None, None, False)[0]
+        return Commit(
+            writer_id=self.writer_id,
+            gen=old.gen + 1,
+            n_rows=rows,
+            low_row=rows,
+            reclaimed_below=rows,
+            next_trajectory_id=self.next_trajectory_id,
+            next_episode=self.next_episode,
+            writer_number=old.writer_number,
+            sampler=state,
         )
 
     # -- reading --------------------------------------------------------------------

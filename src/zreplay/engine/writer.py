@@ -12,28 +12,31 @@ Life of a trajectory:
    gathers it: RAM-tier rows under the lock, the rest from disk with shard deletion held
    off.
 
-The buffer core (:mod:`zreplay.core`) sits on top of this class.
+Replacing a segment's contents (loading a checkpoint) is in :mod:`zreplay.engine.replace`;
+the buffer core (:mod:`zreplay.core`) sits on top of this class.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import BufferClosedError, SchemaError, WriteFailedError
+from ..errors import BufferClosedError
 from ..schema import Schema
-from ..store.checkpoint import link_tree, write_snapshot
-from ..store.commit import Commit, write_commit
-from ..store.layout import layouts_for
+from ..store.checkpoint import write_snapshot
+from ..store.commit import Commit
+from ..store.guard import check_target
+from ..store.layout import check_recorded
 from ..store.location import locate
 from ..store.lock import WriterLock
 from ..store.priority import PriorityArrays, saved_priorities
@@ -43,7 +46,9 @@ from .gather import Snapshot, gather_begin, gather_finish
 from .preload import TierPreload
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
-from .recovery import open_arrays, open_segment, read_adoptable, remove_for_overwrite
+from .recovery import fix_schema, open_segment, remove_for_overwrite
+from .replace import clear as clear_segment
+from .signals import deferred_interrupts
 from .state import SegmentState
 
 log = logging.getLogger("zreplay")
@@ -103,6 +108,7 @@ class SegmentWriter:
         self.cond = threading.Condition(threading.RLock())
         self._add_lock = threading.Lock()
         self._closed = False
+        self._abandoned: str | None = None  # why give_up stopped this writer
 
         if overwrite and self.path.exists() and not self.temporary:
             remove_for_overwrite(self.path)
@@ -115,12 +121,14 @@ class SegmentWriter:
         try:
             self._wlock.remove_legacy()
             opened = open_segment(self.root, writer_id, durable)
+            if opened.schema is not None:
+                check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
             self.state = SegmentState(writer_id, opened, self.ram, capacity)
         except BaseException:
             self._wlock.release()
             raise
         self._committer = Committer(self)
-        self._preload = TierPreload.start(self.cond, self.state, self._committer)
+        self._preload = TierPreload(self.cond, self.state, self._committer).start()
         _LIVE.add(self)
 
     def attach(self, source: StateSource) -> None:
@@ -145,10 +153,6 @@ class SegmentWriter:
     def segment(self):
         return self.state.segment
 
-    @property
-    def capacity(self) -> int | None:
-        return self.state.capacity
-
     writable = True
 
     @property
@@ -169,16 +173,14 @@ class SegmentWriter:
     def empty_message(self) -> str:
         return "Cannot sample from an empty buffer."
 
-    def _reopen(self) -> None:
-        self._priorities = None
-        self.state.reopen(open_segment(self.root, self.writer_id, self.durable))
-
     # -- adding ---------------------------------------------------------------------
 
     def add(self, items: list[Prepared]) -> list[int]:
         """Validate, then append trajectories; returns their trajectory ids.
 
-        Nothing is written unless every item passes validation.
+        All or nothing: nothing is written unless every item passes validation, and an
+        exception while they are copied (a bad array, KeyboardInterrupt) gives their RAM
+        rows back and publishes none of them.
         """
         if not items:
             return []
@@ -188,44 +190,48 @@ class SegmentWriter:
             lanes_b = None if st.lanes is None else len(st.lanes.episode)
             schema = check_batch(items, st.schema, lanes_b, st.capacity)
             self._committer.before_add()
-            if st.schema is None:
+            if st.schema is None or st.segment is None:  # (no arrays: a clear failed late)
                 self._fix_schema(schema, items[0].n_rows)
             elif st.tier is None:
                 with self.cond:
                     st.make_tier(items[0].n_rows)
-            return [self._add_one(it) for it in items]
+            return self._add_batch(items)
 
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
-        layouts = layouts_for(schema.specs, self._layout_overrides)
-        try:
-            self.root.set_schema(schema, layouts)
-            segment = open_arrays(self.seg_dir, schema, layouts, self.durable)
-        except OSError as e:
-            # Both steps are idempotent: the next add completes what this one began.
-            raise WriteFailedError(
-                f"could not create the arrays of {self.seg_dir} ({type(e).__name__}: {e}); "
-                "nothing was added. Fix the cause (disk space, permissions) and add again"
-            ) from e
+        layouts, segment = fix_schema(
+            self.root, self.seg_dir, schema, self._layout_overrides, self.durable
+        )
         with self.cond:
             self.state.set_schema(schema, layouts, segment)
             self.state.make_tier(first_rows)
 
-    def _add_one(self, it: Prepared) -> int:
-        k, st = it.n_rows, self.state
-        with self.cond:
-            tier = st.tier
-            if k * 2 > tier.capacity:
-                # Larger trajectories than the tier was sized for: regrow it by the policy.
-                self._committer.wait_committed(tier.hi)
-                tier = st.regrow_tier(k)
-            # Rows about to be overwritten must be on disk first.
-            self._committer.wait_committed(tier.hi + k - tier.capacity)
-            start = tier.reserve(k)
-        tier.write_trajectory(start, it.columns, it.T, it.B)
-        with self.cond:
-            tid = st.publish(it, start)
-            self._committer.request()
-        return tid
+    def _add_batch(self, items: list[Prepared]) -> list[int]:
+        st, total = self.state, sum(it.n_rows for it in items)
+        tier, start, published = None, None, False
+        try:
+            with self.cond:
+                rows = st.tier_too_small(items)
+                if rows is not None:
+                    self._committer.wait_committed(st.tier.hi)
+                    st.regrow_tier(items, rows)
+                tier = st.tier
+                # Rows about to be overwritten must be on disk first.
+                self._committer.wait_committed(tier.hi + total - tier.capacity)
+                with deferred_interrupts():
+                    start = tier.reserve(total)
+            row = start
+            for it in items:
+                tier.write_trajectory(row, it.columns, it.T, it.B)
+                row += it.n_rows
+            with self.cond, deferred_interrupts():
+                ids = st.publish(items, start)
+                published = True
+                self._committer.request()
+            return ids
+        finally:
+            if start is not None and not published:
+                with self.cond, deferred_interrupts():
+                    tier.unreserve(start)
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         """Never hand out trajectory ids below ``stop`` (ids an imported buffer used)."""
@@ -308,69 +314,63 @@ class SegmentWriter:
 
     def _check_open(self) -> None:
         if self._closed:
+            why = f"stopped after an error ({self._abandoned})" if self._abandoned else "closed"
             raise BufferClosedError(
-                "this buffer was closed; create a new TrajectoryReplayBuffer on the same "
-                "path (or zreplay.open(path)) to use its data again"
+                f"this buffer was {why}; what was committed is safe: create a new "
+                "TrajectoryReplayBuffer on the same path (or zreplay.open(path)) to go on"
             )
 
-    def clear(self, reset_schema: bool = False) -> None:
-        """Remove every trajectory of this segment, on disk too.
-
-        Trajectory ids keep counting up (ids are never reused).  The schema is kept unless
-        ``reset_schema`` (allowed only when no other segment of the buffer exists).
-        """
-        with self._add_lock:
-            self.flush()
-            self._preload.stop()
-            with self.cond:
-                self._clear_locked(reset_schema)
-
-    def _clear_locked(self, reset_schema: bool) -> None:
-        if reset_schema and set(self.root.writer_ids()) - {self.writer_id}:
-            raise SchemaError(
-                f"{self.path} has other writers' segments; their schema cannot be reset"
-            )
-        if self.state.commit.n_rows:
-            # The data goes after an empty commit names none of it (a crash in between
-            # leaves an empty segment); a segment that never committed rows has none.
-            self.root.remove_segment_data(self.writer_id)
-            commit = self.state.cleared_commit(self._source())
-            write_commit(self.seg_dir, commit, durable=self.durable)
-            self.state.set_commit(commit)
-        else:
-            self.root.remove_segment_data(self.writer_id)
-        if reset_schema and self.state.schema is not None:
-            self.root.replace_schema(None, None)
-        self._reopen()
+    def clear(self) -> None:
+        """Remove every trajectory of this segment, on disk too (see :func:`.replace.clear`)."""
+        clear_segment(self)
 
     def checkpoint(self, dest) -> None:
-        """Write a complete, consistent copy-free snapshot of this segment to ``dest``."""
+        """Write a complete, consistent copy-free snapshot of this segment to ``dest``
+        (a bad ``dest`` is refused before pending adds are committed)."""
+        dest = locate(dest, self.path.backend.storage_options)
+        check_target(dest, "save_checkpoint", sources=[self.path])
         with self._add_lock:
             self.flush()
             with self.cond:
                 state, _ = self.state.sampler_state(self._source())
                 commit = replace(self.state.commit, sampler=state)
-            dest = locate(dest, self.path.backend.storage_options)
             write_snapshot(self.path, self.writer_id, commit, dest, self.durable)
 
-    def adopt(self, src_root, src_writer: str, first: int, stop: int, sampler: dict) -> None:
-        """Replace this segment's contents with trajectories ``[first, stop)`` of a
-        zreplay segment, by hard-linking its files (no data copy)."""
-        src = read_adoptable(src_root, src_writer)
+    # -- for replacing the contents (engine/replace.py) ------------------------------
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No add runs in the block, and everything added before it is committed."""
         with self._add_lock:
             self.flush()
-            self._preload.stop()
-            with self.cond:
-                self._clear_locked(reset_schema=True)
-                self.root.remove_segment_data(self.writer_id)
-                link_tree(src.seg_dir, self.seg_dir)
-                self.root.replace_schema(src.schema, src.layouts)
-                st = self.state
-                commit = src.commit_for(st.commit, first, stop, st.next_trajectory_id, sampler)
-                write_commit(self.seg_dir, commit, durable=self.durable)
-                st.set_commit(commit)
-                self._reopen()
-            self._preload = TierPreload.start(self.cond, self.state, self._committer)
+            with self._preload.paused(lambda: not self._closed):
+                yield
+
+    @property
+    def layout_overrides(self) -> dict:
+        return dict(self._layout_overrides)
+
+    @property
+    def source(self) -> StateSource | None:
+        """What the writer saves with its commits (the buffer core), if still alive."""
+        return self._source()
+
+    def reopen(self) -> None:
+        """Read the segment afresh from its commit (after its files were replaced; with
+        ``cond`` held, inside :meth:`exclusive`); rows past a ``capacity`` are evicted."""
+        self._priorities = None
+        st = self.state
+        st.reopen(open_segment(self.root, self.writer_id, self.durable))
+        if st.capacity is not None and st.index.visible_rows > st.capacity:
+            st.index.evict_to(st.capacity)  # a rank's block may not fit a small buffer
+            self._committer.request()
+
+    def give_up(self, why: str) -> None:
+        """Stop this writer for good (it must never commit its stale state) and unlock,
+        so that reopening the buffer finishes a change that failed (:mod:`.replace`)."""
+        self._committer.abandon()
+        self._closed, self._abandoned = True, why
+        self._wlock.release()
 
     def drop_ram(self) -> None:
         """Release the RAM tier's committed rows (they stay readable from disk)."""

@@ -49,12 +49,20 @@ class GrowingColumns:
 
     def append(self, rows: Mapping[str, np.ndarray], k: int) -> None:
         """Append ``k`` rows (``rows[name]`` broadcastable to ``[k, *row]``)."""
+        self.stage(rows, k)
+        self.n += k
+
+    def stage(self, rows: Mapping[str, np.ndarray], k: int) -> None:
+        """Write ``k`` rows past the end without making them part of the columns (``n``
+        does not move; the caller adds ``k`` to ``n`` to publish them).  An exception
+        leaves the visible rows as they were."""
         if self.n + k > self.capacity:
             cap = max(2 * self.capacity, self.n + k, 16)
+            grown = {}
             for name, arr in self._cols.items():
                 new = np.zeros((cap, *arr.shape[1:]), arr.dtype)
                 new[: self.n] = arr[: self.n]
-                self._cols[name] = new
+                grown[name] = new
+            self._cols = grown
         for name, arr in self._cols.items():
             arr[self.n : self.n + k] = rows[name]
-        self.n += k

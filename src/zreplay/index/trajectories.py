@@ -1,7 +1,8 @@
 """The in-RAM trajectory table of one segment and the row arithmetic over it.
 
 ``offsets[i]`` is the first global row of trajectory ``i`` and ``offsets[i + 1]`` one past
-its last (so ``offsets[0] == 0`` and ``offsets[n] == n_rows``).  Trajectory ``i`` holds
+its last (so ``offsets[n] == n_rows``; ``offsets[0]`` is the segment's first row: 0, or
+where a ``clear()`` left off, since rows are never reused).  Trajectory ``i`` holds
 ``T[i] * B[i]`` rows in env-major order: row ``offsets[i] + b * T[i] + t`` is step ``t`` of
 environment ``b``.  Trajectories ``[low, n)`` are visible; lower ones were evicted.
 Trajectory ``i``'s episode pieces are ``pieces[piece_end[i-1] : piece_end[i]]``.
@@ -26,9 +27,11 @@ def time_major(rows: np.ndarray, T: int, B: int) -> np.ndarray:
 class TrajectoryIndex:
     """Append-only columns with amortised growth; readers take cheap snapshots."""
 
-    def __init__(self, columns: Mapping[str, np.ndarray] | None = None, low: int = 0):
+    def __init__(
+        self, columns: Mapping[str, np.ndarray] | None = None, low: int = 0, first_row: int = 0
+    ):
         columns = dict(columns or {})
-        off = np.asarray(columns.pop("offsets", np.zeros(1, np.int64)), np.int64)
+        off = np.asarray(columns.pop("offsets", np.full(1, first_row, np.int64)), np.int64)
         self.pieces = PieceTable(columns.pop("pieces", None))
         self._view: EpisodeView | None = None
         self.n = len(off) - 1
@@ -92,27 +95,45 @@ class TrajectoryIndex:
         pieces: Mapping[str, np.ndarray],
     ) -> int:
         """Add one trajectory of ``T * B`` rows and its episode pieces; returns its index."""
+        self.append_many([(T, B, trajectory_id, max_episode_length, weights_id, pieces)])
+        return self.n - 1
+
+    def append_many(self, entries: list[tuple]) -> None:
+        """Add trajectories ``(T, B, trajectory_id, max_episode_length, weights_id,
+        pieces)`` all at once, or none of them: everything is converted and written past
+        the end first, and the counters move last (an exception, an overflowing value
+        included, leaves the index as it was)."""
+        k = len(entries)
+        if not k:
+            return
+        sizes = np.array([int(T) * int(B) for T, B, *_ in entries], np.int64)
+        wid = np.zeros((k, WEIGHTS_ID_BYTES), np.uint8)
+        for j, e in enumerate(entries):
+            wid[j, : len(e[4])] = np.frombuffer(e[4], np.uint8)
+        parts = [e[5] for e in entries]
+        counts = np.array([len(p["start"]) for p in parts], np.int64)
+        pieces = {c: np.concatenate([np.asarray(p[c]) for p in parts]) for c in parts[0]}
+        row = {
+            "trajectory_id": np.array([e[2] for e in entries], np.int64),
+            "T": np.array([e[0] for e in entries], np.int64),
+            "B": np.array([e[1] for e in entries], np.int64),
+            "max_episode_length": np.array([e[3] for e in entries], np.int64),
+            "model_weights_id": wid,
+            "piece_end": self.pieces.n + np.cumsum(counts),
+        }
         i = self.n
-        if i + 2 > len(self._offsets):  # grows like the columns (new array, old rows copied)
-            off = np.zeros(2 * len(self._offsets), np.int64)
+        if i + k + 1 > len(self._offsets):  # grows like the columns (new array, old rows copied)
+            off = np.zeros(max(2 * len(self._offsets), i + k + 1), np.int64)
             off[: i + 1] = self._offsets[: i + 1]
             self._offsets = off
-        self._offsets[i + 1] = self._offsets[i] + T * B
-        wid = np.zeros(WEIGHTS_ID_BYTES, np.uint8)
-        wid[: len(weights_id)] = np.frombuffer(weights_id, np.uint8)
-        self.pieces.append(pieces)
-        row = {
-            "trajectory_id": trajectory_id,
-            "T": T,
-            "B": B,
-            "max_episode_length": max_episode_length,
-            "model_weights_id": wid,
-            "piece_end": self.pieces.n,
-        }
-        self._cols.append(row, 1)
-        self.n = i + 1
+        self._offsets[i + 1 : i + k + 1] = self._offsets[i] + np.cumsum(sizes)
+        self.pieces.stage(pieces, int(counts.sum()))
+        self._cols.stage(row, k)
+        # Publish: plain integer assignments only from here on.
+        self.pieces.n += int(counts.sum())
+        self._cols.n += k
+        self.n = i + k
         self._view = None
-        return i
 
     def evict_to(self, max_rows: int) -> None:
         """Advance ``low`` past whole oldest trajectories until at most ``max_rows`` remain."""

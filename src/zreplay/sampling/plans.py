@@ -132,8 +132,11 @@ def episode_table(view: EpisodeView) -> dict[str, np.ndarray]:
     }
 
 
-def gather_episode(read: Read, keys: list[str], e: int) -> dict[str, np.ndarray]:
-    """Every visible step of episode ``e`` (``-len <= e < len``) as ``[L, ...]`` arrays."""
+def gather_episode(
+    read: Read, keys: list[str], e: int, start: int = 0, stop: int | None = None
+) -> dict[str, np.ndarray]:
+    """Visible steps ``[start, stop)`` (default all) of episode ``e`` (``-len <= e <
+    len``) as ``[stop - start, ...]`` arrays."""
 
     def fn(snapshot) -> dict:
         view = snapshot.episodes
@@ -141,7 +144,11 @@ def gather_episode(read: Read, keys: list[str], e: int) -> dict[str, np.ndarray]
         if not -n <= e < n:
             raise IndexError(f"episode {e} out of range for {n} episodes")
         ep = e % n
-        rows = view.rows(np.full(int(view.length[ep]), ep), np.arange(int(view.length[ep])))
+        length = int(view.length[ep])
+        hi = length if stop is None else int(stop)
+        if not 0 <= start <= hi <= length:
+            raise IndexError(f"slice [{start}:{hi}] out of episode of length {length}")
+        rows = view.rows(np.full(hi - start, ep), np.arange(start, hi))
         return {k: (k, rows) for k in keys}
 
     return read(fn)

@@ -50,10 +50,13 @@ def _grow(current: int, needed: int, unit: int) -> int:
 class ArrayHandle:
     """A handle on one Zarr array that can follow the array's growth."""
 
-    def __init__(self, path, context, writable: bool):
+    def __init__(self, path, context, writable: bool, expect: tuple | None = None):
+        """``expect``: ``(dtype, row_shape)`` the schema says the array has; an array whose
+        metadata says otherwise is damage (CorruptBufferError), never read as it says."""
         self.path = path
         self._context = context
         self._writable = writable
+        self._expect = expect
         self._lock = threading.Lock()
         self.fills_missing = True  # set by _open
         self.store = self._open()
@@ -67,6 +70,15 @@ class ArrayHandle:
             raise
         except Exception as e:  # noqa: BLE001 - TensorStore/zarr/fsspec raise many kinds
             raise CorruptBufferError(f"cannot open array {self.path}: {e}") from None
+        if self._expect is not None:
+            dtype, row = np.dtype(self._expect[0]), tuple(self._expect[1])
+            got = np.dtype(getattr(store.dtype, "numpy_dtype", store.dtype))
+            if got != dtype or tuple(store.shape[1:]) != row:
+                raise CorruptBufferError(
+                    f"{self.path / 'zarr.json'}: {got} rows of shape {tuple(store.shape[1:])}, "
+                    f"but the root records {dtype} {row}; the array's metadata is damaged "
+                    "(restore it from a checkpoint)"
+                )
         return store
 
     @property
@@ -109,6 +121,7 @@ class ZarrArray:
         # too (a missing chunk is damage; see format.STORED_ATTRS).
         self._arr = arr.with_config({"write_empty_chunks": True}) if writable else arr
         self.shape = self._arr.shape
+        self.dtype = np.dtype(self._arr.dtype)
 
     def __getitem__(self, sel) -> ZarrIO:
         return ZarrIO(self._arr, sel)

@@ -4,12 +4,13 @@ A *location* is a path inside one backend with the small ``pathlib.Path`` surfac
 store layer uses (``/``, ``name``, ``parent``, ``with_name``, ``read_bytes``,
 ``read_text``, ``write_bytes``, ``is_file``, ``is_dir``, ``exists``, ``iterdir``, ``mkdir``,
 ``unlink``, ``resolve``) plus ``.backend``, the :class:`Backend` it belongs to.  Local
-buffers use :class:`~zreplay.store.backend_local.LocalPath` (a ``pathlib.Path``), object
-stores :class:`~zreplay.store.backend_fsspec.ObjectPath`.  :func:`zreplay.store.location.locate`
+buffers use :class:`~zreplay.store.backend_local.LocalPath` (a ``pathlib.Path``), S3
+:class:`~zreplay.store.backend_s3.S3Path`, other fsspec object stores
+:class:`~zreplay.store.backend_fsspec.ObjectPath`.  :func:`zreplay.store.location.locate`
 is the one place that picks a backend for a path or URL.
 
 Every operation whose guarantee differs between backends is a method here; nothing above
-the backends asks which backend it has.  A new backend (obstore, GCS) is one new file.
+the backends asks which backend it has.  A new backend (GCS through obstore) is one new file.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ class Backend(ABC):
     @abstractmethod
     def remove_tree(self, loc) -> None:
         """Delete ``loc`` and everything under it; a missing ``loc`` is not an error."""
+
+    @abstractmethod
+    def move_tree(self, src, dst) -> None:
+        """Move the tree ``src`` to ``dst`` (absent; same store): a rename where the store
+        has one, else copies then removal of ``src``.  Interrupted, ``src`` is still
+        whole, so doing it again finishes it."""
 
     @abstractmethod
     def remove_file(self, loc, up_to) -> None:
@@ -97,10 +104,16 @@ class Backend(ABC):
 
     @abstractmethod
     def staged_tree(self, dest) -> contextlib.AbstractContextManager:
-        """Build a new directory tree that appears at ``dest`` whole: yields the location
-        to build in; on a clean exit it replaces ``dest``, on an exception it is removed.
-        The caller writes the root's ``zarr.json`` last, so where the store cannot rename
-        (object stores build in place) an interrupted build is not a buffer."""
+        """Build a new directory tree that replaces ``dest`` in one step: yields the
+        location to build in; on a clean exit it replaces ``dest``, on an exception it is
+        removed.  A crash leaves ``dest`` as it was or (after ``recover_tree``) the new
+        tree (a rename exchange locally, :mod:`~zreplay.store.objectswap` in object
+        stores).  The caller writes the root's ``zarr.json`` last."""
+
+    @abstractmethod
+    def recover_tree(self, loc) -> bool:
+        """Finish or undo a replacement of the tree at ``loc`` (``staged_tree``) that a
+        crash interrupted, so ``loc`` is the old tree or the new; True if there was one."""
 
     @abstractmethod
     def du(self, loc) -> int:
@@ -123,3 +136,15 @@ class Backend(ABC):
         fills_missing)`` where ``handle`` offers ``shape``, ``[sel].read()`` and
         ``[sel].write(v)`` returning futures, and ``resize(exclusive_max=...)``;
         ``fills_missing`` says a missing chunk reads as fill values instead of failing."""
+
+    def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
+        """The arrays opened with ``context`` belong to a segment whose commit of
+        ``n_rows`` rows was just read (``same_rows``: it continues the rows of the commit
+        seen before; False after the segment was cleared or replaced).  A backend that
+        caches what it read of committed rows keeps or drops it here; no-op otherwise."""
+        return None
+
+    #: Fraction of the RAM tier one commit may cover (the committer's job size): small
+    #: commits release adds waiting for room early; an object store, where every commit
+    #: re-uploads the shards it touches and the index chunks, takes everything published.
+    commit_tier_share: float = 0.25

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from . import objectswap
 from .arrays import ZarrArray
 from .backend import Backend
 
@@ -156,6 +157,11 @@ class FsspecBackend(Backend):
             pass
         self.fs.invalidate_cache(loc.key)
 
+    def move_tree(self, src, dst) -> None:
+        for rel, s in self.walk_files(src):
+            self.import_file(s, dst / rel)
+        self.remove_tree(src)
+
     def remove_file(self, loc, up_to) -> None:
         loc.unlink(missing_ok=True)  # no directories to leave behind
 
@@ -182,16 +188,11 @@ class FsspecBackend(Backend):
     def guard(self, loc) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def staged_tree(self, dest) -> Iterator[ObjectPath]:
-        # No rename: build in place (the caller writes the root's zarr.json last, so a
-        # partial tree is never a buffer) and remove what was built if it fails.
-        self.remove_tree(dest)
-        try:
-            yield dest
-        except BaseException:
-            self.remove_tree(dest)
-            raise
+    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
+        return objectswap.staged(dest)  # no rename: staged, then rolled forward
+
+    def recover_tree(self, loc) -> bool:
+        return objectswap.recover(loc)
 
     def du(self, loc) -> int:
         return int(self.fs.du(loc.key)) if loc.exists() else 0

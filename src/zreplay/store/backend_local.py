@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
 from ..errors import ZReplayError
+from . import localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
 from .format import is_temp_name
@@ -134,6 +135,10 @@ class LocalBackend(Backend):
     def remove_tree(self, loc) -> None:
         shutil.rmtree(loc, ignore_errors=True)
 
+    def move_tree(self, src, dst) -> None:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+
     def remove_file(self, loc, up_to) -> None:
         loc.unlink(missing_ok=True)
         d = loc.parent
@@ -214,25 +219,11 @@ class LocalBackend(Backend):
             if fd is not None:
                 os.close(fd)  # releases the flock
 
-    @contextlib.contextmanager
-    def staged_tree(self, dest) -> Iterator[LocalPath]:
-        if dest.is_dir() and not any(dest.iterdir()):
-            dest.rmdir()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.partial-{uuid.uuid4().hex[:8]}")
-        tmp.mkdir()
-        try:
-            yield tmp
-            if dest.exists():
-                old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
-                os.replace(dest, old)
-                os.replace(tmp, dest)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
+        return localswap.staged(dest)  # beside dest, swapped in with one exchange
+
+    def recover_tree(self, loc) -> bool:
+        return localswap.restore(loc)
 
     def du(self, loc) -> int:
         if loc.is_file():

@@ -8,7 +8,6 @@ in an object store objects are copied server-side (each backend's ``import_file`
 
 from __future__ import annotations
 
-from ..errors import FormatError
 from .commit import Commit, write_commit
 from .format import (
     COMMIT_NAME,
@@ -19,8 +18,8 @@ from .format import (
     is_temp_name,
     meta_node_json,
 )
+from .guard import new_tree
 from .location import Location
-from .root import is_buffer
 
 
 def _skipped(name: str) -> bool:
@@ -54,15 +53,12 @@ def write_snapshot(
     Built where the backend stages new trees (beside ``dest``, renamed into place; in
     place in an object store, with the root's ``zarr.json`` written last), so a crash
     never leaves half a checkpoint under the final name.  An existing zreplay buffer (an
-    older checkpoint) at ``dest`` is replaced; any other non-empty directory is refused.
+    older checkpoint) at ``dest`` is replaced, its segments' writer locks held meanwhile;
+    the source itself, a path inside or around it, a buffer with a live writer and any
+    other non-empty directory are refused before anything is touched (:mod:`.guard`).
     """
-    if dest.exists() and not is_buffer(dest) and not _is_empty_dir(dest):
-        raise FormatError(
-            f"checkpoint path {dest} exists and is not an empty directory or a zreplay "
-            "buffer; refusing to overwrite it"
-        )
     backend = dest.backend
-    with backend.staged_tree(dest) as tmp:
+    with new_tree(dest, "save_checkpoint", sources=[root]) as tmp:
         seg_dst = tmp / SEGMENTS / writer_id
         link_tree(root / SEGMENTS / writer_id, seg_dst)
         write_commit(seg_dst, commit, durable=durable)
@@ -72,7 +68,3 @@ def write_snapshot(
         (tmp / SEGMENTS).mkdir(parents=True, exist_ok=True)
         for meta in (f"{SEGMENTS}/zarr.json", "zarr.json"):  # the root's metadata last
             backend.import_file(root / meta, tmp / meta, link=False)
-
-
-def _is_empty_dir(loc: Location) -> bool:
-    return loc.is_dir() and not any(True for _ in loc.iterdir())

@@ -7,6 +7,7 @@ layout from here, so the format is spelled out in one place.
 <root>/zarr.json                  group; attrs["zreplay"] = {format, schema, layout, created}
 <root>/zreplay/                   zero-size array node: zreplay's own files of the buffer
     writers/<n>                   writer number n, claimed once by the writer id it holds
+    schema.json                   schema and layout of the writer that fixed them first
 <root>/segments/<writer_id>/      one writer's segment:
     data/<key>                    rows, shape (capacity, *row_shape), sharded
     offsets                       int64[n_traj + 1], cumulative rows per trajectory
@@ -16,6 +17,7 @@ layout from here, so the format is spelled out in one place.
     zreplay/                      zero-size array node: the segment's own files
         commit.json               what is visible (the only source of truth)
         writer.lock               held by the segment's one writer
+        staging/, replace.json    a replacement being built / swapped in (load_checkpoint)
 ```
 
 zreplay's own files (commit records, locks, writer claims, temp files of a publish) live
@@ -39,6 +41,8 @@ META = "zreplay"
 WRITERS = "writers"
 COMMIT_NAME = "commit.json"
 LOCK_NAME = "writer.lock"
+# Exclusive-created by the writer that fixes the schema: racing writers agree on its layout.
+SCHEMA_NAME = "schema.json"
 # Children of a segment directory that hold its rows and index (what clear() removes).
 SEGMENT_CHILDREN = ("data", "offsets", "traj", "episodes", "priority")
 
@@ -118,6 +122,17 @@ def lock_path(segment_dir):
 
 def claims_dir(root):
     return root / META / WRITERS
+
+
+def staging_root(segment_dir):
+    """Where a segment's replacement is built (a buffer root of its own) before it is
+    swapped in: inside the segment's meta node, so no reader ever sees it."""
+    return segment_dir / META / "staging"
+
+
+def intent_path(segment_dir):
+    """The record that a built replacement is being swapped in (see engine/replace.py)."""
+    return segment_dir / META / "replace.json"
 
 
 def legacy_commit_path(segment_dir):

@@ -19,6 +19,8 @@ CHUNK_TARGET_BYTES = 16 << 10
 SHARD_TARGET_BYTES = 4 << 20
 MAX_CHUNK_ROWS = 1024
 MAX_SHARD_ROWS = 1 << 16
+# What a layout may ask for at most (a shard is assembled whole in memory by a writer).
+LIMIT_SHARD_ROWS = 1 << 24
 CODECS = ("zstd", "lz4", "none")
 
 
@@ -59,11 +61,22 @@ class KeyLayout:
         out.validate()
         return out
 
+    @classmethod
+    def from_json(cls, d: Mapping) -> KeyLayout:
+        """A recorded layout; SchemaError for one no writer could have recorded."""
+        out = cls(**d)
+        if not all(isinstance(v, int) for v in (out.chunk_rows, out.shard_rows, out.level)):
+            raise SchemaError(f"layout {d} has non-integer sizes")
+        out.validate()
+        return out
+
     def validate(self) -> None:
         if self.codec not in CODECS:
             raise SchemaError(f"codec {self.codec!r} is not one of {CODECS}")
         if self.chunk_rows < 1 or self.shard_rows < self.chunk_rows:
             raise SchemaError("need 1 <= chunk_rows <= shard_rows")
+        if self.shard_rows > LIMIT_SHARD_ROWS:
+            raise SchemaError(f"shard_rows ({self.shard_rows}) above {LIMIT_SHARD_ROWS}")
         if self.shard_rows % self.chunk_rows:
             raise SchemaError(
                 f"shard_rows ({self.shard_rows}) must be a multiple of chunk_rows "
@@ -104,3 +117,18 @@ def layouts_for(
     if overrides:
         raise SchemaError(f"layout given for unknown keys {sorted(overrides)}")
     return out
+
+
+def check_recorded(
+    specs: Mapping[str, KeySpec], recorded: Mapping[str, KeyLayout], overrides: Mapping | None
+) -> None:
+    """SchemaError if ``overrides`` (a writer's ``layout=``) ask for another layout than
+    the buffer ``recorded`` when its schema was fixed: every segment uses that one."""
+    wanted = layouts_for(specs, overrides)
+    for path in overrides or {}:
+        if wanted[path] != recorded[path]:
+            raise SchemaError(
+                f"layout for key {path!r} is {vars(wanted[path])} here but the buffer was "
+                f"created with {vars(recorded[path])}; every writer of a buffer uses its "
+                "layout: drop layout= for this key, or write to a new buffer"
+            )

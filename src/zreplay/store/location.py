@@ -1,8 +1,10 @@
 """Where a buffer lives: the one place that picks a store backend for a path or URL.
 
 A local path becomes a :class:`~zreplay.store.backend_local.LocalPath` (a ``pathlib.Path``
-of the local backend); an ``s3://bucket/prefix`` URL (any fsspec URL) an
-:class:`~zreplay.store.backend_fsspec.ObjectPath` of an fsspec backend.  Everything below
+of the local backend); an ``s3://bucket/prefix`` (or ``s3a://``) URL an
+:class:`~zreplay.store.backend_s3.S3Path` of the S3 backend (obstore, ranged reads, whole
+shard writes); any other fsspec URL an :class:`~zreplay.store.backend_fsspec.ObjectPath`
+of an fsspec backend (zarr-python arrays).  Everything below
 works through the location's ``.backend`` (see :mod:`zreplay.store.backend`).
 """
 
@@ -14,8 +16,10 @@ from typing import Any
 
 from .backend_fsspec import FsspecBackend, ObjectPath
 from .backend_local import LocalPath
+from .backend_s3 import S3Backend, S3Path
 
-Location = LocalPath | ObjectPath
+Location = LocalPath | S3Path | ObjectPath
+S3_PROTOCOLS = ("s3", "s3a")
 
 
 def is_url(path: Any) -> bool:
@@ -24,12 +28,14 @@ def is_url(path: Any) -> bool:
 
 def locate(path: str | os.PathLike | Location, storage_options: Mapping | None = None) -> Location:
     """``path`` as a location: a location as it is; a ``file://`` URL or a local path
-    (``str``/``os.PathLike``) on the local backend; any other URL on an fsspec backend
-    reached with ``storage_options``."""
+    (``str``/``os.PathLike``) on the local backend; an ``s3://``/``s3a://`` URL on the S3
+    backend and any other URL on an fsspec backend, reached with ``storage_options``."""
     if hasattr(path, "backend"):
         return path
     if isinstance(path, str) and path.startswith("file://"):
         return LocalPath(path[len("file://") :])
     if is_url(path):
+        if path.split("://", 1)[0] in S3_PROTOCOLS:
+            return S3Backend.for_url(path, storage_options)
         return FsspecBackend.for_url(path, storage_options)
     return LocalPath(path)

@@ -17,17 +17,11 @@ import uuid
 
 from ..errors import WriterLockedError
 from .format import legacy_lock_path, lock_path
+from .localswap import pid_alive
 from .location import Location, locate
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+# Tokens of the locks lock objects of this process hold.
+_HELD_HERE: set[str] = set()
 
 
 class WriterLock:
@@ -54,7 +48,9 @@ class WriterLock:
         if info.get("host") != socket.gethostname():
             return False
         pid = int(info.get("pid", -1))
-        return pid <= 0 or (pid != os.getpid() and not _pid_alive(pid))
+        if pid == os.getpid():  # ours: stale unless a lock object here still holds it
+            return info.get("token") not in _HELD_HERE
+        return pid <= 0 or not pid_alive(pid)
 
     def acquire(self, break_lock: bool = False) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
@@ -70,6 +66,7 @@ class WriterLock:
                     continue  # gone, or broken: try to create it again
                 raise self._locked(info) from None
             self.held = True
+            _HELD_HERE.add(self.token)
             return
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
 
@@ -123,9 +120,13 @@ class WriterLock:
         self._legacy.unlink(missing_ok=True)
 
     def release(self) -> None:
+        """Give the lock up.  If removing the file fails (an I/O error), the lock is
+        still given up: this process judges a lock file of its own that no lock object
+        holds stale, so it may reopen the segment, and other processes once it exits."""
         if not self.held:
             return
+        self.held = False
+        _HELD_HERE.discard(self.token)
         info = self.holder()
         if info is not None and info.get("token") == self.token:
             self.path.unlink(missing_ok=True)
-        self.held = False

@@ -12,8 +12,9 @@ knows what a leaf means.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
-import zarr
 
 from ..errors import CorruptBufferError, EmptyBufferError
 from .arrays import ArrayHandle
@@ -22,6 +23,26 @@ from .format import PRIORITY_CHUNK_ROWS, PRIORITY_GROUP, PRIORITY_SLOTS
 from .location import Location, locate
 
 _RETRIES = 5
+
+_GROUP_JSON = json.dumps({"attributes": {}, "zarr_format": 3, "node_type": "group"}).encode()
+_ARRAY_JSON = json.dumps(
+    {
+        "shape": [PRIORITY_CHUNK_ROWS],
+        "data_type": "float64",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [PRIORITY_CHUNK_ROWS]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0.0,
+        "codecs": [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "zstd", "configuration": {"level": 1, "checksum": False}},
+            {"name": "crc32c"},
+        ],
+        "attributes": {},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+).encode()
 
 
 def slot_path(seg_dir: Location, slot: int) -> Location:
@@ -46,21 +67,16 @@ class PriorityArrays:
         self._dropped_below = dict.fromkeys(PRIORITY_SLOTS, 0)
 
     def _create(self) -> None:
-        from zarr.codecs import Crc32cCodec, ZstdCodec
-
-        store = self.dir.backend.zarr_store(self.dir)
-        g = zarr.open_group(store, mode="a", zarr_format=3).require_group(PRIORITY_GROUP)
+        """Create the group and both copies: their ``zarr.json`` written directly (exactly
+        what zarr-python writes for them; a test compares), so a first save needs no
+        zarr-python, whose thread pool is gone when buffers are closed at exit."""
+        backend = self.dir.backend
+        group = self.dir / PRIORITY_GROUP
+        group.mkdir(parents=True, exist_ok=True)
+        backend.create_exclusive(group / "zarr.json", _GROUP_JSON)
         for s in PRIORITY_SLOTS:
-            if str(s) not in g:
-                g.create_array(
-                    str(s),
-                    shape=(PRIORITY_CHUNK_ROWS,),
-                    dtype="float64",
-                    chunks=(PRIORITY_CHUNK_ROWS,),
-                    fill_value=0.0,
-                    compressors=[ZstdCodec(level=1), Crc32cCodec()],
-                    config={"write_empty_chunks": True},
-                )
+            (group / str(s)).mkdir(exist_ok=True)
+            backend.create_exclusive(group / str(s) / "zarr.json", _ARRAY_JSON)
 
     def _handle(self, slot: int) -> ArrayHandle:
         h = self._handles.get(slot)

@@ -21,12 +21,12 @@ from .format import (
     FORMAT_VERSION,
     META,
     READABLE_FORMATS,
+    SCHEMA_NAME,
     SEGMENT_CHILDREN,
     SEGMENTS,
     claims_dir,
-    commit_path,
+    is_temp_name,
     legacy_claims_dir,
-    legacy_commit_path,
     meta_node_json,
 )
 from .layout import KeyLayout
@@ -35,11 +35,25 @@ from .location import Location, locate
 
 def is_buffer(path: str | Path | Location, storage_options: Mapping | None = None) -> bool:
     """True if ``path`` (a directory or an ``s3://`` URL) holds a zreplay buffer root."""
-    meta = locate(path, storage_options) / "zarr.json"
+    loc = locate(path, storage_options)
+    for _ in range(2):
+        try:
+            return ATTR in json.loads((loc / "zarr.json").read_text()).get("attributes", {})
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            if not _recovered(loc):
+                return False
+        except ValueError:
+            return False
+    return False
+
+
+def _recovered(loc: Location) -> bool:
+    """True if a replacement of the tree at ``loc`` that a crash interrupted was just
+    finished or undone (its root ``zarr.json`` may be there now)."""
     try:
-        return ATTR in json.loads(meta.read_text()).get("attributes", {})
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
-        return False
+        return loc.backend.recover_tree(loc)
+    except OSError:
+        return False  # e.g. read-only credentials: a writer will finish it
 
 
 class BufferRoot:
@@ -62,7 +76,12 @@ class BufferRoot:
     def read_meta(self) -> dict:
         meta = self.path / "zarr.json"
         try:
-            text = meta.read_text()
+            try:
+                text = meta.read_text()
+            except FileNotFoundError:
+                if not _recovered(self.path):
+                    raise
+                text = meta.read_text()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise FormatError(
                 f"{self.path} is not a zreplay buffer (no zarr.json); create one with "
@@ -82,6 +101,12 @@ class BufferRoot:
             )
         return info
 
+    def recover(self) -> bool:
+        """Finish (or undo) a replacement of this buffer's tree that a crash interrupted
+        (a checkpoint saved over it): anything that opens a buffer calls this first, so
+        it sees the old tree or the new, never a committed replacement left undone."""
+        return _recovered(self.path)
+
     def create(self, extra: Mapping | None = None) -> dict:
         """Create the root group if absent; returns its zreplay metadata.
 
@@ -89,12 +114,15 @@ class BufferRoot:
         hosts): the root's ``zarr.json`` appears complete in one exclusive create, and
         the losers of that race read the winner's.
         """
+        self.recover()
         meta = self.path / "zarr.json"
         if meta.is_file():
             return self.read_meta()  # or the specific error of a damaged or foreign root
+        # Temp files are another writer's zarr.json on its way in (written aside, then
+        # linked into place): the buffer is being created, not foreign.
         if (
             self.path.exists()
-            and any(True for _ in self.path.iterdir())
+            and any(not is_temp_name(p.name) for p in self.path.iterdir())
             and not meta.is_file()  # another writer may have created it just now
         ):
             raise FormatError(
@@ -141,25 +169,50 @@ class BufferRoot:
         info = self.read_meta()
         if not info.get("schema"):
             return None, None
-        schema = Schema.from_json(info["schema"])
-        layouts = {k: KeyLayout(**v) for k, v in info["layout"].items()}
+        try:
+            schema = Schema.from_json(info["schema"])
+            layouts = {k: KeyLayout.from_json(v) for k, v in info["layout"].items()}
+            if set(layouts) != set(schema.keys):
+                raise ValueError(f"layouts for {sorted(layouts)}, keys {schema.keys}")
+        except (ValueError, TypeError, KeyError, AttributeError, SchemaError) as e:
+            raise CorruptBufferError(
+                f"{self.path / 'zarr.json'}: the recorded schema or layout is invalid ({e}); "
+                "the buffer's root metadata is damaged (restore it from a checkpoint)"
+            ) from None
         return schema, layouts
 
-    def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> None:
-        """Fix the schema once; a different schema already on disk is an error."""
-        current, _ = self.schema()
-        if current is not None:
-            if current != schema:
-                raise SchemaError(
-                    f"{self.path} already has a different schema: {current.to_json()}"
-                )
-            return
-        self.replace_schema(schema, layouts)
+    def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> dict[str, KeyLayout]:
+        """Fix the schema once and return the layouts every segment uses: this writer's,
+        or those of the writer that fixed the schema first (writers of a new buffer may
+        race: an exclusive create of ``zreplay/schema.json`` picks one).  A different
+        schema already fixed is a SchemaError."""
+        current, recorded = self.schema()
+        if current is None:
+            marker = self.path / META / SCHEMA_NAME
+            mine = {"schema": schema.to_json(), "layout": {k: vars(v) for k, v in layouts.items()}}
+            if not self.backend.create_exclusive(marker, json.dumps(mine).encode()):
+                mine = json.loads(marker.read_bytes())  # another writer fixed it first
+            current = Schema.from_json(mine["schema"])
+            recorded = {k: KeyLayout.from_json(v) for k, v in mine["layout"].items()}
+            if current == schema:
+                self.replace_schema(current, recorded)  # the same for every writer
+        if current != schema:
+            raise SchemaError(f"{self.path} already has a different schema: {current.to_json()}")
+        return recorded
 
     def replace_schema(
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
     ) -> None:
         """Overwrite the schema (or reset it to None); only when no other segment has data."""
+        marker = self.path / META / SCHEMA_NAME
+        if schema is None:
+            marker.unlink(missing_ok=True)
+        elif marker.is_file():
+            record = {
+                "schema": schema.to_json(),
+                "layout": {k: vars(v) for k, v in layouts.items()},
+            }
+            self.backend.publish(marker, json.dumps(record).encode(), durable=True)
         self._set_attr(
             schema=schema.to_json() if schema is not None else None,
             layout={k: vars(v) for k, v in layouts.items()} if layouts else None,
@@ -212,10 +265,9 @@ class BufferRoot:
             n += 1
 
     def remove_segment_data(self, writer_id: str) -> None:
-        """Delete a segment's arrays and commit (its writer, under its lock, only)."""
+        """Delete a segment's arrays (its writer, under its lock, only; its commit record
+        says first that none of their rows are visible)."""
         d = self.segment_dir(writer_id)
-        commit_path(d).unlink(missing_ok=True)
-        legacy_commit_path(d).unlink(missing_ok=True)
         for child in SEGMENT_CHILDREN:
             self.backend.remove_tree(d / child)
 

@@ -12,16 +12,18 @@ and rows at or past the commit's ``n_rows`` are garbage.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..errors import CorruptBufferError
 from ..schema import KeySpec, Schema
 from .arrays import ArrayHandle
 from .commit import Commit, read_commit
-from .format import INDEX_CHUNK, PIECE_COLUMNS, STORED_ATTRS, TRAJ_COLUMNS
+from .format import INDEX_CHUNK, PIECE_COLUMNS, STORED_ATTRS, TRAJ_COLUMNS, commit_path
 from .layout import KeyLayout
 from .location import Location, locate
 
@@ -47,18 +49,21 @@ class Segment:
         self._context = self.backend.array_context(durable)
         # Data arrays may share a cache of decoded chunks (readers only; see
         # Backend.array_context); index arrays are read whole and never need one.
-        data_ctx = self._context
+        self._data_context = self._context
         if chunk_cache_bytes > 0:
-            data_ctx = self.backend.array_context(durable, chunk_cache_bytes)
-        self.data = {k: ArrayHandle(self.dir / "data" / k, data_ctx, writable) for k in schema.keys}
-        self.offsets = ArrayHandle(self.dir / "offsets", self._context, writable)
-        self.traj = {
-            c: ArrayHandle(self.dir / "traj" / c, self._context, writable) for c in TRAJ_COLUMNS
+            self._data_context = self.backend.array_context(durable, chunk_cache_bytes)
+
+        def handle(rel: str, dtype, row, ctx=self._context) -> ArrayHandle:
+            return ArrayHandle(self.dir / rel, ctx, writable, (dtype, row))
+
+        self.data = {
+            k: handle(f"data/{k}", s.dtype, s.row_shape, self._data_context)
+            for k, s in schema.specs.items()
         }
-        self.pieces = {
-            c: ArrayHandle(self.dir / "episodes" / c, self._context, writable)
-            for c in PIECE_COLUMNS
-        }
+        self.offsets = handle("offsets", "int64", ())
+        self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
+        self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
+        self._seen: tuple[int, int, int] | None = None  # (n_rows, n_traj, last trajectory id)
 
     @property
     def fills_missing(self) -> bool:
@@ -102,6 +107,9 @@ class Segment:
                 attributes=STORED_ATTRS,
                 **lay.zarr_codecs(spec.dtype),
             )
+        # Index chunks are checksummed like data chunks: a flipped bit in an offset, an
+        # id or a terminated flag is an error, never a silently different trajectory.
+        index_codecs = {"compressors": [ZstdCodec(level=1), Crc32cCodec()]}
         if "offsets" not in g:
             g.create_array(
                 "offsets",
@@ -111,6 +119,7 @@ class Segment:
                 fill_value=0,
                 config={"write_empty_chunks": True},
                 attributes=STORED_ATTRS,
+                **index_codecs,
             )
         columns = [("traj", n, d, r) for n, (d, r) in TRAJ_COLUMNS.items()]
         columns += [("episodes", n, d, ()) for n, d in PIECE_COLUMNS.items()]
@@ -125,6 +134,7 @@ class Segment:
                     fill_value=0 if dtype != "bool" else False,
                     config={"write_empty_chunks": True},
                     attributes=STORED_ATTRS,
+                    **index_codecs,
                 )
 
     # -- writes (the segment's writer only) -----------------------------------------
@@ -149,10 +159,11 @@ class Segment:
         first_piece: int,
         pieces: Mapping[str, np.ndarray],
     ) -> list:
-        """Write offsets[first_traj+1 : ...], trajectory columns from ``first_traj`` and
-        episode pieces from ``first_piece``."""
-        n = len(offsets_tail)
-        futs = [self.offsets.store[first_traj + 1 : first_traj + 1 + n].write(offsets_tail)]
+        """Write ``offsets[first_traj : first_traj + len(offsets_tail)]`` (the first entry is
+        already there unless ``first_traj`` is 0: the segment's first row), trajectory
+        columns from ``first_traj`` and episode pieces from ``first_piece``."""
+        n = len(offsets_tail) - 1
+        futs = [self.offsets.store[first_traj : first_traj + 1 + n].write(offsets_tail)]
         for name, col in columns.items():
             futs.append(self.traj[name].store[first_traj : first_traj + n].write(col))
         k = len(pieces["start"])
@@ -197,12 +208,14 @@ class Segment:
     def read_index(self, commit: Commit) -> dict[str, np.ndarray]:
         """Offsets ``[n_traj+1]`` and trajectory columns ``[n_traj]`` up to the commit."""
         n, k = commit.n_traj, commit.n_pieces
-        if n == 0:
-            out = {"offsets": np.zeros(1, np.int64)}
+        if n == 0:  # rows continue where the segment (or a clear) left off
+            out = {"offsets": np.full(1, commit.n_rows, np.int64)}
             for name, (dtype, row) in TRAJ_COLUMNS.items():
                 out[name] = np.zeros((0, *row), dtype)
             out["pieces"] = {c: np.zeros(0, d) for c, d in PIECE_COLUMNS.items()}
+            self._observe(commit, out["trajectory_id"])
             return out
+        self._check_index_size(commit)
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
             futs[name] = h.reopen_if_short(n)[:n].read()
@@ -212,6 +225,7 @@ class Segment:
             out["pieces"] = {c: f.result() for c, f in pfuts.items()}
         except Exception as e:  # TensorStore reports damage as ValueError
             raise CorruptBufferError(f"{self.dir}: the index cannot be read ({e})") from None
+        self._observe(commit, out["trajectory_id"])
         off = out["offsets"]
         ends = out["piece_end"]
         if (
@@ -226,6 +240,47 @@ class Segment:
                 "pieces); the index is damaged"
             )
         return out
+
+    def _check_index_size(self, commit: Commit) -> None:
+        """CorruptBufferError, naming the files, if the commit's counts need more index
+        than the arrays hold or than this machine has memory: checked before anything is
+        allocated (TensorStore aborts the process when an allocation fails)."""
+        n, k = commit.n_traj, commit.n_pieces
+        need = (n + 1) * 8 + n * _row_bytes(TRAJ_COLUMNS.values())
+        need += k * _row_bytes((d, ()) for d in PIECE_COLUMNS.values())
+        if need > physical_memory():
+            raise CorruptBufferError(
+                f"{commit_path(self.dir)}: the commit counts {n} trajectories and {k} episode "
+                f"pieces, whose index needs {need / 2**30:.1f} GiB, more than this machine's "
+                f"{physical_memory() / 2**30:.1f} GiB of memory; the commit record or the "
+                "index arrays' zarr.json are damaged (restore from a checkpoint)"
+            )
+        for name, h, rows in [
+            ("offsets", self.offsets, n + 1),
+            *((f"traj/{c}", h, n) for c, h in self.traj.items()),
+            *((f"episodes/{c}", h, k) for c, h in self.pieces.items()),
+            *((f"data/{key}", h, commit.n_rows) for key, h in self.data.items()),
+        ]:
+            if h.reopen_if_short(rows).shape[0] < rows:
+                raise CorruptBufferError(
+                    f"{self.dir / name / 'zarr.json'}: the array has "
+                    f"{h.store.shape[0]} rows but {commit_path(self.dir)} needs {rows}; "
+                    "the segment is damaged (restore it from a checkpoint)"
+                )
+
+    def _observe(self, commit: Commit, ids: np.ndarray) -> None:
+        """Tell the backend which rows are committed, and whether they continue the rows
+        of the commit read before (a cleared or replaced segment starts its rows anew;
+        trajectory ids are never reused, so the last one seen tells)."""
+        seen = self._seen
+        same = seen is None or (
+            commit.n_rows >= seen[0]
+            and len(ids) >= seen[1]
+            and (seen[1] == 0 or int(ids[seen[1] - 1]) == seen[2])
+        )
+        self._seen = (commit.n_rows, len(ids), int(ids[-1]) if len(ids) else -1)
+        for ctx in {id(c): c for c in (self._context, self._data_context)}.values():
+            self.backend.observe_commit(ctx, commit.n_rows, commit.reclaimed_below, same)
 
     def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
         """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the
@@ -261,3 +316,15 @@ class PendingRead:
                 f"Run zreplay.verify({str(self._segment.dir.parent.parent)!r}) for a full "
                 "report; restore the buffer from a checkpoint"
             ) from None
+
+
+def _row_bytes(columns) -> int:
+    return sum(np.dtype(d).itemsize * int(np.prod(r, dtype=np.int64)) for d, r in columns)
+
+
+def physical_memory() -> int:
+    """Bytes of RAM of this machine (a bound on what any read may allocate)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40

@@ -1,0 +1,304 @@
+"""How :class:`~zreplay.torchrl.ZarrStorage` presents zreplay's append-only rows as
+TorchRL's ring of ``max_size`` slots, and TensorDicts as flat columns.
+
+The ring: the storage appends every row it is given (global rows of its segment, never
+reused; the ring's rows are ``[start, W)``, ``start`` being where it was last emptied or
+loaded) and never overwrites one.  Row ``g`` belongs to slot ``(g - start + shift) %
+max_size`` and a slot shows the newest row that belongs to it, so the storage holds
+``min(W - start, max_size)`` slots exactly as TorchRL's round-robin writer fills
+``LazyTensorStorage`` (wrap-around and oversized extends included).  ``shift`` is 0
+except after importing a TorchRL checkpoint of a full ring, whose rows are appended
+oldest first starting at the writer's cursor.
+
+A TensorDict ``[n, *batch]`` is a set of leaves ``("next", "obs") -> "next/obs"``: one
+zreplay column per leaf, ``[n, *row]``; ``batches`` records the extra batch dims of every
+(nested) TensorDict so reads rebuild the same structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict._td import _SubTensorDict
+
+from ..core import Prepared
+from ..errors import AppendOnlyError, SchemaError
+from ..schema import Schema, as_numpy, check_key_component
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Slots of TorchRL's ring over an append-only run of rows ``[start, W)`` (see
+    module doc): row ``g`` is slot ``(g - start + shift) % max_size``."""
+
+    max_size: int
+    start: int = 0
+    shift: int = 0
+
+    def length(self, W: int) -> int:
+        return min(W - self.start, self.max_size)
+
+    def next_slot(self, W: int) -> int:
+        """The slot the writer's next row goes to (TorchRL's writer ``_cursor``)."""
+        return (W - self.start + self.shift) % self.max_size
+
+    def expected(self, W: int, n: int) -> torch.Tensor:
+        """The cursor TorchRL's round-robin writer passes for ``n`` more rows."""
+        return (torch.arange(n, dtype=torch.int64) + self.next_slot(W)) % self.max_size
+
+    def rows_of(self, slots: np.ndarray, W: int) -> np.ndarray:
+        """Global row shown in each slot (``0 <= slot < length(W)``)."""
+        return W - 1 - (W - 1 - self.start + self.shift - slots) % self.max_size
+
+
+def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
+    """``n`` rows as zreplay trajectories ``[<= P, 1]`` (one episode each: TorchRL's own
+    trajectory ids or done flags say where its trajectories are)."""
+    out = [
+        Prepared({k: v[a : a + P, None] for k, v in cols.items()}, min(P, n - a), 1)
+        for a in range(0, n, P)
+    ]
+    for p in out:
+        p.split_episodes = False
+    return out
+
+
+def td_columns(td: TensorDictBase) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
+    """``({"a/b": [n, *row] array}, {td path: extra batch dims})`` of a TensorDict with
+    batch ``[n, ...]``; ``SchemaError`` for an unsafe key name or a non-tensor leaf."""
+    cols: dict[str, np.ndarray] = {}
+    batches = {"": [int(d) for d in td.batch_size[1:]]}
+    for key, value in td.items(include_nested=True, leaves_only=False):
+        key = (key,) if isinstance(key, str) else tuple(key)
+        for i, part in enumerate(key):
+            check_key_component(part, "/".join(key[:i]))
+        path = "/".join(key)
+        if isinstance(value, TensorDictBase):
+            batches[path] = [int(d) for d in value.batch_size[1:]]
+        elif isinstance(value, torch.Tensor):
+            cols[path] = np.ascontiguousarray(as_numpy(value, str(key)))
+        else:
+            raise SchemaError(
+                f"ZarrStorage: key {key} holds {type(value).__name__}; only tensors are "
+                "stored (drop non-tensor entries before extend)"
+            )
+    return cols, batches
+
+
+def build_td(
+    flat: Mapping[str, np.ndarray | torch.Tensor],
+    lead: tuple[int, ...],
+    batches: Mapping[str, list[int]],
+    device: torch.device,
+) -> TensorDict:
+    """The TensorDict ``[*lead, *batch]`` of flat columns (the inverse of td_columns)."""
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, leaf = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        t = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        node[leaf] = t.reshape((*lead, *t.shape[1:]))
+
+    def make(prefix: str, node: dict) -> TensorDict:
+        items = {
+            k: make(f"{prefix}/{k}" if prefix else k, v) if isinstance(v, dict) else v
+            for k, v in node.items()
+        }
+        return TensorDict(items, batch_size=[*lead, *batches.get(prefix, [])])
+
+    td = make("", tree)
+    return td if device.type == "cpu" else td.to(device)
+
+
+# -- the lazy, read-only view behind storage[:] ------------------------------------------
+
+
+def _read_only(self, *args, **kwargs):
+    raise RuntimeError(
+        "ZarrStorage is append-only: a view of it cannot be written (rb.update_, "
+        "rb.set_at_ and storage[idx] = value are not supported); extend the buffer instead"
+    )
+
+
+class _LazyColumns(TensorDict):
+    """Schema only (meta tensors ``[L, ...]``); a read of ``key`` at index ``idx`` calls
+    ``read(key path, idx)``, so ``storage[:][key]`` reads that one column."""
+
+    def _bind(self, read: Callable, prefix: tuple[str, ...]) -> _LazyColumns:
+        self.__dict__["_zr_read"] = read
+        self.__dict__["_zr_prefix"] = prefix
+        return self
+
+    def _zr_get(self, key: tuple[str, ...], idx, default):
+        node = self._get_tuple(key, None)
+        if node is None:
+            return self._default_get(key, default)
+        if isinstance(node, TensorDictBase):
+            return _SubTensorDict(node, idx)
+        return self.__dict__["_zr_read"]("/".join(self.__dict__["_zr_prefix"] + key), idx)
+
+    def _get_at_str(self, key, idx, default, **kwargs):
+        return self._zr_get((key,), idx, default)
+
+    def _get_at_tuple(self, key, idx, default, **kwargs):
+        return self._zr_get(tuple(key), idx, default)
+
+    _set_str = _set_tuple = _set_at_str = _set_at_tuple = _stack_onto_at_ = _read_only
+    _stack_onto_ = _read_only
+
+
+def lazy_source(
+    specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
+    batches: Mapping[str, list[int]],
+    length: int,
+    read: Callable[[str, object], torch.Tensor],
+) -> _LazyColumns:
+    """The structure of ``length`` slots (``specs``: flat key -> dtype, row shape) with
+    no data: ``_SubTensorDict(source, index)`` is ``storage[index]`` as a read-only view
+    whose column ``key`` is ``read(key path, index)``, read on access."""
+
+    def make(prefix: tuple[str, ...]) -> _LazyColumns:
+        items: dict = {}
+        for path, (dtype, row) in specs.items():
+            parts = tuple(path.split("/"))
+            if parts[: len(prefix)] != prefix or len(parts) == len(prefix):
+                continue
+            name = parts[len(prefix)]
+            if len(parts) == len(prefix) + 1:
+                items[name] = torch.empty((length, *row), dtype=dtype, device="meta")
+            elif name not in items:
+                items[name] = make((*prefix, name))
+        batch = [length, *batches.get("/".join(prefix), [])]
+        return _LazyColumns(items, batch_size=batch)._bind(read, prefix)
+
+    return make(())
+
+
+CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
+
+
+class SlotColumns:
+    """Columns of a ZarrStorage in slot order, for its lazy views: the structure of its
+    ``len`` slots (rebuilt when ``len`` changes), and reads of one column.  Small columns
+    (trajectory ids, done flags: at most 16 bytes a row), which SliceSampler reads whole
+    on every sample, are kept in RAM in slot order, updated by every append."""
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.small: dict[str, torch.Tensor] = {}
+        self._source: tuple | None = None  # ((len, epoch), structure)
+
+    def source(self, L: int, epoch: int) -> _LazyColumns:
+        if self._source is None or self._source[0] != (L, epoch):
+            schema = self.storage.core.schema.specs
+            specs = {k: (_torch_dtype(s.dtype), s.row_shape) for k, s in schema.items()}
+            self._source = (
+                (L, epoch),
+                lazy_source(specs, self.storage._batches, L, self._reader(L, epoch)),
+            )
+        return self._source[1]
+
+    def appended(self, slots: torch.Tensor, cols: Mapping[str, np.ndarray]) -> None:
+        """Rows were appended at ``slots`` (no duplicates)."""
+        for key, col in self.small.items():
+            col[slots] = torch.from_numpy(cols[key])
+
+    def column(self, key: str) -> torch.Tensor:
+        """Small column ``key``, ``[max_size, ...]`` in slot order (valid below len)."""
+        col = self.small.get(key)
+        if col is None:
+            st = self.storage
+            spec, L = st.core.schema.specs[key], len(st)
+            col = torch.zeros((st.max_size, *spec.row_shape), dtype=_torch_dtype(spec.dtype))
+            if L:
+                g = st._ring.rows_of(np.arange(L), st._W)
+                col[:L] = torch.from_numpy(st.core.rows(g, [key])[key])
+            self.small[key] = col
+        return col
+
+    def _reader(self, L: int, epoch: int):
+        st = self.storage
+        specs = st.core.schema.specs
+        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
+
+        def read(key: str, idx) -> torch.Tensor:
+            if st._epoch != epoch:
+                raise RuntimeError(
+                    "the storage was emptied or loaded since this view was taken; index "
+                    "the storage again"
+                )
+            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
+                idx = idx[0]
+            if key in small:
+                col = self.column(key)[:L]  # a slice of it is a view: no copy
+                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
+            slots = slot_index(idx, L)
+            got = st.core.rows(st._ring.rows_of(slots.reshape(-1), st._W), [key])[key]
+            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
+
+        return read
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def slot_index(index, L: int) -> np.ndarray:
+    """The slots ``index`` names among ``L`` (torch indexing; torch's IndexError text)."""
+    if isinstance(index, tuple) and len(index) == 1:
+        index = index[0]
+    if isinstance(index, int | np.integer) or (
+        isinstance(index, torch.Tensor)
+        and not index.dtype.is_floating_point
+        and index.dtype != torch.bool
+    ):
+        idx = torch.as_tensor(index).to("cpu", torch.int64)
+        bad = (idx < -L) | (idx >= L)
+        if bad.any():
+            raise IndexError(
+                f"index {int(idx[bad].reshape(-1)[0])} is out of bounds for dimension 0 "
+                f"with size {L}"
+            )
+        return (idx % max(L, 1)).numpy()
+    if isinstance(index, slice):
+        return np.arange(*index.indices(L))
+    return torch.arange(L)[index].numpy()  # torch's semantics and errors
+
+
+class OwnCheckpoints:
+    """Marker: ZarrStorage's dumps/loads are its own (TorchRL's need ``_storage``)."""
+
+    def register_save_hook(self, hook):
+        raise AppendOnlyError("ZarrStorage checkpoints take no save hooks")
+
+    register_load_hook = register_save_hook
+
+
+def check_schema(schema: Schema, cols: Mapping[str, np.ndarray]) -> None:
+    missing = [k for k in schema.keys if k not in cols]
+    extra = [k for k in cols if k not in schema.specs]
+    if missing or extra:
+        raise SchemaError(
+            f"ZarrStorage: the data's keys differ from the storage's: missing "
+            f"{[tuple(k.split('/')) for k in missing]}, unexpected "
+            f"{[tuple(k.split('/')) for k in extra]}"
+        )
+    for k, v in cols.items():
+        spec = schema.specs[k]
+        if v.dtype != spec.dtype or tuple(v.shape[1:]) != spec.row_shape:
+            raise SchemaError(
+                f"ZarrStorage: key {tuple(k.split('/'))} holds {spec.dtype} rows of shape "
+                f"{spec.row_shape}, got {v.dtype} rows of shape {tuple(v.shape[1:])}; "
+                "ZarrStorage never casts or broadcasts: convert the data before extend"
+            )
+
+
+def show_slots(t: torch.Tensor) -> str:
+    v = t.tolist()
+    return str(v) if len(v) <= 8 else f"[{v[0]}, {v[1]}, ..., {v[-1]}] ({len(v)})"

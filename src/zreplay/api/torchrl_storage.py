@@ -1,0 +1,367 @@
+"""``zreplay.torchrl.ZarrStorage``: a TorchRL storage on a persistent zreplay buffer.
+
+TorchRL's ``LazyTensorStorage`` is a ring of ``max_size`` slots that its round-robin
+writer overwrites; this storage shows the same slots (same ``len``, ``storage[index]``,
+``_is_full``, last cursor, samples under the same seed) over an append-only zreplay
+segment: every extend is appended, a slot shows the newest row written to it, and whole
+old trajectories are evicted on disk once every row in them has been overwritten
+(:mod:`zreplay.api.torchrl_columns`).  So rows are compressed, committed atomically,
+readable by ``zreplay.open`` while training runs, and a storage constructed on an existing
+``path`` resumes: same ``len``, same rows, and the writer's cursor where it was.
+
+A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict._td import _SubTensorDict
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
+
+from ..core import BufferCore, RamPolicy, RandomStream
+from ..errors import AppendOnlyError, FormatError, SchemaError
+from ..schema import Schema
+from .torchrl_checkpoint import (
+    TorchRLFiles,
+    import_rows,
+    load_state_dict_into,
+    slot_rows,
+    state_dict_of,
+)
+from .torchrl_columns import (
+    OwnCheckpoints,
+    Ring,
+    SlotColumns,
+    build_td,
+    check_schema,
+    pieces,
+    show_slots,
+    slot_index,
+    td_columns,
+)
+
+DEFAULT_RAM_BYTES = 1 << 30
+MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
+KIND = "torchrl"
+
+
+class ZarrStorage(TensorStorage):
+    """A TorchRL storage of ``max_size`` rows persisted as a zreplay buffer at ``path``.
+
+    Use it wherever TorchRL takes a storage (``TensorDictReplayBuffer(storage=...)``)
+    with its round-robin writer and the ``RandomSampler``, ``SamplerWithoutReplacement``,
+    ``SliceSampler`` and ``SliceSamplerWithoutReplacement`` samplers.  Rows keep their
+    dtypes (uint8, bool, ...) and nesting; the first extend fixes the keys, dtypes and
+    row shapes, and a later extend that differs raises :class:`~zreplay.SchemaError` (a
+    ``ValueError``) before anything is written, with the writer's cursor rolled back.
+
+    Args:
+        max_size: slots, as ``LazyTensorStorage(max_size)``.
+        path: buffer directory or ``s3://bucket/prefix``; an existing one is resumed
+            (``max_size`` must be the one it was written with).  ``None``: a private
+            temporary store removed on :meth:`close`.
+        device: where returned TensorDicts live (rows are stored on disk and in RAM).
+        ram_budget_bytes: RAM kept for decoded newest rows (older ones read from disk).
+        overwrite: start afresh even if ``path`` holds a buffer.
+        layout, durable, writer_id, break_lock, storage_options: as for
+            :class:`~zreplay.TrajectoryReplayBuffer`.
+    """
+
+    supports_conditional_update = False
+    _default_checkpointer = OwnCheckpoints
+
+    def __init__(
+        self,
+        max_size: int,
+        path: str | Path | None = None,
+        *,
+        device: torch.device | str = "cpu",
+        ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
+        layout: Mapping[str, Mapping] | None = None,
+        overwrite: bool = False,
+        writer_id: str = "default",
+        durable: bool = True,
+        break_lock: bool = False,
+        storage_options: Mapping | None = None,
+    ):
+        if int(max_size) < 1:
+            raise ValueError(f"max_size must be a positive number of rows, got {max_size}")
+        self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
+        super().__init__(storage=None, max_size=int(max_size), device=device)
+        M = self.max_size
+        self._piece = min(M, MAX_PIECE_ROWS)
+        self.core = BufferCore.writer(
+            path,
+            stream=RandomStream(tag=KIND),
+            writer_id=writer_id,
+            # Rows stay until every row of their trajectory is overwritten (see module).
+            capacity=M + self._piece - 1,
+            ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
+            layout=layout,
+            durable=durable,
+            overwrite=overwrite,
+            break_lock=break_lock,
+            storage_options=storage_options,
+        )
+        try:
+            self._open_ring()
+        except BaseException:
+            self.core.close()
+            raise
+
+    def _open_ring(self, state: Mapping | None = None) -> None:
+        saved = dict(self.core.facade_state if state is None else state)
+        self._W = self.core.row_range[1]
+        if (self.core.num_rows or saved) and saved.get("kind") != KIND:
+            raise FormatError(
+                f"{self.core.path} holds a zreplay buffer not written by ZarrStorage; "
+                "open it with zreplay.open() or pick another path"
+            )
+        if saved.get("max_size", self.max_size) != self.max_size:
+            raise ValueError(
+                f"{self.core.path} is a ZarrStorage of max_size={saved['max_size']}, not "
+                f"{self.max_size}; pass max_size={saved['max_size']} (or overwrite=True)"
+            )
+        # An empty segment is an empty ring, wherever its rows go on from (a clear moves
+        # the row counter on to a shard boundary).
+        start = int(saved.get("start", 0)) if self.core.num_rows else self._W
+        self._ring = Ring(self.max_size, start, int(saved.get("shift", 0)))
+        self._ring_guessed = bool(saved.get("guessed", False))
+        self._batches = saved.get("batches")
+        self._slot_columns = SlotColumns(self)
+        self._epoch = getattr(self, "_epoch", 0) + 1
+        self.core.facade_state = {
+            "kind": KIND,
+            "max_size": self.max_size,
+            "start": self._ring.start,
+            "shift": self._ring.shift,
+            "guessed": self._ring_guessed,
+            "batches": self._batches,
+        }
+        if self._ring.length(self._W):
+            self._set_last_cursor((self._ring.next_slot(self._W) - 1) % self.max_size)
+
+    # -- sizes and state TorchRL reads -------------------------------------------------
+
+    @property
+    def _len(self) -> int:
+        return 0 if self.__dict__.get("core") is None else self._ring.length(self._W)
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        if self.__dict__.get("core") is not None and int(value) != len(self):
+            raise AppendOnlyError(
+                "ZarrStorage's length follows its rows; it cannot be set (TorchRL's "
+                "write_at and ConsumingSampler are not supported)"
+            )
+
+    @property
+    def initialized(self) -> bool:
+        core = self.__dict__.get("core")
+        return core is not None and core.schema is not None
+
+    @initialized.setter
+    def initialized(self, value: bool) -> None:
+        pass  # derived from the buffer's schema
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([len(self)])
+
+    @property
+    def checkpointer(self):
+        return self._checkpointer
+
+    @checkpointer.setter
+    def checkpointer(self, value) -> None:
+        # ReplayBuffer sets this after registering its writer: sync the writer's cursor.
+        if value is not None and not isinstance(value, OwnCheckpoints):
+            raise TypeError(
+                f"ZarrStorage checkpoints itself (rb.dumps/rb.loads); drop checkpointer="
+                f"{type(value).__name__}"
+            )
+        Storage.checkpointer.fset(self, value)
+        if self.__dict__.get("core") is not None:
+            self._sync_writers(only_fresh=True)
+
+    def _sync_writers(self, only_fresh: bool = False) -> None:
+        """Put the attached writers' cursors where the next row goes (a fresh writer on
+        a resumed storage; after loading a checkpoint, which rb.loads then confirms)."""
+        for w in self._writers():
+            if not only_fresh or w._write_count == 0:
+                w._cursor = self._ring.next_slot(self._W)
+                w._write_count = min(self._W - self._ring.start, 2**31 - 1)
+
+    def _writers(self) -> list:
+        out = []
+        for ent in self._attached_entities:
+            w = getattr(ent, "_writer", None)
+            if w is not None and getattr(w, "_storage", None) is self:
+                out.append(w)
+        return out
+
+    # -- writing --------------------------------------------------------------------
+
+    def set(self, cursor, data, *, set_cursor: bool = True) -> None:
+        """Append ``data`` (a TensorDict ``[n, ...]``, or ``[]`` for ``add``) at the
+        writer's ``cursor``, which must be the next ``n`` slots of the ring."""
+        if not set_cursor:
+            raise AppendOnlyError(
+                "ZarrStorage is append-only: rows cannot be overwritten in place "
+                "(storage[idx] = value, rb[idx] = value, write_at); extend instead"
+            )
+        cur = torch.as_tensor(cursor).reshape(-1).to("cpu", torch.int64)
+        try:
+            data = _rows(data)
+            n = int(data.shape[0])
+            if n == 0:
+                if not self.initialized:
+                    raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
+                return
+            self._append(cur, data, n)
+        except BaseException:
+            for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
+                w._cursor = self._ring.next_slot(self._W)
+                w._write_count = max(0, w._write_count - cur.numel())
+            raise
+        self._set_last_cursor(cursor)
+        self._bump_mutation_revision()
+
+    def _append(self, cursor: torch.Tensor, data: TensorDictBase, n: int) -> None:
+        want = self._ring.expected(self._W, n)
+        if self._ring_guessed and len(cursor) and not torch.equal(cursor, want):
+            # A TorchRL state dict of a full ring does not say where its writer's cursor
+            # is; the restored writer does: re-append the ring once, from there.
+            rows = slot_rows(self, np.arange(self.max_size))
+            import_rows(self, rows, self.max_size, int(cursor[0]), sync=False)
+            want = self._ring.expected(self._W, n)
+        if not torch.equal(cursor, want):
+            raise AppendOnlyError(
+                f"ZarrStorage appends at the ring's next slots ({show_slots(want)}) but the "
+                f"writer asked for {show_slots(cursor)}; only TorchRL's round-robin writers "
+                "are supported (the writer's cursor was put back: extend again)"
+            )
+        cols, batches = td_columns(data)
+        schema = self.core.schema
+        if schema is not None:
+            check_schema(schema, cols)
+            if batches != self._batches:
+                raise SchemaError(
+                    f"ZarrStorage: the data's TensorDict batch shapes {batches} differ from "
+                    f"the storage's {self._batches} (per row, after the first dim)"
+                )
+        else:
+            Schema.infer({k: v[:, None] for k, v in cols.items()})
+            self._batches = self.core.facade_state["batches"] = batches
+        try:
+            self.core.add(pieces(cols, n, self._piece))
+        except BaseException:
+            if schema is None:
+                self._batches = self.core.facade_state["batches"] = None
+            raise
+        self._W += n
+        self._ring_guessed = self.core.facade_state["guessed"] = False
+        m = min(n, self.max_size)
+        self._slot_columns.appended(want[-m:], {k: v[-m:] for k, v in cols.items()})
+
+    def _empty(self) -> None:
+        """``rb.empty()``: drop every row (on disk too; the schema stays)."""
+        self.core.facade_state.update(shift=0, guessed=False)
+        self.core.clear()
+        self._open_ring()  # empty: the ring starts where the rows go on
+        self._bump_mutation_revision()
+
+    # -- reading --------------------------------------------------------------------
+
+    def get(self, index):
+        """Rows at ``index`` (int, slice, tensor, list, mask: torch indexing over the
+        ``len(self)`` slots) as a TensorDict; a slice gives a read-only lazy view."""
+        if not self.initialized:
+            raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+        if isinstance(index, slice):
+            return self._view(index)
+        slots = slot_index(index, len(self))
+        g = self._ring.rows_of(slots.reshape(-1), self._W)
+        return build_td(self.core.rows(g), slots.shape, self._batches, self.device)
+
+    def __getitem__(self, index):
+        # A sampler's tuple index (SliceSampler reads flags at it): a lazy view, so only
+        # the keys it reads are read; the batch itself comes through get().
+        if isinstance(index, tuple) and self.initialized:
+            return self._view(index)
+        return self.get(index)
+
+    def _view(self, index):
+        view = _SubTensorDict(self._slot_columns.source(len(self), self._epoch), index)
+        return view if self.device.type == "cpu" else view.to(self.device)
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """TorchRL's storage state: ``{"_storage": the max_size slots' TensorDict state
+        (zeros past len), "initialized", "_len"}`` plus the writer's next slot.  It holds
+        every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files instead."""
+        return state_dict_of(self)
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Replace the contents with a ``state_dict()`` of this class or of TorchRL's
+        tensor storages (a full ring's next slot, which theirs lack, is taken from the
+        restored writer's first extend)."""
+        load_state_dict_into(self, state_dict)
+
+    def dumps(self, path) -> None:
+        """A copy-free snapshot (a zreplay buffer directory: hard links, or server-side
+        copies on S3) at ``path``; ``rb.dumps(dir)`` puts it in ``dir/storage``."""
+        self.core.checkpoint(path)
+
+    def loads(self, path) -> None:
+        """Replace the contents with a checkpoint: this class's (:meth:`dumps`) or a
+        ``LazyTensorStorage``/``LazyMemmapStorage`` one (``rb.dumps`` of TorchRL)."""
+        TorchRLFiles.load(self, path)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def path(self):
+        return self.core.path
+
+    def flush(self) -> None:
+        """Block until every extend is committed to the store."""
+        self.core.flush()
+
+    def close(self) -> None:
+        """Commit and release the writer lock (idempotent)."""
+        self.core.close()
+
+    def __getstate__(self):
+        raise TypeError(
+            f"ZarrStorage holds the writer lock of {self.core.path} and cannot be pickled "
+            "(shared or multi-process TorchRL buffers are not supported); read it from "
+            "other processes with zreplay.open(path)"
+        )
+
+    def __repr__(self) -> str:
+        keys = self.core.keys if self.__dict__.get("core") is not None else []
+        return (
+            f"ZarrStorage(path={self.core.path}, len={len(self)}, max_size={self.max_size}, "
+            f"keys={keys})"
+        )
+
+
+def _rows(data) -> TensorDictBase:
+    """What a writer passes to ``set`` as a dense TensorDict ``[n, ...]``."""
+    if isinstance(data, list | tuple):
+        data = torch.stack(list(data))
+    if not isinstance(data, TensorDictBase):
+        raise TypeError(
+            f"ZarrStorage stores TensorDicts, got {type(data).__name__}; wrap the data in "
+            "tensordict.TensorDict(..., batch_size=[n])"
+        )
+    if isinstance(data, LazyStackedTensorDict):
+        data = data.contiguous()
+    return data.unsqueeze(0) if data.batch_dims == 0 else data

@@ -1,0 +1,169 @@
+"""Targets of operations that write or replace a whole tree (``save_checkpoint``,
+``export``, ``dump``, ``overwrite=True``) and sources of ``load_checkpoint``, checked
+before anything is touched.
+
+A target is refused when it is the source, lies inside it or holds it (replacing it would
+delete the source), is a buffer with a live writer, is a file, or is a non-empty
+directory that is not what the operation replaces.  While a target buffer is replaced,
+:func:`holding_writer_locks` holds the writer lock of each of its segments, so no writer
+opens it half way through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+
+from ..errors import DestinationError, WriterLockedError
+from .location import Location, locate
+from .lock import WriterLock
+from .objectswap import only_dead_builds
+from .root import BufferRoot, is_buffer
+
+
+def _identity(loc: Location) -> tuple[str, str]:
+    """What two locations compare by: the real path locally (symlinks resolved), else the
+    URL with ``s3a://`` read as ``s3://``."""
+    if loc.backend.is_local:
+        return "file", os.path.realpath(loc)
+    url = str(loc).rstrip("/")
+    scheme, rest = url.split("://", 1)
+    return ("s3" if scheme == "s3a" else scheme), rest
+
+
+def relation(a: Location, b: Location) -> str | None:
+    """``"same"``, ``"inside"`` (``a`` lies inside ``b``), ``"holds"`` (``b`` lies inside
+    ``a``), or None when they are apart."""
+    (sa, pa), (sb, pb) = _identity(locate(a)), _identity(locate(b))
+    if sa != sb:
+        return None
+    if pa == pb:
+        return "same"
+    if pa.startswith(pb.rstrip("/") + "/"):
+        return "inside"
+    if pb.startswith(pa.rstrip("/") + "/"):
+        return "holds"
+    return None
+
+
+def check_apart(target: Location, source: Location, what: str) -> None:
+    """DestinationError unless ``target`` and ``source`` are apart."""
+    rel = relation(target, source)
+    if rel == "same":
+        raise DestinationError(
+            f"{what}: the target {target} is the source buffer itself; pick another path"
+        )
+    if rel == "inside":
+        raise DestinationError(
+            f"{what}: the target {target} lies inside the source {source}; pick a path outside it"
+        )
+    if rel == "holds":
+        raise DestinationError(
+            f"{what}: the source {source} lies inside the target {target}, which would "
+            "delete it; pick a path outside it"
+        )
+
+
+def live_writer(path: Location) -> tuple[str, dict] | None:
+    """``(writer_id, holder)`` of a segment of the buffer at ``path`` whose writer may
+    still be running, or None (also when ``path`` is no buffer)."""
+    for seg in _segment_dirs(path):
+        info = WriterLock(seg).live_holder()
+        if info is not None:
+            return seg.name, info
+    return None
+
+
+def _segment_dirs(path: Location) -> list[Location]:
+    """Every segment directory of the buffer at ``path``, also one whose writer has
+    opened it but not added yet (no ``zarr.json``); [] when ``path`` is no buffer."""
+    if not is_buffer(path):
+        return []
+    try:
+        return sorted(p for p in BufferRoot(path).segments_dir.iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+def _locked_error(what: str, path: Location, found: tuple[str, dict]) -> WriterLockedError:
+    wid, info = found
+    return WriterLockedError(
+        f"{what}: segment {wid!r} of {path} is being written by pid {info.get('pid')} on "
+        f"host {info.get('host')!r}; close that writer first, or pick another path"
+    )
+
+
+def is_empty_dir(loc: Location) -> bool:
+    """An empty directory, or one holding only the staged trees of builds that died
+    (object stores build a replacement inside the destination)."""
+    return loc.is_dir() and (not any(True for _ in loc.iterdir()) or only_dead_builds(loc))
+
+
+def check_target(
+    target: Location,
+    what: str,
+    *,
+    sources: Iterable[Location] = (),
+    replaces: Callable[[Location], bool] = is_buffer,
+    kind: str = "a zreplay buffer",
+) -> None:
+    """Refuse ``target`` of the operation ``what`` (see the module docstring): a
+    DestinationError, or a WriterLockedError for a live writer.  ``replaces(target)``
+    says whether an existing non-empty ``target`` is ``kind``, what ``what`` replaces."""
+    for source in sources:
+        check_apart(target, source, what)
+    if target.is_file():
+        raise DestinationError(f"{what}: {target} is a file; pick a directory path")
+    found = live_writer(target)
+    if found is not None:
+        raise _locked_error(what, target, found)
+    if target.exists() and not is_empty_dir(target) and not replaces(target):
+        raise DestinationError(
+            f"{what}: {target} is a non-empty directory and not {kind}; refusing to "
+            "overwrite it. Delete it yourself or pick another path"
+        )
+
+
+@contextlib.contextmanager
+def holding_writer_locks(path: Location, what: str) -> Iterator[None]:
+    """Hold the writer lock of every segment of the buffer at ``path`` (if it is one), so
+    no writer opens it while it is replaced; WriterLockedError if one is live."""
+    held: list[WriterLock] = []
+    try:
+        for seg in _segment_dirs(path):
+            lock = WriterLock(seg)
+            try:
+                lock.acquire()
+            except FileNotFoundError:
+                continue  # a format-2 segment: no meta node (live_writer checked it)
+            except WriterLockedError:
+                info = lock.live_holder() or {}
+                raise _locked_error(what, path, (seg.name, info)) from None
+            held.append(lock)
+        yield
+    finally:
+        for lock in held:
+            lock.release()
+
+
+@contextlib.contextmanager
+def new_tree(
+    target: Location,
+    what: str,
+    *,
+    overwrite: bool = True,
+    sources: Iterable[Location] = (),
+    replaces: Callable[[Location], bool] = is_buffer,
+    kind: str = "a zreplay buffer",
+) -> Iterator[Location]:
+    """Check ``target`` (:func:`check_target`; an existing non-empty one also needs
+    ``overwrite``), then yield where to build the tree that replaces it in one step
+    (``backend.staged_tree``), the writer locks of a buffer there held meanwhile."""
+    if not overwrite and target.exists() and not is_empty_dir(target):
+        raise DestinationError(
+            f"{what}: {target} exists; pick a new path, or pass overwrite=True to replace it"
+        )
+    check_target(target, what, sources=sources, replaces=replaces, kind=kind)
+    with holding_writer_locks(target, what), target.backend.staged_tree(target) as tmp:
+        yield tmp

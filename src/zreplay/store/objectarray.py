@@ -1,0 +1,335 @@
+"""Zarr arrays in an object store, read and written by byte ranges (no zarr-python).
+
+:class:`ObjectArray` is the handle :class:`~zreplay.store.backend_s3.S3Backend` opens: the
+subset of a TensorStore handle zreplay uses (``shape``, ``[sel].read()``,
+``[sel].write(v)`` returning futures, ``resize``).  Every request goes through the
+backend's ``get``/``put`` (see :mod:`zreplay.store.objectio`).
+
+Reading sorted rows of a sharded array costs at most two rounds of concurrent requests:
+
+1. the index of every touched shard that :class:`SegmentCache` cannot vouch for (one
+   suffix GET of ``16 * chunks + 4`` bytes each; a shard object expected to be smaller
+   than ``GAP`` is fetched whole instead, index and chunks at once);
+2. the inner chunks the rows need, ranges of one shard merged where at most ``GAP``
+   bytes lie between them (``GAP`` = 1 MiB: on S3 and moto the request count, not the
+   bytes, sets the cost; see benchmarks/README.md).
+
+Chunks are checksummed (crc32c) on decode.  An index taken from the cache that no longer
+matches the object (its shard was rewritten, or replaced by a writer that cleared the
+segment) fails that check: the read drops the cached indexes and runs again with fresh
+ones (a writer may also replace a shard between a fresh index's GET and the chunks'
+GETs); a failure that persists over ``RETRIES`` reads is damage.
+
+Unsharded arrays (the index columns, saved priorities) are one object per chunk, read
+whole; their writer keeps the last chunk it wrote so that appending to it needs no GET.
+Sharded arrays are written by :class:`~zreplay.store.shardwriter.ShardWriter`: one PUT per
+touched shard.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import numpy as np
+
+from .shards import MISSING, ArrayMeta, ChunkError, merge_ranges, parse_index
+from .shardwriter import ShardWriter
+
+GAP = 1 << 20
+RETRIES = 4
+
+
+class SegmentCache:
+    """What the readers and the writer of one segment's arrays share (the backend's
+    array context): cached shard indexes, the rows known to be committed, and the
+    writer's open shards.
+
+    A shard index fetched when rows below ``known_rows`` were committed stays valid for
+    every chunk wholly below that count (``covers``): committed rows never change, and a
+    writer rewriting a shard keeps its complete chunks' bytes where they were.  A chunk
+    that was still filling up is not covered (its bytes change when it fills).  Entries of
+    shards the writer reclaimed are dropped; everything is forgotten when the segment was
+    cleared or replaced (:meth:`seen`)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.known_rows = 0
+        self._indexes: dict[tuple[str, int], tuple[np.ndarray, int, int]] = {}
+        self.writers: dict[str, ShardWriter] = {}
+        self.lanes: dict[str, Future] = {}  # the last write of each array (writes in order)
+        self.tails: dict[str, tuple[int, np.ndarray]] = {}  # unsharded: last chunk written
+
+    def seen(self, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
+        """A commit of ``n_rows`` rows was read; ``same_rows``: it continues the rows seen
+        before (False after a clear or replacement: forget every index)."""
+        with self.lock:
+            if not same_rows:
+                self._indexes.clear()
+                self.known_rows = 0
+            self.known_rows = max(self.known_rows, int(n_rows))
+            gone = [k for k, v in self._indexes.items() if v[2] <= reclaimed_below]
+            for k in gone:
+                del self._indexes[k]
+
+    def index(self, array: str, shard: int, max_row: int) -> np.ndarray | None:
+        with self.lock:
+            hit = self._indexes.get((array, shard))
+        return hit[0] if hit is not None and max_row < hit[1] else None
+
+    def put_index(self, array: str, shard: int, index: np.ndarray, covers: int, end: int) -> None:
+        with self.lock:
+            self._indexes[(array, shard)] = (index, covers, end)
+
+    def drop(self, array: str, shards) -> None:
+        with self.lock:
+            for s in shards:
+                self._indexes.pop((array, int(s)), None)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
+
+
+def _submit(fn, *args) -> Future:
+    global _POOL, _POOL_PID
+    if _POOL is None or _POOL_PID != os.getpid():  # threads do not survive a fork
+        _POOL, _POOL_PID = ThreadPoolExecutor(16, thread_name_prefix="zreplay-s3io"), os.getpid()
+    try:
+        return _POOL.submit(fn, *args)
+    except RuntimeError:  # interpreter shutdown (buffers closed at exit): run inline
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            f.set_exception(e)
+        return f
+
+
+class _Selection:
+    def __init__(self, array: ObjectArray, sel):
+        self._array, self._sel = array, sel
+
+    def read(self) -> Future:
+        return _submit(self._array.read, self._sel)
+
+    def write(self, value) -> Future:
+        return self._array.submit_write(self._sel, value)
+
+
+class ObjectArray:
+    """One Zarr array under ``key`` of the backend's bucket (see the module docstring)."""
+
+    def __init__(self, backend, key: str, meta: ArrayMeta, writable: bool, cache: SegmentCache):
+        self.backend, self.key, self.meta = backend, key, meta
+        self.writable, self.cache = writable, cache
+        self.shape, self.dtype = meta.shape, meta.dtype
+
+    def __getitem__(self, sel) -> _Selection:
+        return _Selection(self, sel)
+
+    def _obj(self, i: int) -> str:
+        return f"{self.key}/{self.meta.object_key(i)}"
+
+    def resize(self, exclusive_max, **_ignored) -> Future:
+        """Grow the row axis (one PUT of ``zarr.json``; metadata only)."""
+        meta, raw = self.meta.resized(int(exclusive_max[0]))
+        self.backend.put([(f"{self.key}/zarr.json", raw)])
+        self.meta, self.shape = meta, meta.shape
+        f: Future = Future()
+        f.set_result(self)
+        return f
+
+    # -- reads ------------------------------------------------------------------------
+
+    def read(self, sel) -> np.ndarray:
+        """Rows ``sel`` (a slice, or int64 rows in any order, repeats allowed, read in
+        that order) as ``[n, *row_shape]``."""
+        if isinstance(sel, slice):
+            start, stop, _ = sel.indices(self.shape[0])
+            rows = np.arange(start, max(start, stop), dtype=np.int64)
+        else:
+            rows = np.asarray(sel, np.int64)
+            if len(rows) > 1 and not bool(np.all(np.diff(rows) > 0)):
+                uniq, inv = np.unique(rows, return_inverse=True)  # reads go by sorted chunks
+                return self.read(uniq)[inv.reshape(-1)]
+        out = np.empty((len(rows), *self.meta.row_shape), self.meta.dtype)
+        if not len(rows):
+            return out
+        chunk = rows // self.meta.chunk_rows
+        uniq, first = np.unique(chunk, return_index=True)
+        bounds = np.append(first, len(rows))
+        if self.meta.shard_rows is None:
+            blocks = self._read_chunks(uniq)
+        else:
+            for attempt in range(RETRIES):
+                try:
+                    blocks = self._read_sharded(uniq, rows, bounds, use_cache=attempt == 0)
+                    break
+                except (ChunkError, FileNotFoundError):
+                    # A cached index may describe an object since replaced, and a writer
+                    # may replace a shard between its index GET and the chunk GETs (a
+                    # chunk still filling up moves): again, with fresh indexes.
+                    if attempt == RETRIES - 1:
+                        raise
+                    time.sleep(0.002 * attempt)
+        cr = self.meta.chunk_rows
+        if cr == 1:
+            for j, b in enumerate(blocks):
+                out[j] = b[0]
+            return out
+        for j, b in enumerate(blocks):
+            a, z = bounds[j], bounds[j + 1]
+            out[a:z] = b[rows[a:z] - uniq[j] * cr]
+        return out
+
+    def _missing(self, what: str) -> None:
+        if self.meta.all_chunks_stored:
+            raise FileNotFoundError(f"{self.key}: {what} is not stored")
+
+    def _read_chunks(self, uniq: np.ndarray) -> list:
+        got = self.backend.get([(self._obj(int(c)), None) for c in uniq], missing_ok=True)
+        blocks = []
+        for c, body in zip(uniq, got, strict=True):
+            if body is None:
+                self._missing(f"chunk {int(c)}")
+                blocks.append(self.meta.fill_block(self.meta.chunk_rows))
+            else:
+                blocks.append(self.meta.codec.decode(body))
+        return blocks
+
+    def _read_sharded(self, uniq, rows, bounds, use_cache: bool) -> list:
+        m, cache = self.meta, self.cache
+        cps, sr, cr = m.chunks_per_shard, m.shard_rows, m.chunk_rows
+        shard_of = uniq // cps
+        shards, sfirst = np.unique(shard_of, return_index=True)
+        sbounds = np.append(sfirst, len(uniq))
+        known = max(cache.known_rows, int(rows[-1]) + 1)
+        indexes: dict[int, np.ndarray | None] = {}
+        whole: dict[int, memoryview] = {}
+        need = []
+        for i, s in enumerate(shards.tolist()):
+            max_row = int(rows[bounds[sbounds[i + 1]] - 1])
+            idx = cache.index(self.key, s, max_row) if use_cache else None
+            if idx is None:
+                need.append(s)
+            else:
+                indexes[s] = idx
+        if not use_cache:
+            cache.drop(self.key, need)
+        # Round 1: the indexes not cached (small objects whole).
+        reqs = []
+        for s in need:
+            stored = (min((s + 1) * sr, known) - s * sr) * m.row_bytes  # before compression
+            reqs.append((self._obj(s), None if stored <= GAP else (-m.index_nbytes, None)))
+        got = self.backend.get(reqs, True) if reqs else []
+        for s, (_, rng), body in zip(need, reqs, got, strict=True):
+            if body is None:
+                self._missing(f"shard {s}")
+                indexes[s] = None
+                continue
+            mv = memoryview(body).cast("B")
+            idx = parse_index(mv[-m.index_nbytes :], m)
+            covers = min((s + 1) * sr, known // cr * cr)
+            cache.put_index(self.key, s, idx, covers, (s + 1) * sr)
+            indexes[s] = idx
+            if rng is None:
+                whole[s] = mv
+        # Round 2: the chunks, merged ranges per shard.
+        blocks: list = [None] * len(uniq)
+        reqs, where = [], []
+        for i, s in enumerate(shards.tolist()):
+            lo, hi = int(sbounds[i]), int(sbounds[i + 1])
+            idx = indexes[s]
+            if idx is None:
+                for j in range(lo, hi):
+                    blocks[j] = m.fill_block(cr)
+                continue
+            local = uniq[lo:hi] - s * cps
+            off, nb = idx[local, 0], idx[local, 1]
+            stored = off != np.uint64(MISSING)
+            for j in np.flatnonzero(~stored):
+                self._missing(f"chunk {int(uniq[lo + j])}")
+                blocks[lo + j] = m.fill_block(cr)
+            if s in whole:
+                body = whole[s]
+                for j in np.flatnonzero(stored):
+                    a = int(off[j])
+                    blocks[lo + j] = m.codec.decode(body[a : a + int(nb[j])])
+                continue
+            js = np.flatnonzero(stored)
+            order = js[np.argsort(off[js], kind="stable")]
+            starts = off[order].astype(np.int64)
+            ends = starts + nb[order].astype(np.int64)
+            for a, z in merge_ranges(starts, ends, GAP):
+                reqs.append((self._obj(s), (a, z)))
+                where.append((lo, a, off, nb, order[(starts >= a) & (ends <= z)]))
+        got = self.backend.get(reqs) if reqs else []
+        for (lo, a, off, nb, members), body in zip(where, got, strict=True):
+            mv = memoryview(body).cast("B")
+            for j in members:
+                b = int(off[j]) - a
+                blocks[lo + j] = m.codec.decode(mv[b : b + int(nb[j])])
+        return blocks
+
+    # -- writes (the segment's writer) -------------------------------------------------
+
+    def submit_write(self, sel, value) -> Future:
+        """Write rows ``sel`` (a slice); writes of one array run in the order submitted."""
+        start, stop, _ = sel.indices(max(self.shape[0], sel.stop or 0))
+        values = np.ascontiguousarray(value, self.meta.dtype)
+        if len(values) != stop - start:
+            raise ValueError(f"{self.key}: {len(values)} rows for [{start}, {stop})")
+        if not len(values):
+            done: Future = Future()
+            done.set_result(None)
+            return done
+        with self.cache.lock:
+            prev = self.cache.lanes.get(self.key)
+            fut = _submit(self._write_after, prev, start, values)
+            self.cache.lanes[self.key] = fut
+        return fut
+
+    def _write_after(self, prev: Future | None, start: int, values: np.ndarray) -> None:
+        if prev is not None:
+            wait([prev])  # its failure is its caller's; the writer retries from its commit
+        if self.meta.shard_rows is None:
+            self._write_chunks(start, values)
+            return
+        with self.cache.lock:
+            w = self.cache.writers.get(self.key)
+            if w is None:
+                w = self.cache.writers[self.key] = ShardWriter(self.meta, self.key)
+        load = lambda s: self.backend.get([(self._obj(s), None)], missing_ok=True)[0]  # noqa: E731
+        shards = w.write(start, values, load)
+        self.backend.put([(self._obj(s), body) for s, body, _, _ in shards])
+        for s, _, index, covers in shards:
+            self.cache.put_index(self.key, s, index, covers, (s + 1) * self.meta.shard_rows)
+
+    def _write_chunks(self, start: int, values: np.ndarray) -> None:
+        m, cr = self.meta, self.meta.chunk_rows
+        stop = start + len(values)
+        items, last = [], None
+        for c in range(start // cr, (stop - 1) // cr + 1):
+            c0 = c * cr
+            a, z = max(start, c0), min(stop, c0 + cr)
+            if a == c0 and z == c0 + cr:
+                block = values[a - start : z - start]
+            else:
+                block = self._chunk_to_update(c)
+                block[a - c0 : z - c0] = values[a - start : z - start]
+            items.append((self._obj(c), m.codec.encode(block)))
+            last = (c, block)
+        self.backend.put(items)
+        self.cache.tails[self.key] = last
+
+    def _chunk_to_update(self, c: int) -> np.ndarray:
+        tail = self.cache.tails.get(self.key)
+        if tail is not None and tail[0] == c:
+            return tail[1].copy()
+        (body,) = self.backend.get([(self._obj(c), None)], missing_ok=True)
+        if body is None:
+            return self.meta.fill_block(self.meta.chunk_rows)
+        return self.meta.codec.decode(body).copy()

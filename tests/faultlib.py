@@ -1,0 +1,130 @@
+"""Fault injection at the store layer's I/O calls, the way SQLite tests its I/O paths.
+
+:class:`Faults` wraps every store-layer method that touches storage (:func:`points`):
+the local backend's file operations and ``LocalPath``'s, the S3 backend's seven
+requests, array opens/resizes, segment row and index reads and writes, saved priorities,
+the root's attribute writes and tree swaps.  Installed unarmed it counts the calls an
+operation makes (in every thread: the background committer's too); armed with ``at=i``
+the ``i``-th call raises ``OSError(EIO)`` (``mode="error"``) or ends the process on the
+spot with ``os._exit(CRASH_STATUS)`` (``mode="crash"``, run in a child process), the
+moment a power cut or a ``kill -9`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import inspect
+import os
+import random
+import threading
+from collections.abc import Iterator
+
+CRASH_STATUS = 87
+
+
+def points() -> list[tuple[object, list[str]]]:
+    """``(owner, method names)`` of every store-layer call that does I/O."""
+    from zreplay.store import arrays, backend_local, backend_s3, localswap, priority, root, segment
+
+    return [
+        (
+            backend_local.LocalBackend,
+            ["publish", "create_exclusive", "remove_tree", "move_tree", "remove_file"]
+            + ["import_file", "import_tree", "remove_temps"],
+        ),
+        (
+            backend_local.LocalPath,
+            ["read_bytes", "read_text", "write_bytes", "write_text", "unlink", "mkdir"]
+            + ["rename", "replace", "iterdir"],
+        ),
+        (backend_s3.S3Backend, ["get", "put", "create", "delete", "list", "head", "copy"]),
+        (arrays.ArrayHandle, ["_open", "grow_to"]),
+        (
+            segment.Segment,
+            ["create_arrays", "write_rows", "write_index", "read_index", "read_points"]
+            + ["read_range"],
+        ),
+        (priority.PriorityArrays, ["write", "read"]),
+        (root.BufferRoot, ["_set_attr"]),
+        (localswap, ["swap_in"]),
+    ]
+
+
+class Faults:
+    """Counts store-layer I/O calls and fails the ``at``-th (see the module docstring)."""
+
+    def __init__(self, at: int | None = None, mode: str = "error"):
+        assert mode in ("error", "crash")
+        self.at, self.mode = at, mode
+        self.calls = 0
+        self.names: list[str] = []
+        self.fired: str | None = None
+        self._lock = threading.Lock()
+
+    def hit(self, name: str) -> None:
+        with self._lock:
+            self.calls += 1
+            n = self.calls
+            if self.at is None:
+                self.names.append(name)
+        if n != self.at:
+            return
+        self.fired = name
+        if self.mode == "crash":
+            os._exit(CRASH_STATUS)
+        raise OSError(errno.EIO, f"injected I/O error at store call {n} ({name})")
+
+    def _wrap(self, fn, label: str):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            self.hit(label)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Faults]:
+        saved = []
+        try:
+            for owner, names in points():
+                for name in names:
+                    raw = inspect.getattr_static(owner, name)
+                    own = name in vars(owner)
+                    fn = raw.__func__ if isinstance(raw, staticmethod) else raw
+                    label = f"{getattr(owner, '__name__', owner).rsplit('.', 1)[-1]}.{name}"
+                    wrapped = self._wrap(fn, label)
+                    setattr(
+                        owner,
+                        name,
+                        staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped,
+                    )
+                    saved.append((owner, name, raw, own))
+            yield self
+        finally:
+            for owner, name, raw, own in reversed(saved):
+                if own:
+                    setattr(owner, name, raw)
+                else:
+                    delattr(owner, name)
+
+
+def injection_points(n_calls: int, budget: int, seed: int) -> list[int]:
+    """Every call index ``1..n_calls``, or a seeded sample of ``budget`` of them (always
+    with the first and the last)."""
+    every = list(range(1, n_calls + 1))
+    if n_calls <= budget:
+        return every
+    rng = random.Random(seed)
+    middle = rng.sample(every[1:-1], budget - 2)
+    return sorted({1, n_calls, *middle})
+
+
+def budget(default: int) -> int:
+    """Points per scenario and mode: ``ZREPLAY_FAULT_POINTS`` (``all`` for every call),
+    else ``default`` (the CI-sized sweep)."""
+    raw = os.environ.get("ZREPLAY_FAULT_POINTS", "")
+    if raw == "all":
+        return 1 << 30
+    return int(raw) if raw else default

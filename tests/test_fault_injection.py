@@ -1,0 +1,365 @@
+"""Every operation that changes a buffer is all or nothing under an I/O error or a crash
+at any store-layer I/O call (issue 13).
+
+For each scenario (add + flush, eviction with reclaim, clear, save_checkpoint over an
+existing one, load_checkpoint of a zreplay buffer and of an RLinf directory, priority
+save; on a local disk and on S3 through moto's server) the harness counts the operation's
+store-layer I/O calls (:mod:`faultlib`), then for each call index i (every one, or a
+seeded sample when there are more than the budget):
+
+* ``error``: call i raises ``OSError``.  The operation raises a clear error (an OSError
+  or a zreplay error), the buffer in memory holds the before- or the after-state, and so
+  does the buffer reopened, with ``verify`` clean;
+* ``crash``: a child process doing the operation dies at call i (``os._exit``).  The
+  buffer reopened holds the before- or the after-state, with ``verify`` clean.
+
+Either way trajectory ids are never reused: the next one added is above every id either
+state holds.  ``ZREPLAY_FAULT_POINTS`` sets the points per scenario and mode (``all`` for
+every call); the CI default is a smaller seeded sample (benchmarks/README.md reports the
+full sweep).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from conftest import S3_BUCKET, check_rows, make_traj, processes
+from faultlib import CRASH_STATUS, Faults, budget, injection_points
+
+import zreplay
+from zreplay.errors import ZReplayError
+from zreplay.samplers import Prioritized
+from zreplay.store.location import locate
+
+SMALL = {"chunk_rows": 4, "shard_rows": 8}  # many shards: eviction reclaims files
+
+
+# -- what a buffer holds --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class State:
+    ids: tuple[int, ...]
+    digests: tuple[str, ...]
+    priorities: tuple[float, ...] | None = None
+
+
+def _digest(tree) -> str:
+    h = hashlib.sha1()
+
+    def walk(node, prefix=""):
+        for k in sorted(node):
+            v = node[k]
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}/")
+            elif k != "trajectory_id":
+                h.update(f"{prefix}{k}".encode())
+                h.update(
+                    np.ascontiguousarray(v).tobytes()
+                    if isinstance(v, np.ndarray)
+                    else repr(v).encode()
+                )
+
+    walk(tree)
+    return h.hexdigest()[:16]
+
+
+def writer(path, so, prioritized=False, **kw):
+    kw.setdefault("sample_window_size", 0)
+    if prioritized:
+        kw["sampler"] = Prioritized(alpha=1.0, eps=0.0)
+    return zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, storage_options=so, **kw
+    )
+
+
+def held(buf, prioritized=False) -> State:
+    ids, digests = [], []
+    for i in range(len(buf)):
+        t = buf.trajectory(i)
+        ids.append(int(t["trajectory_id"]))
+        digests.append(_digest(t))
+    prios = None
+    if prioritized and len(buf):
+        index = buf.core.engine.state.index
+        prios = tuple(np.round(buf.priorities(np.arange(index.low_row, index.n_rows)), 6))
+    return State(tuple(ids), tuple(digests), prios)
+
+
+def observe(path, so, prioritized=False, used_ids=None) -> State:
+    """Reopen the buffer at ``path`` (finishing what a crash left: what a user's next open
+    does) and read what it holds; every sampled row is whole, and verify is clean.  With
+    ``used_ids`` (a function of the state read), a trajectory added next must get an id
+    above all of them: ids are never reused."""
+    with writer(path, so, prioritized) as buf:
+        state = held(buf, prioritized)
+        if len(buf):
+            check_rows(buf.sample(64))
+        if used_ids is not None:
+            (new,) = buf.add_trajectories([make_traj(99)])
+            top = max(used_ids(state), default=-1)
+            assert new > top, f"trajectory id {new} reused (ids used up to {top})"
+    report = zreplay.verify(path, storage_options=so)
+    assert report.ok, str(report)
+    return state
+
+
+# -- scenarios ------------------------------------------------------------------------
+# setup(paths, so) builds the before-state; act(paths, so) is the operation (run under
+# injected faults); "observed" names the path whose state must be before or after.
+
+
+def _setup_buffer(paths, so, tids=(0, 1), **kw):
+    with writer(paths["buf"], so, **kw) as buf:
+        buf.add_trajectories([make_traj(t) for t in tids])
+
+
+def _in_memory(buf, before: State | None, after: State | None, prioritized=False):
+    if before is not None:
+        now = held(buf, prioritized)
+        assert now in (before, after), f"in memory: {now}"
+
+
+def _act_on_buffer(paths, so, action, prioritized=False, before=None, after=None, **kw):
+    buf = writer(paths["buf"], so, prioritized, **kw)
+    try:
+        action(buf, paths)
+    except BaseException:
+        _in_memory(buf, before, after, prioritized)
+        raise
+    finally:
+        buf.close()
+
+
+HANDED_OUT: list[int] = []  # ids add_trajectories returned in this process
+
+
+def _add(buf, paths):
+    HANDED_OUT.extend(buf.add_trajectories([make_traj(2), make_traj(3)]))
+    buf.flush()
+
+
+def _clear(buf, paths):
+    buf.clear()
+
+
+def _save(buf, paths):
+    buf.save_checkpoint(paths["ckpt"])
+
+
+def _load(buf, paths):
+    buf.load_checkpoint(paths["src"])
+
+
+def _reprioritize(buf, paths):
+    index = buf.core.engine.state.index
+    rows = np.arange(index.low_row, index.n_rows)
+    buf.update_priorities(rows, 1.0 + (rows % 7))
+    buf.flush()
+
+
+def _setup_ckpt(paths, so):
+    with writer(paths["buf"], so) as buf:
+        buf.add_trajectories([make_traj(0)])
+        buf.save_checkpoint(paths["ckpt"])
+        buf.add_trajectories([make_traj(1), make_traj(2)])
+
+
+def _setup_load_zreplay(paths, so):
+    _setup_buffer(paths, so)
+    with writer(paths["src"], so) as src:
+        src.add_trajectories([make_traj(t) for t in (10, 11, 12)])
+
+
+def _setup_load_rlinf(paths, so):
+    _setup_buffer(paths, so)
+    with writer(paths["tmp"], so) as src:
+        src.add_trajectories([make_traj(t) for t in (10, 11, 12)])
+        src.export(paths["src"])
+
+
+def _setup_priorities(paths, so):
+    with writer(paths["buf"], so, prioritized=True) as buf:
+        buf.add_trajectories([make_traj(0), make_traj(1)])
+        buf.update_priorities(np.arange(36), 2.0)
+
+
+SCENARIOS = {
+    # name: (setup, action, writer kwargs, observed path, prioritized)
+    "add+flush": (_setup_buffer, _add, {}, "buf", False),
+    "evict+reclaim": (
+        lambda p, so: _setup_buffer(p, so, (0, 1, 2), capacity=54, layout={"rewards": SMALL}),
+        _add, {"capacity": 54, "layout": {"rewards": SMALL}}, "buf", False,
+    ),
+    "clear": (lambda p, so: _setup_buffer(p, so, (0, 1, 2)), _clear, {}, "buf", False),
+    "checkpoint over one": (_setup_ckpt, _save, {}, "ckpt", False),
+    "load zreplay": (_setup_load_zreplay, _load, {}, "buf", False),
+    "load rlinf": (_setup_load_rlinf, _load, {}, "buf", False),
+    "priority save": (_setup_priorities, _reprioritize, {}, "buf", True),
+}  # fmt: skip
+S3_SCENARIOS = ["add+flush", "evict+reclaim", "clear", "checkpoint over one", "load zreplay", "priority save"]  # fmt: skip
+
+
+def act(name: str, paths: dict, so, before: State | None = None, after: State | None = None):
+    _setup, action, kw, observed, prioritized = SCENARIOS[name]
+    if observed == "buf":
+        _act_on_buffer(paths, so, action, prioritized, before, after, **kw)
+    else:
+        _act_on_buffer(paths, so, action, **kw)
+
+
+def _crash_child(name: str, paths: dict, so, at: int) -> None:
+    with Faults(at, "crash").installed():
+        act(name, paths, so)
+
+
+# -- the harness ----------------------------------------------------------------------
+
+
+class Place:
+    """Where one run of a scenario happens: a local directory or an S3 prefix holding
+    ``buf``, ``ckpt``, ``src`` and ``tmp``; each run gets a copy of a template built once."""
+
+    def __init__(self, kind: str, tmp_path, so):
+        self.kind, self.tmp, self.so = kind, tmp_path, so
+
+    def _base(self) -> str:
+        tag = uuid.uuid4().hex[:8]
+        return str(self.tmp / tag) if self.kind == "local" else f"s3://{S3_BUCKET}/faults/{tag}"
+
+    @staticmethod
+    def paths(base: str) -> dict:
+        return {k: f"{base}/{k}" for k in ("buf", "ckpt", "src", "tmp")}
+
+    def template(self, name: str) -> str:
+        """A new base holding the before-state of scenario ``name``."""
+        base = self._base()
+        if self.kind == "local":
+            os.makedirs(base)
+        SCENARIOS[name][0](self.paths(base), self.so)
+        return base
+
+    def prepare(self, template: str) -> dict:
+        """Paths holding a copy of ``template``."""
+        base = self._base()
+        if self.kind == "local":
+            shutil.copytree(template, base)
+        else:
+            src, dst = locate(template, self.so), locate(base, self.so)
+            for rel, loc in src.backend.walk_files(src):
+                src.backend.copy(loc.key, (dst / rel).key)
+        return self.paths(base)
+
+    def cleanup(self, paths: dict) -> None:
+        base = paths["buf"].rsplit("/", 1)[0]
+        loc = locate(base, self.so)
+        loc.backend.remove_tree(loc)
+
+
+_BASELINES: dict = {}  # (scenario, place kind) -> (template, before, after, calls)
+
+
+def baseline(name: str, place: Place) -> tuple:
+    """The scenario's template, its before- and after-states, and how many store calls
+    the operation makes (once per session and place: both modes share it)."""
+    key = (name, place.kind)
+    if key not in _BASELINES:
+        _setup, _action, _kw, observed, prioritized = SCENARIOS[name]
+        template = place.template(name)
+        paths = place.prepare(template)
+        before = observe(paths[observed], place.so, prioritized)
+        counter = Faults()
+        with counter.installed():
+            act(name, paths, place.so)
+        HANDED_OUT.clear()
+        after = observe(paths[observed], place.so, prioritized)
+        assert after != before
+        place.cleanup(paths)
+        _BASELINES[key] = (template, before, after, counter.calls)
+    return _BASELINES[key]
+
+
+def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
+    """Run scenario ``name`` with a fault at each chosen call; returns counts."""
+    if name == "load rlinf" and place.kind != "local":
+        pytest.skip("RLinf directories are local")
+    _setup, _action, _kw, observed, prioritized = SCENARIOS[name]
+    template, before, after, calls = baseline(name, place)
+    chosen = injection_points(calls, budget(default_budget), seed=zlib.crc32(name.encode()))
+    outcomes = {"calls": calls, "points": len(chosen), "raised": 0, "before": 0, "after": 0}
+    for at in chosen:
+        paths = place.prepare(template)
+        if mode == "error":
+            faults = Faults(at, "error")
+            try:
+                with faults.installed():
+                    act(name, paths, place.so, before, after)
+            except (OSError, ZReplayError) as e:
+                outcomes["raised"] += 1
+                assert str(e), "an error without a message"
+            # anything else (TypeError, AttributeError, ...) fails the test here
+        else:
+            ctx = processes()
+            p = ctx.Process(target=_crash_child, args=(name, paths, place.so, at))
+            p.start()
+            p.join(120)
+            assert p.exitcode in (0, CRASH_STATUS), f"child exit code {p.exitcode} at call {at}"
+            outcomes["raised"] += p.exitcode == CRASH_STATUS
+
+        def used(state):  # ids once committed or handed to the caller
+            return [*before.ids, *state.ids, *HANDED_OUT]
+
+        try:
+            state = observe(paths[observed], place.so, prioritized, used)
+        except BaseException as e:
+            fired = faults.fired if mode == "error" else "(in the child)"
+            e.add_note(f"after a {mode} at store call {at} of {calls}: {fired}")
+            raise
+        assert state in (before, after), (
+            f"call {at} ({mode}): {state} is neither {before} nor {after}"
+        )
+        outcomes["before" if state == before else "after"] += 1
+        HANDED_OUT.clear()
+        place.cleanup(paths)
+    return outcomes
+
+
+@pytest.mark.parametrize("mode", ["error", "crash"])
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_local_operations_are_all_or_nothing(tmp_path_factory, name, mode, record_property):
+    place = Place("local", tmp_path_factory.getbasetemp() / "faults", None)
+    out = sweep(name, place, mode, default_budget=24)
+    record_property("fault_sweep", out)
+    print(f"\n{name} [{mode}] local: {out}")
+    assert out["raised"] > 0
+
+
+@pytest.mark.parametrize("mode", ["error", "crash"])
+@pytest.mark.parametrize("name", sorted(S3_SCENARIOS))
+def test_s3_operations_are_all_or_nothing(s3, name, mode, record_property):
+    out = sweep(name, Place("s3", None, s3), mode, default_budget=4)
+    record_property("fault_sweep", out)
+    print(f"\n{name} [{mode}] s3: {out}")
+    assert out["raised"] > 0
+
+
+def test_the_harness_counts_and_fires(tmp_path):
+    """The harness itself: it counts the calls of a known operation and the armed call
+    raises (a harness that never fired would prove nothing)."""
+    paths = Place.paths(str(tmp_path / "h"))
+    counter = Faults()
+    with counter.installed():
+        with writer(paths["buf"], None) as buf:
+            buf.add_trajectories([make_traj(0)])
+    assert counter.calls > 10 and "LocalBackend.publish" in counter.names
+    assert "Segment.write_rows" in counter.names
+    with pytest.raises(OSError, match="injected I/O error at store call 1 "):
+        with Faults(1, "error").installed():
+            writer(paths["buf"], None)

@@ -1,0 +1,396 @@
+"""``zreplay.torchrl.ZarrStorage`` against TorchRL 0.14.1's own ``LazyTensorStorage``: the
+same extends give the same contents, indices, cursors and samples (same seed), wrap-around
+and oversized extends included; persistence, checkpoints both ways, schema errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import tree_state
+
+torchrl = pytest.importorskip("torchrl")
+
+from tensordict import TensorDict  # noqa: E402
+from torchrl._utils import logger as torchrl_logger  # noqa: E402
+from torchrl.data import (  # noqa: E402
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ReplayBuffer,
+    TensorDictReplayBuffer,
+)
+from torchrl.data.replay_buffers.samplers import (  # noqa: E402
+    RandomSampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+
+import zreplay  # noqa: E402
+from zreplay.errors import AppendOnlyError, SchemaError  # noqa: E402
+from zreplay.torchrl import ZarrStorage  # noqa: E402
+
+torchrl_logger.setLevel(logging.WARNING)
+
+SAMPLERS = {
+    "random": lambda: RandomSampler(),
+    "without_replacement": lambda: SamplerWithoutReplacement(),
+    "slice_traj_key": lambda: SliceSampler(slice_len=3, traj_key="episode"),
+    "slice_end_key_cached": lambda: SliceSampler(
+        slice_len=3, end_key=("next", "done"), cache_values=True
+    ),
+    "slice_auto_key": lambda: SliceSampler(slice_len=3),
+    "slice_without_replacement": lambda: SliceSamplerWithoutReplacement(
+        slice_len=3, traj_key="episode"
+    ),
+}
+
+
+def batch(start: int, n: int) -> TensorDict:
+    """Rows whose every field encodes their global write number ``g``."""
+    g = torch.arange(start, start + n)
+    return TensorDict(
+        {
+            "g": g,
+            "episode": g // 7,
+            "pixels": (g % 251).to(torch.uint8).view(-1, 1, 1, 1).expand(n, 4, 4, 3).clone(),
+            ("next", "done"): ((g + 1) % 7 == 0).unsqueeze(-1),
+            ("next", "obs"): g.float().unsqueeze(-1).expand(n, 3).clone(),
+            ("a", "b", "x"): g.to(torch.int16).view(-1, 1),
+        },
+        [n],
+    )
+
+
+def same(a, b, what: str) -> None:
+    assert set(a.keys(True, True)) == set(b.keys(True, True)), what
+    for k in a.keys(True, True):
+        x, y = a.get(k), b.get(k)
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), (what, k, x, y)
+
+
+def zarr_rb(path, M, sampler=None, **kw):
+    return TensorDictReplayBuffer(
+        storage=ZarrStorage(M, path=path, durable=False),
+        sampler=sampler or RandomSampler(),
+        batch_size=kw.pop("batch_size", 6),
+        **kw,
+    )
+
+
+def same_state(ref, new, what: str) -> None:
+    A, B = ref.storage, new.storage
+    assert len(A) == len(B) and A._is_full == B._is_full, what
+    assert tuple(A.shape) == tuple(B.shape), what
+    assert A._last_cursor_index == B._last_cursor_index, what
+    assert ref.write_count == new.write_count and ref.writer._cursor == new.writer._cursor, what
+    same(A[:], B[:].to_tensordict(), f"{what}: storage[:]")
+
+
+def sample_both(ref, new, seed: int, what: str) -> None:
+    out = []
+    for rb in (ref, new):
+        torch.manual_seed(seed)
+        try:
+            out.append((rb.sample(), None))
+        except Exception as e:  # noqa: BLE001 - both must fail alike
+            out.append((None, f"{type(e).__name__}: {e}"))
+    (a, ea), (b, eb) = out
+    assert ea == eb, (what, ea, eb)
+    if ea is None:
+        same(a, b, what)
+
+
+# -- the differential test -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_same_contents_and_samples_as_lazy_tensor_storage(sampler, tmp_path):
+    rng = random.Random(sampler)
+    for trial in range(4):
+        M = rng.choice([10, 16, 23])
+        ref = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(M), sampler=SAMPLERS[sampler](), batch_size=6
+        )
+        new = zarr_rb(tmp_path / f"{trial}", M, SAMPLERS[sampler]())
+        g = 0
+        for step in range(rng.randint(2, 7)):
+            n = rng.randint(1, 2 * M + 3)  # wraps, and oversized extends (duplicate slots)
+            if rng.random() < 0.2:
+                got = [(ref.add(batch(g, 1)[0]), new.add(batch(g, 1)[0]))]
+                n = 1
+            else:
+                got = [(ref.extend(batch(g, n)), new.extend(batch(g, n)))]
+            g += n
+            for i1, i2 in got:
+                assert torch.equal(torch.as_tensor(i1), torch.as_tensor(i2))
+            what = f"{sampler} trial {trial} step {step}"
+            same_state(ref, new, what)
+            assert new.storage.core.num_rows <= M + min(M, 4096) - 1, what  # disk bound
+            L = len(ref.storage)
+            for idx in (
+                torch.randint(-L, L, (5,)),
+                torch.randint(0, L, (2, 3)),
+                torch.rand(L) < 0.5,
+                slice(1, None, 3),
+                [0, L - 1],
+                -1,
+                torch.tensor(L // 2),
+            ):
+                a, b = ref.storage[idx], new.storage[idx]
+                same(a, b if isinstance(b, TensorDict) else b.to_tensordict(), f"{what} [{idx}]")
+            for k in range(3):
+                sample_both(ref, new, trial * 1000 + step * 10 + k, f"{what} sample {k}")
+        new.storage.close()
+
+
+def test_indexing_errors_match_torch(tmp_path):
+    rb = zarr_rb(tmp_path / "b", 10)
+    rb.extend(batch(0, 6))
+    for bad in (6, -7, torch.tensor([0, 6]), torch.tensor([-7])):
+        with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 6"):
+            rb.storage[bad]
+    with pytest.raises(RuntimeError, match="non-initialized"):
+        ZarrStorage(3, path=tmp_path / "c").get(0)
+
+
+def test_a_plain_replay_buffer_and_dtypes(tmp_path):
+    rb = ReplayBuffer(storage=ZarrStorage(8, path=tmp_path / "b"), batch_size=4)
+    rb.extend(batch(0, 5))
+    got = rb.sample()
+    assert got["pixels"].dtype == torch.uint8 and got["next", "done"].dtype == torch.bool
+    assert got["a", "b", "x"].dtype == torch.int16 and "index" not in got.keys()
+
+
+# -- persistence -------------------------------------------------------------------------
+
+
+def test_reopening_the_path_resumes_rows_and_the_writers_cursor(tmp_path):
+    path = tmp_path / "replay"
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    rb = zarr_rb(path, 10, batch_size=4)
+    g = 0
+    for n in (4, 4, 4, 7):
+        ref.extend(batch(g, n))
+        rb.extend(batch(g, n))
+        g += n
+    rb.storage.close()
+
+    again = zarr_rb(path, 10, batch_size=4)
+    assert len(again) == 10 and again.writer._cursor == 9 and again.write_count == 19
+    assert again.storage._last_cursor_index == ref.storage._last_cursor_index == 8
+    same(ref.storage[:], again.storage[:].to_tensordict(), "reopened")
+    ref.extend(batch(g, 3))
+    again.extend(batch(g, 3))
+    same_state(ref, again, "extend after reopening")
+    s = again.sample()
+    assert s["pixels"].dtype == torch.uint8 and s["next", "done"].dtype == torch.bool
+    again.storage.close()
+    view = zreplay.open(path)  # the same directory is a zreplay buffer
+    assert "next/done" in view.keys() and view.num_rows >= 10
+
+    with pytest.raises(ValueError, match="max_size=10"):
+        ZarrStorage(20, path=path)
+    ZarrStorage(20, path=path, overwrite=True).close()
+
+
+def test_not_a_zarr_storage_buffer_is_refused(tmp_path):
+    buf = zreplay.ReplayBuffer(max_steps=10, path=tmp_path / "swm")
+    buf.write_episode({"obs": np.zeros((3, 2), np.float32)})
+    buf.close()
+    with pytest.raises(zreplay.FormatError, match="not written by ZarrStorage"):
+        ZarrStorage(10, path=tmp_path / "swm")
+
+
+def test_rb_empty_then_extend(tmp_path):
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(5), batch_size=2)
+    rb = zarr_rb(tmp_path / "b", 5, batch_size=2)
+    for r in (ref, rb):
+        for i in range(7):
+            r.add(batch(i, 1)[0])
+    same_state(ref, rb, "after 7 adds")
+    ref.empty()
+    rb.empty()
+    assert len(rb) == 0 and rb.writer._cursor == 0
+    ref.extend(batch(100, 3))
+    rb.extend(batch(100, 3))
+    same_state(ref, rb, "after empty + extend")
+
+
+# -- checkpoints -----------------------------------------------------------------------
+
+
+def fill(rb, sizes=(4, 4, 4, 7)) -> int:
+    g = 0
+    for n in sizes:
+        rb.extend(batch(g, n))
+        g += n
+    return g
+
+
+def test_state_dict_round_trips_and_crosses_with_lazy_tensor_storage(tmp_path):
+    for sizes in ((4, 3), (4, 4, 4, 7)):  # not full, full with the cursor mid-ring
+        ref = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+        rb = zarr_rb(tmp_path / f"a{len(sizes)}", 10, batch_size=4)
+        g = fill(ref, sizes)
+        fill(rb, sizes)
+        sd = rb.state_dict()
+        torch.save(sd, tmp_path / "sd.pt")
+        for ours, source in (
+            (True, torch.load(tmp_path / "sd.pt", weights_only=False)),
+            (False, ref.state_dict()),  # TorchRL's: its storage part has no cursor
+        ):
+            back = zarr_rb(tmp_path / f"b{len(sizes)}{ours}", 10, batch_size=4)
+            back.load_state_dict(source)
+            same(ref.storage[:], back.storage[:].to_tensordict(), f"load_state_dict {sizes}")
+            if ours:
+                same_state(ref, back, f"load_state_dict {sizes}")
+            ref2 = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+            ref2.load_state_dict(ref.state_dict())
+            for r in (ref2, back):
+                r.extend(batch(g, 5))
+            same_state(ref2, back, f"extend after loading {sizes}")
+            back.storage.close()
+        lazy = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+        lazy.load_state_dict(sd)  # ours, read by TorchRL's own storage
+        same(ref.storage[:], lazy.storage[:], f"LazyTensorStorage loads ours {sizes}")
+
+
+def test_dumps_loads_and_torchrl_memmap_checkpoints(tmp_path):
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    rb = zarr_rb(tmp_path / "live", 10, batch_size=4)
+    g = fill(ref)
+    fill(rb)
+    rb.dumps(tmp_path / "ckpt")
+    rb.extend(batch(1000, 2))  # after the checkpoint: not in it
+    assert zreplay.open(tmp_path / "ckpt" / "storage").num_rows >= 10
+
+    back = zarr_rb(tmp_path / "back", 10, batch_size=4)
+    back.loads(tmp_path / "ckpt")
+    same_state(ref, back, "rb.loads of a ZarrStorage checkpoint")  # last cursor included
+    lazy = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    fill(lazy)
+    lazy.dumps(tmp_path / "lazy_ckpt")
+    lazy2 = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    lazy2.loads(tmp_path / "lazy_ckpt")
+    assert lazy2.storage._last_cursor_index is None  # what TorchRL itself loses (README)
+
+    mm = TensorDictReplayBuffer(
+        storage=LazyMemmapStorage(10, scratch_dir=tmp_path / "scratch"), batch_size=4
+    )
+    fill(mm)
+    mm.dumps(tmp_path / "torchrl_ckpt")
+    assert (
+        json.loads((tmp_path / "torchrl_ckpt" / "writer" / "metadata.json").read_text())["cursor"]
+        == 9
+    )
+    from_torchrl = zarr_rb(tmp_path / "from_torchrl", 10, batch_size=4)
+    from_torchrl.loads(tmp_path / "torchrl_ckpt")
+    same_state(ref, from_torchrl, "rb.loads of a LazyMemmapStorage checkpoint")
+    for r in (ref, back, from_torchrl):
+        r.extend(batch(g, 6))
+    same_state(ref, back, "extend after loads")
+    same_state(ref, from_torchrl, "extend after loading TorchRL's checkpoint")
+
+    wrong = zarr_rb(tmp_path / "wrong", 20)
+    with pytest.raises(ValueError, match="max_size=10"):
+        wrong.loads(tmp_path / "ckpt")
+
+
+# -- schema errors, append-only, pickling ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda td: td.set("g", td["g"].double()),  # dtype
+        lambda td: td.set("pixels", td["pixels"].float()),  # uint8 -> float
+        lambda td: td.set(("next", "done"), td["next", "done"].long()),  # bool -> int
+        lambda td: td.set(("next", "obs"), td["next", "obs"][:, :1].clone()),  # broadcastable
+        lambda td: td.set(("next", "obs"), torch.zeros(len(td), 5)),  # shape
+        lambda td: td.exclude(("next", "done")),  # missing key
+        lambda td: td.set("extra", torch.zeros(len(td))),  # extra key
+    ],
+)
+def test_schema_errors_write_nothing_and_roll_the_writer_back(change, tmp_path):
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    rb = zarr_rb(tmp_path / "b", 10, batch_size=4)
+    ref.extend(batch(0, 6))
+    rb.extend(batch(0, 6))
+    rb.storage.flush()
+    before = tree_state(tmp_path / "b")
+    revision = rb.storage._mutation_revision
+    with pytest.raises(SchemaError, match="ZarrStorage") as err:
+        rb.extend(change(batch(6, 3)))
+    assert isinstance(err.value, ValueError)
+    assert tree_state(tmp_path / "b") == before
+    assert rb.storage._mutation_revision == revision
+    assert len(rb) == 6 and rb.writer._cursor == 6 and rb.write_count == 6
+    ref.extend(batch(6, 3))
+    rb.extend(batch(6, 3))
+    same_state(ref, rb, "a good extend after a refused one")
+
+
+def test_a_bad_first_extend_leaves_the_storage_empty(tmp_path):
+    rb = zarr_rb(tmp_path / "b", 10)
+    with pytest.raises(SchemaError):
+        rb.extend(TensorDict({"bad key": torch.zeros(3)}, [3]))
+    assert len(rb) == 0 and rb.writer._cursor == 0 and not rb.storage.initialized
+    rb.extend(batch(0, 3))
+    assert rb.storage[:]["g"].tolist() == [0, 1, 2]
+
+
+def test_append_only_and_no_pickling(tmp_path):
+    rb = zarr_rb(tmp_path / "b", 10)
+    rb.extend(batch(0, 4))
+    with pytest.raises(AppendOnlyError):
+        rb.storage[0] = batch(9, 1)[0]
+    view = rb.storage[:]
+    with pytest.raises(RuntimeError, match="append-only"):
+        view.set_("g", torch.zeros(4, dtype=torch.int64))
+    assert rb.storage[:]["g"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(rb.storage)
+    plain = ReplayBuffer(storage=ZarrStorage(5, path=tmp_path / "plain"), batch_size=2)
+    with pytest.raises(TypeError, match="stores TensorDicts"):
+        plain.extend(torch.zeros(3, 2))  # a pytree / tensor storage: TorchRL's, not this one
+    assert len(plain) == 0 and plain.writer._cursor == 0
+
+
+def test_torchrls_prioritized_samplers_do_not_load_with_this_torch():
+    """The README says TorchRL's prioritized samplers fail here (its C++ extension does
+    not load with torch 2.13): when that changes, this fails and the README must too."""
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    with pytest.raises(RuntimeError, match="SumSegmentTreeFp32 is not available"):
+        PrioritizedSampler(100, alpha=0.7, beta=0.5)
+
+
+def test_import_zreplay_does_not_import_torchrl():
+    import subprocess
+    import sys
+
+    code = "import sys, zreplay; assert 'torchrl' not in sys.modules, 'imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_a_slice_sample_reads_images_once(tmp_path):
+    """SliceSampler looks at flags through storage[index] before the buffer gathers the
+    batch: the storage reads the images of a batch once, not twice."""
+    rb = zarr_rb(tmp_path / "b", 50, SliceSampler(slice_len=4, traj_key="episode"), batch_size=8)
+    rb.extend(batch(0, 50))
+    reads = []
+    rows = rb.storage.core.rows
+
+    def spy(positions, keys=None):
+        reads.append(keys)
+        return rows(positions, keys)
+
+    rb.storage.core.rows = spy
+    rb.sample()
+    assert sum(keys is None or "pixels" in keys for keys in reads) == 1
