@@ -32,7 +32,7 @@ def points() -> list[tuple[object, list[str]]]:
         (
             backend_local.LocalBackend,
             ["publish", "create_exclusive", "remove_tree", "move_tree", "remove_file"]
-            + ["import_file", "remove_temps"],
+            + ["import_file", "import_tree", "remove_temps"],
         ),
         (
             backend_local.LocalPath,
@@ -43,7 +43,7 @@ def points() -> list[tuple[object, list[str]]]:
         (arrays.ArrayHandle, ["_open", "grow_to"]),
         (
             segment.Segment,
-            ["create_arrays", "write_rows", "write_index", "read_index", "read_rows"]
+            ["create_arrays", "write_rows", "write_index", "read_index", "read_points"]
             + ["read_range"],
         ),
         (priority.PriorityArrays, ["write", "read"]),

@@ -306,7 +306,7 @@ def test_progress_callbacks_count_the_work(rlinf_buffer, tmp_path):
     assert {k for _, k, _ in seen} == set(zreplay.open(rlinf_buffer).keys())
     view, ticks = zreplay.open(rlinf_buffer), []
     zreplay.dump(view, tmp_path / "e.h5", progress=ticks.append)
-    assert ticks == [1] * view.num_episodes
+    assert sum(ticks) == view.num_episodes and min(ticks) > 0  # one tick per batch read
     assert main(["export", str(rlinf_buffer), str(tmp_path / "r"), "--format", "pt", "-q"]) == 0
     ticks = []
     zreplay.import_rlinf(str(tmp_path / "r"), str(tmp_path / "b.zarr"), progress=ticks.append)

@@ -242,7 +242,10 @@ def _twin(url, options, tmp_path, n, **kwargs):
             b.flush()
     for b in bufs:
         b.close()
-    return zreplay.open(url, storage_options=options), zreplay.open(str(tmp_path / "local"))
+    # The S3 view keeps no column cache: every read below goes to the bucket (these rows,
+    # images included, are small enough for the cache to serve them all from RAM).
+    s3_view = zreplay.open(url, storage_options=options, column_cache_bytes=0)
+    return s3_view, zreplay.open(str(tmp_path / "local"))
 
 
 def _assert_same(got: dict, want: dict) -> None:
@@ -402,7 +405,9 @@ def test_s3_reader_survives_eviction_and_reclaimed_shards(url, s3):
     )
     writer.add_trajectories([make_traj(t, T=5, B=3) for t in range(4)])
     writer.flush()
-    view = zreplay.open(url, storage_options=s3)
+    # No column cache: it would serve these small rows of the old snapshot from RAM and
+    # never meet the deleted shards this test is about.
+    view = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
     check_rows(view.rows(np.arange(view.num_rows)))  # every index cached
     for t in range(4, 12):  # the oldest shards are evicted and deleted meanwhile
         writer.add_trajectories([make_traj(t, T=5, B=3)])
@@ -424,7 +429,8 @@ def test_s3_damage_names_segment_key_and_rows_even_with_a_cached_index(url, s3):
     )
     writer.add_trajectories([make_traj(t, T=5, B=3) for t in range(3)])
     writer.close()
-    view = zreplay.open(url, storage_options=s3)
+    # No column cache: these 192-byte images would be served from RAM once read.
+    view = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
     check_rows(view.rows(np.arange(16)))  # shard 0 of the images: index cached
     fs = s3fs.S3FileSystem(**s3)
     shard = url[len("s3://") :] + "/segments/default/data/curr_obs/main_images/c/0/0/0/0"

@@ -82,19 +82,21 @@ def index_tree(tree: Any, i: int) -> Any:
 
 
 def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False, version=None) -> dict:
-    """``core.sample(n)`` as a nested dict of tensors.  Rows are gathered straight into
-    the tensors' memory, page-locked with ``pin_memory`` where a CUDA device makes that
-    worthwhile (then the copy to ``device`` is ``non_blocking``); clips (a clip sampler)
-    and the sampler's ``index``/``weight`` are wrapped as they come."""
+    """``core.sample(n)`` as a nested dict of tensors sharing the arrays' memory (rows
+    read from disk stay in the arrays the reads returned: no copy).  With ``pin_memory``,
+    where a CUDA device makes that worthwhile, rows are gathered straight into page-locked
+    tensors (then the copy to ``device`` is ``non_blocking``); clips (a clip sampler) and
+    the sampler's ``index``/``weight`` are wrapped as they come; ``version``: the policy
+    version for ``Staleness``."""
     pin = pin_memory and can_pin()
     tensors: dict[str, torch.Tensor] = {}
 
     def alloc(key, shape, dtype):
-        t = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=pin)
+        t = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=True)
         tensors[key] = t
         return t.numpy()
 
-    got = core.sample(n, alloc=alloc, version=version)
+    got = core.sample(n, alloc=alloc if pin else None, version=version)
     for k, v in got.items():
         if k not in tensors:
             tensors[k] = torch.from_numpy(v)

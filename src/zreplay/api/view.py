@@ -31,7 +31,11 @@ class BufferView:
     ``sample_nstep``.  A prioritized sampler starts from the priorities each writer saved
     with its last commit (as tree leaves; use the writer's ``alpha``/``eps``), follows
     ``refresh()`` and keeps ``update_priorities`` in this process only: a view never
-    writes.
+    writes.  ``column_cache_bytes`` (default 128 MiB per segment, 0: off): RAM for the
+    newest rows of small keys (rows <= 1 KiB: flags, rewards, actions, states) kept
+    decoded, so clips and n-step windows read only large rows (images) from disk.
+    ``chunk_cache_bytes`` (default 0): a cache of decoded chunks of the other keys per
+    segment; when the hot rows fit, clips of images read at memory speed.
 
     ``rate_limiter`` (``zreplay.MinSize``, ``zreplay.SampleToInsertRatio``): samples wait
     until the writers inserted enough; ``learner_id`` declares this view a learner whose
@@ -48,10 +52,21 @@ class BufferView:
         storage_options: dict | None = None,
         rate_limiter=None,
         learner_id: str | None = None,
+        column_cache_bytes: int | None = None,
+        chunk_cache_bytes: int = 0,
     ):
         self._seed = seed
+        self._caches = {
+            "column_cache_bytes": column_cache_bytes,
+            "chunk_cache_bytes": chunk_cache_bytes,
+        }
         self.core = BufferCore.reader(
-            path, sampler=sampler, seed=seed, owner=self, storage_options=storage_options
+            path,
+            sampler=sampler,
+            seed=seed,
+            owner=self,
+            storage_options=storage_options,
+            **self._caches,
         )
         self.root = self.core.engine.root
         self.path = self.core.path
@@ -67,6 +82,7 @@ class BufferView:
             "seed": self._seed,
             "sampler": self.core.sampler.unbound_copy(),
             "options": self.core.storage_options,
+            "caches": self._caches,
         }
 
     def __setstate__(self, state: dict) -> None:
@@ -75,6 +91,7 @@ class BufferView:
             seed=None,
             sampler=state.get("sampler"),
             storage_options=state.get("options"),
+            **state.get("caches", {}),
         )
 
     # -- what it holds ----------------------------------------------------------------
@@ -248,10 +265,22 @@ def open(  # noqa: A001
     storage_options: dict | None = None,
     rate_limiter=None,
     learner_id: str | None = None,
+    column_cache_bytes: int | None = None,
+    chunk_cache_bytes: int = 0,
 ) -> BufferView:
     """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
     URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.
     ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment).
     ``sampler``: a :mod:`zreplay.samplers` sampler or hook for ``sample``/``sample_clips``/
-    ``sample_nstep``; ``rate_limiter``, ``learner_id``: see :class:`BufferView`."""
-    return BufferView(path, seed, sampler, storage_options, rate_limiter, learner_id)
+    ``sample_nstep``; ``rate_limiter``, ``learner_id``, ``column_cache_bytes``,
+    ``chunk_cache_bytes``: see :class:`BufferView`."""
+    return BufferView(
+        path,
+        seed,
+        sampler,
+        storage_options,
+        rate_limiter,
+        learner_id,
+        column_cache_bytes=column_cache_bytes,
+        chunk_cache_bytes=chunk_cache_bytes,
+    )

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core.records import BATCH_BYTES
 from ..store.guard import check_apart, new_tree
 from ..store.location import locate
 from ..store.root import is_buffer
@@ -24,16 +25,20 @@ DUMP_RAM_BYTES = 1 << 30
 FORMATS = {"hdf5": "HDF5Writer: ", "zarr": ""}
 
 
-def episode_items(
-    core: BufferCore, progress=None
-) -> Iterator[tuple[dict[str, np.ndarray], bool, bool]]:
-    """``(columns [L, ...], terminated, truncated)`` per visible episode, oldest first."""
-    view = core.episodes()
-    for e in range(len(view)):
-        cols = core.episode(e)
+def episode_batches(
+    core: BufferCore, progress=None, batch_bytes: int = BATCH_BYTES
+) -> Iterator[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """Every visible episode, oldest first, in batches read together (one range read per
+    key where the episodes' rows are contiguous): ``(columns [steps, ...], {"length",
+    "terminated", "truncated"})``; ``progress(k)`` after each batch of ``k`` episodes."""
+    n, e = core.num_episodes, 0
+    while e < n:
+        cols, table = core.episodes_from(e, batch_bytes=batch_bytes)
+        k = len(table["length"])
+        e += k
         if progress is not None:
-            progress(1)
-        yield cols, bool(view.terminated[e]), bool(view.truncated[e])
+            progress(k)
+        yield cols, table
 
 
 def dump(
@@ -50,7 +55,8 @@ def dump(
     ``"zarr"`` (a buffer directory; ``kw``: ``layout``, ``durable``, ...).  ``mode``:
     ``"overwrite"`` (written aside and swapped in whole; for Zarr, only over a zreplay
     buffer without a live writer), ``"append"`` (same columns) or
-    ``"error"`` (refuse an existing path).  ``progress(1)`` after each episode is read."""
+    ``"error"`` (refuse an existing path).  ``progress(k)`` after each batch of ``k``
+    episodes is read (episodes are read ~64 MiB at a time and written in whole chunks)."""
     # stable-worldmodel's messages, word for word.
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; available: {list(FORMATS)}")
@@ -66,7 +72,7 @@ def dump(
     check_apart(locate(path), core.path, "dump")
     core.flush()
     if format == "hdf5":
-        write_hdf5(episode_items(core, progress), path, mode, **kw)
+        write_hdf5(episode_batches(core, progress), path, mode, **kw)
     else:
         _dump_zarr(core, path, mode, progress, **kw)
 
@@ -90,10 +96,13 @@ def _write_episodes(core: BufferCore, path, existing: int, progress, **kw) -> No
         **kw,
     )
     try:
-        for cols, _term, _trunc in episode_items(core, progress):
-            n = len(next(iter(cols.values())))
-            dst.add(
-                [Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)]
-            )
+        for cols, table in episode_batches(core, progress):
+            ends = np.cumsum(table["length"])
+            items = []
+            for a, b in zip(ends - table["length"], ends, strict=True):
+                n = int(b - a)
+                one = {k: v[a:b, None] for k, v in cols.items()}
+                items.append(Prepared(one, n, 1, split_episodes=False))
+            dst.add(items)
     finally:
         dst.close()

@@ -12,7 +12,8 @@ The layout is stable-worldmodel's ``hdf5`` format, so its ``HDF5Dataset`` /
   "columns": [key paths], "datasets": [names]}``.
 
 What zreplay does differently from stable-worldmodel's writer: columns are chunked along
-steps (about 1 MiB per chunk) and compressed (gzip level 4 after byte shuffle) where it
+steps (about 1 MiB per chunk) and compressed (gzip level 4 after byte shuffle; whole
+chunks are compressed on a thread pool and stored as they are, :class:`_Column`) where it
 writes one uncompressed step per chunk; nested keys (``obs/state``) are stored as one root
 dataset each, named with ``.`` (``obs.state``: stable-worldmodel reads a group as a broken
 column), and the ``zreplay`` attribute maps them back; how an episode ended is not stored
@@ -30,7 +31,9 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ MODES = ("append", "overwrite", "error")  # stable-worldmodel's WRITE_MODES, in 
 EPISODE_DATASETS = ("ep_len", "ep_offset")
 LEGACY_FLAGS = ("ep_terminated", "ep_truncated")  # version 1 files only
 CHUNK_BYTES = 1 << 20
+READ_BYTES = 64 << 20
 VERSION = 2
 
 
@@ -56,14 +60,15 @@ def dataset_name(path: str) -> str:
 
 
 def write_hdf5(
-    items: Iterable[tuple[dict[str, np.ndarray], bool, bool]],
+    batches: Iterable[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]],
     path: Path,
     mode: str,
     compression: str | None = "gzip",
     level: int = 4,
 ) -> None:
-    """Write ``(columns [L, ...], terminated, truncated)`` episodes to ``path`` (``mode``:
-    see the module docstring)."""
+    """Write batches of episodes ``(columns [steps, ...], {"length", "terminated",
+    "truncated"} per episode)`` to ``path`` (``mode``: see the module docstring); each
+    batch is one resize and one write per dataset (see :class:`_Column`)."""
     import h5py
 
     if mode == "append" and path.exists():
@@ -78,6 +83,8 @@ def write_hdf5(
         f = h5py.File(target, "w")
         columns = names = None
     columns, names = (columns, names) if columns else (None, None)  # an empty file
+    writers: dict[str, _Column] = {}
+    pool = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-h5")
     try:
         if "ep_len" not in f:
             f.create_dataset("ep_len", shape=(0,), maxshape=(None,), dtype="i4", chunks=(4096,))
@@ -85,37 +92,37 @@ def write_hdf5(
         if columns is None and "zreplay" not in f.attrs:
             _set_meta(f, [], [])
         legacy = [n for n in LEGACY_FLAGS if n in f]
-        for cols, term, trunc in items:
+        for cols, table in batches:
             if columns is None:
                 columns, names = _create_columns(f, cols, compression, level)
             elif sorted(cols) != sorted(columns):
                 raise SchemaError(
                     f"{path}: columns {sorted(cols)} differ from the file's {sorted(columns)}"
                 )
-            n = len(next(iter(cols.values())))
-            start = int(f[names[0]].shape[0])
+            if not writers:
+                writers = {name: _Column(f[name], pool) for name in names}
+            start = writers[names[0]].rows
             for col, name in zip(columns, names, strict=True):
-                ds, arr = f[name], cols[col]
-                if ds.shape[1:] != arr.shape[1:] or ds.dtype != arr.dtype:
-                    raise SchemaError(
-                        f"{path}: column {col!r} is {ds.dtype}{ds.shape[1:]} in the file, "
-                        f"{arr.dtype}{arr.shape[1:]} here"
-                    )
-                ds.resize(start + n, axis=0)
-                ds[start:] = arr
-            extra = dict(zip(LEGACY_FLAGS, (term, trunc), strict=True))
-            for name, value in [("ep_len", n), ("ep_offset", start)] + [
-                (k, extra[k]) for k in legacy
-            ]:
-                ds = f[name]
-                ds.resize(ds.shape[0] + 1, axis=0)
-                ds[-1] = value
+                writers[name].append(cols[col], path, col)
+            lengths = np.asarray(table["length"], np.int64)
+            offsets = start + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            values = {"ep_len": lengths, "ep_offset": offsets}
+            values.update(zip(LEGACY_FLAGS, (table["terminated"], table["truncated"]), strict=True))
+            for name in [*EPISODE_DATASETS, *legacy]:
+                ds, value = f[name], values[name]
+                n0 = ds.shape[0]
+                ds.resize(n0 + len(value), axis=0)
+                ds[n0:] = value
+        for w in writers.values():
+            w.close()
         f.flush()
     except BaseException:
+        pool.shutdown(cancel_futures=True)
         f.close()
         if target != path:
             target.unlink(missing_ok=True)
         raise
+    pool.shutdown()
     f.close()
     if target != path:
         os.replace(target, path)
@@ -155,6 +162,80 @@ def _create(f, name: str, sample: np.ndarray, compression, level: int) -> None:
     f.create_dataset(
         name, shape=(0, *row), maxshape=(None, *row), dtype=sample.dtype, chunks=(chunk, *row), **kw
     )
+
+
+class _Column:
+    """Appends rows to one dataset chunked along rows: whole chunks are compressed on a
+    thread pool (zlib releases the GIL) and stored with ``write_direct_chunk``, exactly
+    the bytes HDF5's own shuffle + deflate pipeline would store; rows short of a whole
+    chunk wait for the next batch (or :meth:`close`).  Datasets with other filters
+    (lzf, szip, ...) get one plain ``ds[a:b] = rows`` per batch instead."""
+
+    def __init__(self, ds, pool: ThreadPoolExecutor):
+        self.ds, self.pool = ds, pool
+        self.rows = int(ds.shape[0])
+        self.chunk = int(ds.chunks[0]) if ds.chunks else 0
+        direct = (
+            self.chunk
+            and ds.chunks[1:] == ds.shape[1:]
+            and ds.compression in (None, "gzip")
+            and not ds.fletcher32
+            and ds.scaleoffset is None
+        )
+        self.direct = bool(direct)
+        self.level = int(ds.compression_opts or 0) if ds.compression == "gzip" else None
+        self.shuffle = bool(ds.shuffle) and ds.dtype.itemsize > 1
+        self.pending: list = []
+        # Rows of a partly filled last chunk already in the file are rewritten with it.
+        self.written = self.rows - self.rows % self.chunk if self.direct else self.rows
+        self.tail = ds[self.written : self.rows] if self.direct else None
+
+    def append(self, rows: np.ndarray, path, name: str) -> None:
+        ds = self.ds
+        if ds.shape[1:] != rows.shape[1:] or ds.dtype != rows.dtype:
+            raise SchemaError(
+                f"{path}: column {name!r} is {ds.dtype}{ds.shape[1:]} in the file, "
+                f"{rows.dtype}{rows.shape[1:]} here"
+            )
+        n = len(rows)
+        ds.resize(self.rows + n, axis=0)
+        self.rows += n
+        if not self.direct:
+            ds[self.rows - n : self.rows] = rows
+            return
+        if len(self.tail):
+            rows = np.concatenate([self.tail, rows])
+        whole = len(rows) - len(rows) % self.chunk
+        for a in range(0, whole, self.chunk):
+            self._submit(self.written + a, rows[a : a + self.chunk])
+        self.written += whole
+        self.tail = rows[whole:].copy()
+        self._drain(limit=2 * (os.cpu_count() or 2))
+
+    def close(self) -> None:
+        if self.direct and len(self.tail):
+            full = np.zeros((self.chunk, *self.ds.shape[1:]), self.ds.dtype)
+            full[: len(self.tail)] = self.tail
+            self._submit(self.written, full)
+        self._drain(limit=0)
+
+    def _submit(self, row: int, block: np.ndarray) -> None:
+        block = np.ascontiguousarray(block)
+        self.pending.append((row, self.pool.submit(_encode, block, self.shuffle, self.level)))
+
+    def _drain(self, limit: int) -> None:
+        offset = (0,) * (self.ds.ndim - 1)
+        while len(self.pending) > limit:
+            row, fut = self.pending.pop(0)
+            self.ds.id.write_direct_chunk((row, *offset), fut.result())
+
+
+def _encode(block: np.ndarray, shuffle: bool, level: int | None) -> bytes:
+    """A chunk as HDF5 stores it: byte shuffle (H5Z_FILTER_SHUFFLE) then deflate (zlib
+    format, as H5Z_FILTER_DEFLATE writes it; ``level`` None: no compression)."""
+    size = block.dtype.itemsize
+    raw = block.view(np.uint8).reshape(-1, size).T.tobytes() if shuffle else block.tobytes()
+    return raw if level is None else zlib.compress(raw, level)
 
 
 def layout(f, path) -> tuple[list[str], list[str]]:
@@ -200,9 +281,24 @@ def iter_hdf5(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
         columns, names = layout(f, path)
         if not columns:
             return
-        lens, offs = f["ep_len"][:], f["ep_offset"][:]
-        for n, o in zip(lens, offs, strict=True):
-            yield unflatten({c: f[d][o : o + n] for c, d in zip(columns, names, strict=True)})
+        lens, offs = f["ep_len"][:].astype(np.int64), f["ep_offset"][:].astype(np.int64)
+        # Consecutive episodes are read together, ~READ_BYTES per batch: one read per
+        # column decompresses each chunk once instead of once per episode it holds.
+        row_bytes = sum(max(1, f[d].dtype.itemsize * int(np.prod(f[d].shape[1:]))) for d in names)
+        pairs, i = list(zip(columns, names, strict=True)), 0
+        while i < len(lens):
+            j = i + max(
+                1, int(np.searchsorted(np.cumsum(lens[i:]) * row_bytes, READ_BYTES, "right"))
+            )
+            if np.all(offs[i + 1 : j] == (offs + lens)[i : j - 1]):
+                a, b = int(offs[i]), int(offs[j - 1] + lens[j - 1])
+                block = {c: f[d][a:b] for c, d in pairs}
+                for o, n in zip(offs[i:j] - a, lens[i:j], strict=True):
+                    yield unflatten({c: v[o : o + n] for c, v in block.items()})
+            else:
+                j = i + 1
+                yield unflatten({c: f[d][offs[i] : offs[i] + lens[i]] for c, d in pairs})
+            i = j
 
 
 def episode_flags(f, columns: list[str], names: list[str]) -> tuple[np.ndarray, np.ndarray]:

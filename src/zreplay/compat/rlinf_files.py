@@ -18,6 +18,8 @@ import json
 import os
 import pickle
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import torch
 
 from ..core import BufferCore
 from ..core.ranks import rank_block
+from ..engine.reader import segment_commits
 from ..errors import CorruptBufferError, DestinationError, FormatError, PickleRefusedError
 from ..schema import unflatten
 from ..store.guard import check_apart, check_target, new_tree, relation
@@ -35,6 +38,8 @@ from .rlinf_trajectory import prepare
 
 # Trajectories added at once while loading (each batch is staged whole in RAM).
 BATCH = 8
+# RLinf files an export has written ahead of the last one finished (bounded memory).
+WRITES_AHEAD = 4
 
 
 def trajectory_file(directory: Path, tid: int, weights_id: str, ext: str) -> Path:
@@ -100,32 +105,38 @@ def _write_rlinf(core: BufferCore, out: Path, fmt: str, seed: int, progress) -> 
     index: dict[str, dict] = {}
     id_list: list[int] = []
     total = 0
-    for rec in core.trajectories():
-        tid, wid = rec.trajectory_id, rec.model_weights_id
-        traj = unflatten(rec.columns)
-        traj["max_episode_length"] = rec.max_episode_length
-        traj["model_weights_id"] = wid
-        shape_src = traj.get("prev_logprobs", traj.get("rewards"))
-        if shape_src is None:
-            shape_src = next(v for v in traj.values() if isinstance(v, np.ndarray))
-        T, B = shape_src.shape[:2]
-        path = trajectory_file(out, tid, wid, fmt)
-        payload = _to_torch(traj)
-        if fmt == "pt":
-            _write_synced(path, lambda f, p=payload: torch.save(p, f))
-        else:
-            _write_synced(path, lambda f, p=payload: pickle.dump(p, f))
-        index[str(tid)] = {
-            "num_samples": int(T * B),
-            "trajectory_id": int(tid),
-            "max_episode_length": int(rec.max_episode_length),
-            "shape": [int(d) for d in shape_src.shape],
-            "model_weights_id": wid,
-        }
-        id_list.append(int(tid))
-        total += int(T * B)
-        if progress is not None:
-            progress(1)
+    # Trajectories are read in large batches; files are written (and fsync'd) on a
+    # small pool meanwhile, at most WRITES_AHEAD in flight so memory stays bounded.
+    with ThreadPoolExecutor(2, thread_name_prefix="zreplay-export") as pool:
+        pending: list = []
+        for rec in core.trajectories():
+            tid, wid = rec.trajectory_id, rec.model_weights_id
+            traj = unflatten(rec.columns)
+            traj["max_episode_length"] = rec.max_episode_length
+            traj["model_weights_id"] = wid
+            shape_src = traj.get("prev_logprobs", traj.get("rewards"))
+            if shape_src is None:
+                shape_src = next(v for v in traj.values() if isinstance(v, np.ndarray))
+            T, B = shape_src.shape[:2]
+            path = trajectory_file(out, tid, wid, fmt)
+            payload = _to_torch(traj)
+            dump = torch.save if fmt == "pt" else pickle.dump
+            pending.append(pool.submit(_write_synced, path, partial(dump, payload)))
+            while len(pending) > WRITES_AHEAD:
+                pending.pop(0).result()
+            index[str(tid)] = {
+                "num_samples": int(T * B),
+                "trajectory_id": int(tid),
+                "max_episode_length": int(rec.max_episode_length),
+                "shape": [int(d) for d in shape_src.shape],
+                "model_weights_id": wid,
+            }
+            id_list.append(int(tid))
+            total += int(T * B)
+            if progress is not None:
+                progress(1)
+        for fut in pending:
+            fut.result()
     meta = {
         "trajectory_format": fmt,
         "size": len(id_list),
@@ -290,8 +301,8 @@ def load_into(
             )
         return
 
-    view = BufferCore.reader(src, storage_options=src.backend.storage_options)
-    segs = [(wid, c) for wid, c in view.segments() if c.n_traj > c.low_traj]
+    options = src.backend.storage_options
+    segs = [(w, c) for w, c in segment_commits(src, options) if c.n_traj > c.low_traj]
     start, stop = rank_block(sum(c.n_traj - c.low_traj for _, c in segs), rank, world)
     if len(segs) == 1:  # a restore: hard links, the source's rows, ids and priorities
         wid, c = segs[0]
@@ -303,6 +314,7 @@ def load_into(
         core.adopt(src, wid, c.low_traj + start, c.low_traj + stop, state)
         return
     # Several writers' segments: copy the rank's block, numbered after this buffer's rows.
+    view = BufferCore.reader(src, storage_options=options)
     core.reseed(core.stream.seed, rank if distributed else None)
     with core.replacing() as staging:
         _add_batched(staging, (rec.prepared() for rec in view.trajectories(start, stop)))

@@ -33,7 +33,7 @@ from ..sampling.samplers import Sampler, as_sampler
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer
 from .rate import RateGate, RateLimiter
-from .records import TrajectoryRecord, read_trajectory
+from .records import BATCH_BYTES, TrajectoryRecord, read_episodes, read_rows, read_trajectories
 from .staging import staged_replacement
 from .stream import RandomStream
 
@@ -77,10 +77,12 @@ class BufferCore:
 
     @classmethod
     def reader(
-        cls, path, *, sampler=None, seed: int | None = None, owner=None, storage_options=None
+        cls, path, *, sampler=None, seed: int | None = None, owner=None, **options
     ) -> BufferCore:
-        """A read-only core over every segment of the buffer at ``path``."""
-        return cls(BufferReader(path, storage_options), sampler, RandomStream(seed), owner)
+        """A read-only core over every segment of the buffer at ``path``; ``options``
+        are :class:`~zreplay.engine.reader.BufferReader`'s (storage_options,
+        column_cache_bytes, chunk_cache_bytes)."""
+        return cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
 
     @property
     def writable(self) -> bool:
@@ -145,8 +147,6 @@ class BufferCore:
     def closed(self) -> bool:
         return self.engine.closed
 
-    # -- sampler --------------------------------------------------------------------
-
     @property
     def sampler(self) -> Sampler:
         return self._bound.sampler
@@ -171,8 +171,6 @@ class BufferCore:
     def priorities(self, indices) -> np.ndarray:
         """Tree leaves (float64) of ``indices`` (0 for rows no longer or not yet visible)."""
         return self.engine.locked(lambda snap: self._bound.priorities(snap.space, indices))
-
-    # -- reading --------------------------------------------------------------------
 
     def _check_process(self) -> None:
         # A reader handed to another process (DataLoader workers) reopens there, and must
@@ -262,26 +260,27 @@ class BufferCore:
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
         writer)."""
-        pos = np.asarray(positions, np.int64).reshape(-1)
-        keys = self.keys if keys is None else list(keys)
-
-        def draw(snap):
-            lo = int(snap.bounds[0])
-            if len(pos) and (pos.min() < lo or pos.max() >= lo + snap.num_rows):
-                raise IndexError(f"row positions must lie in [{lo}, {lo + snap.num_rows})")
-            return {k: (k, pos) for k in keys}
-
-        return self.read(draw)[1]
+        return read_rows(self.read, self.keys if keys is None else list(keys), positions)
 
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
         """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
-        return read_trajectory(self.read, self.keys if keys is None else list(keys), i)
+        keys = self.keys if keys is None else list(keys)
+        return next(read_trajectories(self.read, self.schema, keys, i, i + 1, 0))
 
-    def trajectories(self, start: int = 0, stop: int | None = None) -> Iterator[TrajectoryRecord]:
-        """Visible trajectories ``[start, stop)``, oldest first."""
+    def trajectories(
+        self, start: int = 0, stop: int | None = None, batch_bytes: int = BATCH_BYTES
+    ) -> Iterator[TrajectoryRecord]:
+        """Visible trajectories ``[start, stop)``, oldest first, read ``batch_bytes`` of
+        rows at a time (one range read per key and batch)."""
         stop = self.num_trajectories if stop is None else stop
-        for i in range(start, stop):
-            yield self.trajectory(i)
+        yield from read_trajectories(self.read, self.schema, self.keys, start, stop, batch_bytes)
+
+    def episodes_from(
+        self, start: int, keys: list[str] | None = None, batch_bytes: int = BATCH_BYTES
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Episodes from ``start`` on, as many as fit ``batch_bytes`` (at least one), read
+        together: ``(columns [steps, ...], {"length", "terminated", "truncated"})``."""
+        return read_episodes(self.read, self.schema, keys or self.keys, start, batch_bytes)
 
     def refresh(self) -> bool:
         """A reader re-reads the commits (True if anything new became visible)."""
@@ -359,8 +358,6 @@ class BufferCore:
             self.rate.close()
         if self.writable:
             self.engine.close()
-
-    # -- state ----------------------------------------------------------------------
 
     def load_state(self, state: Mapping | None) -> bool:
         """Resume a saved stream (and the sampler's state with it); True if it did."""

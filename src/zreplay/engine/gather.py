@@ -1,6 +1,6 @@
-"""The one reader: requests -> RAM tier and/or segments -> unique rows -> batched reads ->
-scatter into caller-provided outputs.  Writable buffers and read-only views both read
-through :func:`gather_begin` / :func:`gather_finish`.
+"""The one reader: requests -> RAM tier, column cache and/or segments -> batched reads ->
+outputs.  Writable buffers and read-only views both read through :func:`gather_begin` /
+:func:`gather_finish`.
 
 A read sees a :class:`Snapshot`: the visible rows of one or more segments laid out as
 *positions* (part ``i`` holds positions ``[bounds[i], bounds[i + 1])``), taken at one
@@ -8,10 +8,13 @@ consistent instant.  A *request* ``{name: (key, positions)}`` asks for output ``
 shape ``positions.shape + row_shape`` gathered from stored ``key``; requests whose
 positions are the same array (by identity) are located and read once for all their keys.
 
-Rows a writer's RAM tier holds are one numpy fancy index per key; the rest are read from
-disk with one batched read per key and part over the sorted unique rows (a plain range
-read when they are contiguous), all in flight before the first is waited on, then
-scattered back with the inverse indices.
+Rows a writer's RAM tier holds are one numpy fancy index per key, and so are rows of
+small keys a segment's :class:`~zreplay.engine.colcache.ColumnCache` holds; the rest are
+read from disk with one batched read per key and part, all in flight before the first is
+waited on: a plain range read when the rows are contiguous (a trajectory, an episode),
+otherwise one read of the positions as drawn (repeats and any order allowed, so nothing
+is sorted or scattered afterwards).  Where the caller gave no ``alloc`` and one read
+fills a whole output, the array the read returned *is* the output (no copy).
 """
 
 from __future__ import annotations
@@ -27,9 +30,13 @@ from ..index.rowspace import RowSpace
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.segment import Segment
+from .colcache import ColumnCache
 from .ramtier import RamTier
 
 Requests = Mapping[str, tuple[str, np.ndarray]]
+# Contiguous reads at least this long (whole trajectories, episodes: exports, copies)
+# bypass the column cache: they read each row once, so filling it would only add work.
+BULK_ROWS = 4096
 Alloc = Callable[[str, tuple, np.dtype], np.ndarray]
 
 
@@ -48,12 +55,14 @@ class Part:
     low_row)``.
 
     ``tier``: the writer's RAM tier (rows at or above ``tier_lo`` are read from RAM);
-    ``reclaimed(row)``: for segments another process writes, whether that writer has
-    since published a commit under which ``row`` is gone (evicted and reclaimed, the
-    segment cleared or replaced): then a failed or fill-value read means the rows went,
-    not that they are damaged."""
+    ``cache``: the segment's column cache of small keys, which may hold committed rows
+    below ``cache_hi`` (default ``n_rows``); ``reclaimed(row)``: for segments another
+    process writes, whether that writer has since published a commit under which ``row``
+    is gone (evicted and reclaimed, the segment cleared or replaced): then a failed or
+    fill-value read means the rows went, not that they are damaged."""
 
     __slots__ = ("segment", "index", "pos0", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
+    __slots__ += ("cache", "cache_hi")
 
     def __init__(
         self,
@@ -65,9 +74,13 @@ class Part:
         tier: RamTier | None = None,
         tier_lo: int = 0,
         reclaimed: Callable[[int], bool] | None = None,
+        cache: ColumnCache | None = None,
+        cache_hi: int | None = None,
     ):
         self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
         self.pos0, self.tier, self.tier_lo, self.reclaimed = pos0, tier, tier_lo, reclaimed
+        self.cache = cache if cache is not None and cache.keys else None
+        self.cache_hi = n_rows if cache_hi is None else cache_hi
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
         if self.pos0 == self.low_row:
@@ -183,93 +196,170 @@ def group_requests(requests: Requests) -> list[tuple[np.ndarray, list[tuple[str,
 class _DiskRead:
     part: Part
     sel: np.ndarray | None  # output rows this read fills (None: all of them)
-    rows: np.ndarray  # their global rows
+    rows: np.ndarray  # their global rows (any order, repeats allowed)
     members: list[tuple[str, str]]
 
 
-@dataclass
 class PendingGather:
-    """Phase 2 of a gather: the disk reads left once RAM-tier rows are in place."""
+    """Phase 2 of a gather: the disk reads left once RAM rows are in place.  Outputs are
+    allocated on first use (``alloc``), except that one read filling a whole output
+    becomes that output where ``adopt`` (no caller ``alloc``)."""
 
-    out: dict[str, np.ndarray]
-    dst: dict[str, np.ndarray]  # each output viewed as [rows, *row_shape]
-    reads: list[_DiskRead]
+    __slots__ = ("out", "dst", "reads", "_shapes", "_alloc", "adopt")
+
+    def __init__(self, shapes: dict, alloc: Alloc | None):
+        self.out: dict[str, np.ndarray] = {}
+        self.dst: dict[str, np.ndarray] = {}  # each output viewed as [rows, *row_shape]
+        self.reads: list[_DiskRead] = []
+        self._shapes, self._alloc, self.adopt = shapes, alloc or _empty, alloc is None
+
+    def target(self, name: str) -> np.ndarray:
+        """Output ``name`` as ``[rows, *row_shape]``, allocated now if it is not yet."""
+        d = self.dst.get(name)
+        if d is None:
+            shape, dtype, row_shape = self._shapes[name]
+            self.out[name] = self._alloc(name, shape, dtype)
+            d = self.dst[name] = self.out[name].reshape(-1, *row_shape)
+        return d
+
+    def take(self, name: str, got: np.ndarray, taken: set) -> None:
+        """Make ``got`` (every row of ``name``, in order) the output: adopted when
+        allowed (each read result once), else copied into the allocated output."""
+        if self.adopt and name not in self.dst and id(got) not in taken:
+            shape = self._shapes[name][0]
+            if got.flags.c_contiguous and got.size == int(np.prod(shape)):
+                taken.add(id(got))
+                self.out[name] = got.reshape(shape)
+                self.dst[name] = got
+                return
+        np.copyto(self.target(name), got.reshape(self.target(name).shape))
+
+    def finish_outputs(self) -> dict[str, np.ndarray]:
+        for name in self._shapes:  # empty requests read nothing
+            self.target(name)
+        return {name: self.out[name] for name in self._shapes}
 
 
 def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None) -> PendingGather:
-    """Allocate every output (``alloc(name, shape, dtype)``, default ``np.empty``), fill
-    what the RAM tier holds and list the disk reads.  A writer calls this under its lock
-    (a concurrent add may reuse tier slots right after)."""
-    alloc = alloc or _empty
-    out, dst = {}, {}
+    """Fill what the RAM tier and the column caches hold (outputs come from
+    ``alloc(name, shape, dtype)``, default ``np.empty``) and list the disk reads.  A
+    writer calls this under its lock (a concurrent add may reuse tier slots right
+    after)."""
+    shapes = {}
     for name, (key, r) in requests.items():
         spec = snap.schema.specs[key]
-        out[name] = alloc(name, (*r.shape, *spec.row_shape), spec.dtype)
-        dst[name] = out[name].reshape(r.size, *spec.row_shape)
-    reads: list[_DiskRead] = []
+        shapes[name] = ((*r.shape, *spec.row_shape), spec.dtype, spec.row_shape)
+    pending = PendingGather(shapes, alloc)
     parts = snap.parts
     for r, members in group_requests(requests):
         flat = np.asarray(r, np.int64).reshape(-1)
+        if not len(flat):
+            continue
         if len(parts) == 1:
-            _part_begin(parts[0], None, parts[0].rows(flat), members, dst, reads)
+            _part_begin(parts[0], None, parts[0].rows(flat), members, pending)
             continue
         which = np.searchsorted(snap.bounds, flat, side="right") - 1
         for i in np.unique(which):
             sel = np.flatnonzero(which == i)
             part = parts[int(i)]
-            _part_begin(part, sel, part.rows(flat[sel]), members, dst, reads)
-    return PendingGather(out, dst, reads)
+            _part_begin(part, sel, part.rows(flat[sel]), members, pending)
+    return pending
 
 
-def _part_begin(part: Part, sel, rows, members, dst, reads) -> None:
+def _fill(pending: PendingGather, members, sel, hit, gather_one) -> None:
+    """Outputs of ``members`` at ``sel[hit]`` (or ``hit``; None: every row) from RAM."""
+    at = sel if hit is None else (hit if sel is None else sel[hit])
+    for name, key in members:
+        if at is None:
+            gather_one(key, pending.target(name))
+        else:
+            pending.target(name)[at] = gather_one(key, None)
+
+
+def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
     tier = part.tier
-    if tier is None:
-        reads.append(_DiskRead(part, sel, rows, members))
-        return
-    in_tier = rows >= part.tier_lo
-    if in_tier.all():
-        slots = tier.slots(rows)
-        for name, key in members:
-            if sel is None:
-                tier.gather(key, slots, out=dst[name])
-            else:
-                dst[name][sel] = tier.gather(key, slots)
-        return
-    if in_tier.any():
-        hit = np.flatnonzero(in_tier)
-        slots = tier.slots(rows[hit])
-        at = hit if sel is None else sel[hit]
-        for name, key in members:
-            dst[name][at] = tier.gather(key, slots)
-        miss = np.flatnonzero(~in_tier)
-        sel, rows = (miss if sel is None else sel[miss]), rows[miss]
-    reads.append(_DiskRead(part, sel, rows, members))
+    if tier is not None:
+        in_tier = rows >= part.tier_lo
+        if in_tier.all():
+            slots = tier.slots(rows)
+            _fill(pending, members, sel, None, lambda k, out: tier.gather(k, slots, out=out))
+            return
+        if in_tier.any():
+            hit = np.flatnonzero(in_tier)
+            slots = tier.slots(rows[hit])
+            _fill(pending, members, sel, hit, lambda k, out: tier.gather(k, slots, out=out))
+            miss = np.flatnonzero(~in_tier)
+            sel, rows = (miss if sel is None else sel[miss]), rows[miss]
+    cache = part.cache
+    if cache is not None and not (len(rows) >= BULK_ROWS and _contiguous(rows)):
+        cached = [m for m in members if cache.holds(m[1])]
+        if cached:
+            members = [m for m in members if not cache.holds(m[1])]
+            with cache.lock:
+                lo = _cover(part, cache)
+                hit = rows >= lo
+                if hit.all():
+                    r = rows
+                    _fill(pending, cached, sel, None, lambda k, out: cache.gather(k, r, out))
+                    cached = []
+                elif hit.any():
+                    h = np.flatnonzero(hit)
+                    r = rows[h]
+                    _fill(pending, cached, sel, h, lambda k, out: cache.gather(k, r, out))
+                    miss = np.flatnonzero(~hit)
+                    msel = miss if sel is None else sel[miss]
+                    pending.reads.append(_DiskRead(part, msel, rows[miss], cached))
+                    cached = []
+            if cached:
+                members = members + cached
+    if members:
+        pending.reads.append(_DiskRead(part, sel, rows, members))
+
+
+def _cover(part: Part, cache: ColumnCache) -> int:
+    """Bring ``cache`` up to the part's committed rows; returns the first row it holds."""
+    try:
+        lo = cache.cover(part.segment.read_range, part.low_row, part.cache_hi)
+    except CorruptBufferError:
+        cache.reset()
+        if part.reclaimed is not None and part.reclaimed(part.low_row):
+            raise Evicted() from None
+        raise
+    first = cache.last_read
+    if first is not None and part.reclaimed is not None and part.segment.fills_missing:
+        if part.reclaimed(first):  # what was read may be fill values of deleted shards
+            cache.reset()
+            raise Evicted()
+    return lo
+
+
+def _contiguous(rows: np.ndarray) -> bool:
+    return int(rows[-1]) - int(rows[0]) + 1 == len(rows) and bool(np.all(np.diff(rows) == 1))
 
 
 def gather_finish(pending: PendingGather) -> dict[str, np.ndarray]:
-    """Run the disk reads (all in flight before the first is waited on) and scatter them
+    """Run the disk reads (all in flight before the first is waited on) and put them
     into the outputs; returns the outputs.  ``Evicted`` where a view's rows were evicted
     under it; ``CorruptBufferError`` for damage."""
     started = []
     for rd in pending.reads:
-        uniq, inv = np.unique(rd.rows, return_inverse=True)
-        first, stop = int(uniq[0]), int(uniq[-1]) + 1
-        seg = rd.part.segment
+        rows, seg = rd.rows, rd.part.segment
         keys = {key for _, key in rd.members}
-        if stop - first == len(uniq):  # contiguous rows (a trajectory, clip runs): one range
-            futs = {key: seg.read_range(key, first, stop) for key in keys}
+        first = int(rows.min())
+        if _contiguous(rows):  # a trajectory, an episode: one range
+            futs = {key: seg.read_range(key, first, first + len(rows)) for key in keys}
         else:
-            futs = {key: seg.read_rows(key, uniq) for key in keys}
-        started.append((rd, inv, first, futs))
-    dst = pending.dst
-    for rd, inv, first, futs in started:
+            futs = {key: seg.read_points(key, rows) for key in keys}
+        started.append((rd, first, futs))
+    taken: set = set()
+    for rd, first, futs in started:
         try:
             for name, key in rd.members:
                 got = futs[key].result()
-                if rd.sel is None and len(inv) == len(dst[name]):
-                    np.take(got, inv, axis=0, out=dst[name], mode="clip")
+                if rd.sel is None:
+                    pending.take(name, got, taken)
                 else:
-                    dst[name][rd.sel] = got[inv]
+                    pending.target(name)[rd.sel] = got
         except CorruptBufferError:
             # A writer deletes rows' files only after a commit that says they are gone.
             if rd.part.reclaimed is not None and rd.part.reclaimed(first):
@@ -280,7 +370,7 @@ def gather_finish(pending: PendingGather) -> dict[str, np.ndarray]:
         part = rd.part
         if part.reclaimed is not None and part.segment.fills_missing and part.reclaimed(first):
             raise Evicted()
-    return pending.out
+    return pending.finish_outputs()
 
 
 def gather(snap: Snapshot, requests: Requests, alloc: Alloc | None = None) -> dict:

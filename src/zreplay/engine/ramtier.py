@@ -6,8 +6,10 @@ also the writer's staging area, so a row is never overwritten before it is commi
 uncommitted ones).
 
 Invariants: ``hi - lo <= capacity``; ``lo`` and ``hi`` only grow, except that
-:meth:`unreserve` takes back the rows of an add that failed.  They change only through
-this class's methods, which the owning writer calls under its lock.
+:meth:`unreserve` takes back the rows of an add that failed and :meth:`put_below` adds
+committed rows read back from disk just below ``lo`` (a reopened writer refilling the
+tier).  They change only through this class's methods, which the owning writer calls
+under its lock.
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ class RamTier:
         self._hi = int(start)
         self._lo = min(self._lo, self._hi)
 
+    def room_below(self) -> int:
+        """First row :meth:`put_below` could still take (slots not holding rows)."""
+        return self._hi - self.capacity
+
+    def put_below(self, start: int, rows: Mapping[str, np.ndarray]) -> None:
+        """Hold committed rows ``[start, lo)`` too (``rows``: every key's, env-major);
+        ``start >= room_below()``."""
+        stop = self._lo
+        if start < self.room_below() or any(len(r) != stop - start for r in rows.values()):
+            raise ValueError(f"rows [{start}, {stop}) do not fit below the tier")
+        for key, r in rows.items():
+            self.put_rows(key, start, r)
+        self._lo = int(start)
+
     def release_below(self, row: int) -> None:
         """Stop holding rows below ``row`` (evicted, or committed with the RAM tier off)."""
         self._lo = min(max(self._lo, int(row)), self._hi)
@@ -150,11 +166,22 @@ class RamPolicy:
     ``trajectories``: keep about this many of the newest trajectories (sized from the
     first one); ``max_bytes``: cap on the tier's size; ``enabled=False`` keeps only rows
     that are not yet committed, so every sample of committed data reads from disk.
+    ``column_cache_bytes``: budget of the column cache of small keys (see
+    :mod:`zreplay.engine.colcache`; default 128 MiB, none when ``enabled=False``).
     """
 
     enabled: bool = True
     trajectories: int | None = 5
     max_bytes: int | None = None
+    column_cache_bytes: int | None = None
+
+    @property
+    def column_budget(self) -> int:
+        if self.column_cache_bytes is not None:
+            return int(self.column_cache_bytes)
+        from .colcache import DEFAULT_BUDGET
+
+        return DEFAULT_BUDGET if self.enabled else 0
 
     def rows_for(self, schema: Schema, traj_rows: int) -> int:
         staging = 2 * traj_rows

@@ -5,6 +5,10 @@ re-reads every segment's commit and picks up what they committed since.  Positio
 over the visible rows (and trajectories) of the segments in name order.  Reads that meet
 rows a writer evicted and deleted meanwhile are retried on a refreshed snapshot.
 
+Each segment keeps its small keys decoded in a column cache (up to ``column_cache_bytes``
+per segment; :mod:`zreplay.engine.colcache`), filled by the first read that needs it and
+extended by later ones after a refresh.
+
 A reader handed to another process (DataLoader workers) reopens the store there instead
 of using handles (and TensorStore threads) inherited from its parent.
 """
@@ -24,17 +28,25 @@ from ..store.commit import Commit, read_commit
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
+from .colcache import DEFAULT_BUDGET, ColumnCache
 from .gather import Evicted, Part, Snapshot, gather
 
 RETRIES = 5
 
 
 class _SegmentState:
-    def __init__(self, segment: Segment, commit: Commit, index: TrajectoryIndex, before=None):
+    def __init__(
+        self, segment: Segment, commit: Commit, index: TrajectoryIndex, budget: int, before=None
+    ):
         self.segment, self.commit, self.index = segment, commit, index
-        # Same rows as the state it follows (a sampler keeps what it knows of them), or
-        # rows renumbered from scratch (the writer cleared or replaced its segment).
-        self.epoch = before.epoch if before is not None and _continues(before, self) else object()
+        # Same rows as the state it follows (a sampler keeps what it knows of them, the
+        # column cache its rows), or rows renumbered from scratch (the writer cleared or
+        # replaced its segment).
+        if before is not None and _continues(before, self):
+            self.epoch, self.cache = before.epoch, before.cache
+        else:
+            self.epoch = object()
+            self.cache = ColumnCache(segment.schema, budget) if budget > 0 else None
 
     def gone(self, row: int) -> bool:
         """Has the writer, since this state was read, published a commit under which
@@ -44,6 +56,20 @@ class _SegmentState:
         if now is None or now.gen == self.commit.gen:
             return False
         return row < now.low_row or now.reclaimed_below > row or now.n_rows < self.commit.n_rows
+
+
+def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str, Commit]]:
+    """``(writer_id, commit)`` of every committed segment of the buffer at ``path``, in
+    name order, read without opening any array (what a checkpoint load needs first)."""
+    root = BufferRoot(path, storage_options)
+    root.recover()  # a checkpoint saved over it that a crash interrupted
+    root.read_meta()  # fails fast on a non-buffer
+    out = []
+    for wid in root.writer_ids():
+        commit = read_commit(root.segment_dir(wid))
+        if commit is not None:
+            out.append((wid, commit))
+    return out
 
 
 def _continues(old: _SegmentState, new: _SegmentState) -> bool:
@@ -57,12 +83,26 @@ def _continues(old: _SegmentState, new: _SegmentState) -> bool:
 
 
 class BufferReader:
-    """Read-only access to the committed contents of a buffer directory."""
+    """Read-only access to the committed contents of a buffer directory.
+
+    ``column_cache_bytes``: RAM per segment for small keys kept decoded (default 128
+    MiB, 0: off; :mod:`zreplay.engine.colcache`); ``chunk_cache_bytes``: a cache of
+    decoded chunks per segment for the other keys (TensorStore's ``cache_pool``;
+    default 0: none)."""
 
     writable = False
     closed = False
 
-    def __init__(self, path, storage_options: dict | None = None):
+    def __init__(
+        self,
+        path,
+        storage_options: dict | None = None,
+        column_cache_bytes: int | None = None,
+        chunk_cache_bytes: int = 0,
+    ):
+        budget = DEFAULT_BUDGET if column_cache_bytes is None else column_cache_bytes
+        self.column_cache_bytes = int(budget)
+        self.chunk_cache_bytes = int(chunk_cache_bytes)
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
         self.root.recover()
@@ -110,13 +150,23 @@ class BufferReader:
             st = self._segs.get(wid)
             if st is not None and st.commit.gen == commit.gen:
                 continue
-            seg = st.segment if st else Segment(seg_dir, self.schema, self._layouts, writable=False)
+            seg = st.segment if st else self._open_segment(seg_dir)
             index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
-            self._segs[wid] = _SegmentState(seg, commit, index, before=st)
+            budget = self.column_cache_bytes
+            self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
         self._rebuild()
         return changed
+
+    def _open_segment(self, seg_dir) -> Segment:
+        return Segment(
+            seg_dir,
+            self.schema,
+            self._layouts,
+            writable=False,
+            chunk_cache_bytes=self.chunk_cache_bytes,
+        )
 
     def _rebuild(self) -> None:
         states = [self._segs[w] for w in sorted(self._segs)]
@@ -203,6 +253,7 @@ class BufferReader:
                     st.index.n_rows,
                     int(self._cum_rows[si]),
                     reclaimed=st.gone,
+                    cache=st.cache,
                 )
                 for si, st in enumerate(self._order)
             ]

@@ -18,8 +18,9 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from ..errors import SchemaError
+from ..errors import CorruptBufferError, SchemaError
 from ..schema import Schema
+from ..store.arraymeta import check_array
 from ..store.checkpoint import link_tree
 from ..store.commit import Commit, read_commit, write_commit
 from ..store.format import META, SEGMENT_CHILDREN, intent_path, meta_node_json, staging_root
@@ -68,7 +69,16 @@ def read_adoptable(src_root, src_writer: str) -> Adoptable:
     schema, layouts = src.schema()
     src_dir = src.segment_dir(src_writer)
     commit = read_commit(src_dir)
-    cols = Segment(src_dir, schema, layouts, writable=False).read_index(commit)
+    # The index is read (and checked against the commit, as every open does); the data
+    # arrays are checked from their zarr.json alone, not opened: nothing the swap would
+    # find damaged only after its point of no return, at a fraction of the cost.
+    cols = Segment(src_dir, Schema({}), {}, writable=False).read_index(commit)
+    for key, spec in (schema.specs if schema is not None else {}).items():
+        problems, _ = check_array(
+            src_dir / "data" / key, spec.dtype, spec.row_shape, None, commit.n_rows
+        )
+        if problems:
+            raise CorruptBufferError(f"{problems[0]}; the checkpoint is damaged")
     return Adoptable(src_dir, schema, layouts, commit, cols["offsets"], cols["piece_end"])
 
 
@@ -281,5 +291,15 @@ def _swap(writer, intent: Intent) -> None:
         finish(writer.root, writer.seg_dir, intent, writer.durable)
         writer.reopen()
     except BaseException as e:
-        writer.recover_after(e)  # never left holding the old contents in memory
+        recover_after(writer, e)  # never left holding the old contents in memory
         raise
+
+
+def recover_after(writer, error: BaseException) -> None:
+    """A change failed past its point of no return (the next open finishes it): read the
+    segment again; if that fails too, give the writer up (it must never commit its stale
+    state) and unlock, so that reopening the buffer finishes the change."""
+    try:
+        writer.reopen()
+    except BaseException as again:  # noqa: BLE001 - given up below
+        writer.give_up(f"{type(again).__name__}: {again} (after {type(error).__name__})")

@@ -18,6 +18,7 @@ from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit
 from ..store.segment import Segment
+from .colcache import ColumnCache
 from .committer import Job, StateSource, build_job, sampler_state
 from .gather import Part, Snapshot, gather
 from .prepared import Prepared
@@ -53,12 +54,12 @@ class SegmentState:
         self.next_trajectory_id = o.next_trajectory_id
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
+        self.columns = self._column_cache()
         self.window_rows = 0  # committed rows the tier keeps for sampling (the RAM policy)
         # Trajectory counts at which an add's batch ends: a commit never splits a batch.
         self.batch_ends: list[int] = []
         if self.index.n:
             self.make_tier(o.largest_trajectory)
-            self._preload_tier()
 
     def empty_to(self, commit: Commit) -> None:
         """Take ``commit`` (of a clear: nothing visible) as the segment's state, before its
@@ -73,6 +74,13 @@ class SegmentState:
 
     def set_schema(self, schema: Schema | None, layouts, segment: Segment | None) -> None:
         self.schema, self.layouts, self.segment = schema, layouts, segment
+        self.columns = self._column_cache()
+
+    def _column_cache(self) -> ColumnCache | None:
+        """Small keys of committed rows below the RAM tier, decoded on first use."""
+        if self.schema is None or self.ram.column_budget <= 0:
+            return None
+        return ColumnCache(self.schema, self.ram.column_budget)
 
     def set_commit(self, commit: Commit, job: Job | None = None) -> None:
         """``commit`` was published (for ``job``, announcing a reclaim, or by the writer).
@@ -116,20 +124,28 @@ class SegmentState:
             self.tier = RamTier(self.schema, self.tier.capacity)
             self.tier.reset(self.index.n_rows)
 
-    def _preload_tier(self) -> None:
-        """Fill the RAM tier with the newest committed rows (one range read per key)."""
-        if not self.ram.enabled or self.tier is None:
-            return
-        hi = self.index.n_rows
-        lo = max(self.index.low_row, hi - self.tier.capacity)
-        if hi <= lo:
-            return
-        futs = {k: self.segment.read_range(k, lo, hi) for k in self.schema.keys}
-        rows = {k: f.result() for k, f in futs.items()}
-        self.tier.reset(lo)
-        self.tier.reserve(hi - lo)
-        for k, r in rows.items():
-            self.tier.put_rows(k, lo, r)
+    def preload_rows(self) -> tuple[RamTier, int, int] | None:
+        """``(tier, lo, hi)``: committed rows ``[lo, hi)`` the RAM tier should hold but
+        does not (right after a reopen: the newest rows that fit), or None."""
+        tier = self.tier
+        if not self.ram.enabled or tier is None:
+            return None
+        lo = max(self.index.low_row, tier.room_below())
+        hi = min(tier.lo, self.commit.n_rows)
+        return (tier, lo, hi) if lo < hi else None
+
+    def put_preloaded(self, tier: RamTier, start: int, stop: int, rows: dict) -> bool:
+        """Rows ``[start, stop)`` read back from disk enter the tier (``stop`` must be
+        its first row), as far as they are still visible and fit; False once nothing
+        more can go in (the tier was replaced or moved on, or has no room below)."""
+        if tier is not self.tier or not self.ram.enabled or tier.lo != stop:
+            return False
+        lo = max(start, self.index.low_row, tier.room_below())
+        n = tier.lo - lo
+        if n <= 0:
+            return False
+        tier.put_below(lo, {k: r[len(r) - n :] for k, r in rows.items()})
+        return lo == start
 
     # -- adding ---------------------------------------------------------------------
 
@@ -237,7 +253,9 @@ class SegmentState:
         """The visible rows now; ``persisted()`` gives the priorities the commit names."""
         idx, tier = self.index, self.tier
         lo, hi = idx.low_row, idx.n_rows
-        part = Part(self.segment, idx, lo, hi, lo, tier, tier.lo if tier is not None else hi)
+        tier_lo = tier.lo if tier is not None else hi
+        part = Part(self.segment, idx, lo, hi, lo, tier, tier_lo, cache=self.columns)
+        part.cache_hi = min(self.commit.n_rows, tier_lo)  # uncommitted rows: the tier's
 
         def space() -> RowSpace:
             seg = SegmentRows(0, idx, lo, hi, lo, persisted, idx)

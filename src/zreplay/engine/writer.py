@@ -43,6 +43,7 @@ from ..store.priority import PriorityArrays, saved_priorities
 from ..store.root import BufferRoot
 from .committer import Committer, Job, StateSource
 from .gather import Snapshot, gather_begin, gather_finish
+from .preload import TierPreload
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import fix_schema, open_segment, remove_for_overwrite
@@ -107,7 +108,7 @@ class SegmentWriter:
         self.cond = threading.Condition(threading.RLock())
         self._add_lock = threading.Lock()
         self._closed = False
-        self._abandoned: str | None = None  # why recover_after gave this writer up
+        self._abandoned: str | None = None  # why give_up stopped this writer
 
         if overwrite and self.path.exists() and not self.temporary:
             remove_for_overwrite(self.path)
@@ -127,6 +128,7 @@ class SegmentWriter:
             self._wlock.release()
             raise
         self._committer = Committer(self)
+        self._preload = TierPreload(self.cond, self.state, self._committer).start()
         _LIVE.add(self)
 
     def attach(self, source: StateSource) -> None:
@@ -290,7 +292,7 @@ class SegmentWriter:
                 requests = {k: (k, rows) for k in snap.schema.keys}
             pending = gather_begin(snap, requests, alloc)
             if not pending.reads:
-                return drawn, pending.out
+                return drawn, pending.finish_outputs()
             self._committer.begin_disk_read()
         try:
             return drawn, gather_finish(pending)
@@ -341,7 +343,8 @@ class SegmentWriter:
         """No add runs in the block, and everything added before it is committed."""
         with self._add_lock:
             self.flush()
-            yield
+            with self._preload.paused(lambda: not self._closed):
+                yield
 
     @property
     def layout_overrides(self) -> dict:
@@ -362,22 +365,18 @@ class SegmentWriter:
             st.index.evict_to(st.capacity)  # a rank's block may not fit a small buffer
             self._committer.request()
 
-    def recover_after(self, error: BaseException) -> None:
-        """A change failed past its point of no return (the next open finishes it): read
-        the segment again; if that fails too, give this writer up (it must never commit
-        its stale state) and unlock, so that reopening the buffer finishes the change."""
-        try:
-            self.reopen()
-        except BaseException as again:  # noqa: BLE001 - given up below
-            self._committer.abandon()
-            self._closed = True
-            self._abandoned = f"{type(again).__name__}: {again} (after {type(error).__name__})"
-            self._wlock.release()
+    def give_up(self, why: str) -> None:
+        """Stop this writer for good (it must never commit its stale state) and unlock,
+        so that reopening the buffer finishes a change that failed (:mod:`.replace`)."""
+        self._committer.abandon()
+        self._closed, self._abandoned = True, why
+        self._wlock.release()
 
     def drop_ram(self) -> None:
         """Release the RAM tier's committed rows (they stay readable from disk)."""
         with self._add_lock:  # no add may be copying into the tier we replace
             self.flush()
+            self._preload.stop()
             with self.cond:
                 self.state.empty_tier()
 
@@ -389,6 +388,7 @@ class SegmentWriter:
             try:
                 self.flush()
             finally:
+                self._preload.stop()
                 self._committer.stop()
                 self._closed = True
                 self._wlock.release()

@@ -26,10 +26,11 @@ def _codec_names(codecs: list) -> list[str]:
 
 
 def check_array(
-    loc: Location, dtype, row_shape: tuple, layout: KeyLayout | None
+    loc: Location, dtype, row_shape: tuple, layout: KeyLayout | None, min_rows: int = 0
 ) -> tuple[list[str], list[str]]:
     """``(problems, warnings)`` of the array at ``loc`` against what the root recorded:
-    ``dtype``, ``row_shape`` and (for data arrays) ``layout``."""
+    ``dtype``, ``row_shape``, (for data arrays) ``layout``, and at least ``min_rows``
+    rows (what a commit needs)."""
     where = f"{loc / 'zarr.json'}"
     try:
         meta = json.loads((loc / "zarr.json").read_bytes())
@@ -47,6 +48,8 @@ def check_array(
             f"{where}: {got} rows of shape {tuple(shape[1:])}, but the root records "
             f"{np.dtype(dtype)} {tuple(row_shape)}"
         )
+    if shape[0] < min_rows:
+        problems.append(f"{where}: the array has {shape[0]} rows but the commit needs {min_rows}")
     inner, chain = grid, codecs
     if _codec_names(codecs) == ["sharding_indexed"]:
         cfg = codecs[0].get("configuration", {})

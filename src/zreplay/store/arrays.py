@@ -174,10 +174,17 @@ class ZarrIO:
         for attempt in range(_ZARR_RETRIES):
             try:
                 if isinstance(self._sel, np.ndarray):
-                    return self._arr.get_orthogonal_selection((self._sel,))
+                    return self._points(self._sel)
                 return self._arr[self._sel]
             except Exception:  # noqa: BLE001 - re-raised on the last attempt
                 if attempt == _ZARR_RETRIES - 1:
                     raise
                 time.sleep(0.001 * (attempt + 1))
         raise AssertionError("unreachable")
+
+    def _points(self, rows: np.ndarray) -> np.ndarray:
+        # As TensorStore: rows in any order, repeats allowed (zarr wants them sorted).
+        if len(rows) < 2 or bool(np.all(np.diff(rows) > 0)):
+            return self._arr.get_orthogonal_selection((rows,))
+        uniq, inv = np.unique(rows, return_inverse=True)
+        return self._arr.get_orthogonal_selection((uniq,))[inv.reshape(-1)]

@@ -70,6 +70,28 @@ class Backend(ABC):
         link or server-side copy where possible; returns True if it was linked (shares
         storage with ``src``).  ``FileNotFoundError`` if ``src`` is gone."""
 
+    def import_tree(self, src, dst, skip) -> tuple[int, int]:
+        """:meth:`import_file` every file under ``src`` (any backend) whose name
+        ``skip(name)`` rejects not, to the same relative path under ``dst``; returns
+        ``(linked, copied)``.  Files that vanish meanwhile (evicted shards) are passed."""
+        linked = copied = 0
+        made = set()
+        for rel, s in src.backend.walk_files(src):
+            if skip(rel.rsplit("/", 1)[-1]):
+                continue
+            d = dst / rel
+            if d.parent not in made:
+                d.parent.mkdir(parents=True, exist_ok=True)
+                made.add(d.parent)
+            try:
+                if self.import_file(s, d):
+                    linked += 1
+                else:
+                    copied += 1
+            except FileNotFoundError:
+                continue
+        return linked, copied
+
     @abstractmethod
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         """Delete temp files a killed writer left under ``loc`` (recovery); see
@@ -104,8 +126,9 @@ class Backend(ABC):
         """What ``zarr.open_group``/``open_array`` take to reach ``loc``."""
 
     @abstractmethod
-    def array_context(self, durable: bool) -> Any:
-        """Shared state of the arrays of one segment (opaque; passed to open_array)."""
+    def array_context(self, durable: bool, cache_bytes: int = 0) -> Any:
+        """Shared state of the arrays of one segment (opaque; passed to open_array);
+        ``cache_bytes``: a cache of decoded chunks that size, where the backend has one."""
 
     @abstractmethod
     def open_array(self, loc, writable: bool, context: Any) -> tuple[Any, bool]:

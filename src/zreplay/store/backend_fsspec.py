@@ -204,8 +204,8 @@ class FsspecBackend(Backend):
 
         return FsspecStore.from_url(str(loc), storage_options=self._options, read_only=read_only)
 
-    def array_context(self, durable: bool):
-        return None
+    def array_context(self, durable: bool, cache_bytes: int = 0):
+        return None  # zarr-python keeps no decoded chunks
 
     def open_array(self, loc, writable: bool, context) -> tuple[object, bool]:
         # zarr-python reads a missing chunk as fill values.

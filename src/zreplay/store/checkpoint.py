@@ -33,26 +33,7 @@ def link_tree(src: Location, dst: Location) -> tuple[int, int]:
 
     Lock and commit files are skipped: the caller writes the commit it means.
     """
-    linked = copied = 0
-    backend = dst.backend
-    made = set()
-    for rel, s in src.backend.walk_files(src):
-        if _skipped(rel.rsplit("/", 1)[-1]):
-            continue
-        d = dst / rel
-        if d.parent not in made:
-            d.parent.mkdir(parents=True, exist_ok=True)
-            made.add(d.parent)
-        if backend.is_local and d.exists():
-            d.unlink()
-        try:
-            if backend.import_file(s, d):
-                linked += 1
-            else:
-                copied += 1
-        except FileNotFoundError:
-            continue  # an evicted shard deleted while we walked
-    return linked, copied
+    return dst.backend.import_tree(src, dst, _skipped)
 
 
 def _claim_number(dest: Location, writer_id: str, commit: Commit) -> None:

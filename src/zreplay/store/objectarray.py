@@ -145,12 +145,16 @@ class ObjectArray:
     # -- reads ------------------------------------------------------------------------
 
     def read(self, sel) -> np.ndarray:
-        """Rows ``sel`` (a slice, or sorted unique int64 rows) as ``[n, *row_shape]``."""
+        """Rows ``sel`` (a slice, or int64 rows in any order, repeats allowed, read in
+        that order) as ``[n, *row_shape]``."""
         if isinstance(sel, slice):
             start, stop, _ = sel.indices(self.shape[0])
             rows = np.arange(start, max(start, stop), dtype=np.int64)
         else:
             rows = np.asarray(sel, np.int64)
+            if len(rows) > 1 and not bool(np.all(np.diff(rows) > 0)):
+                uniq, inv = np.unique(rows, return_inverse=True)  # reads go by sorted chunks
+                return self.read(uniq)[inv.reshape(-1)]
         out = np.empty((len(rows), *self.meta.row_shape), self.meta.dtype)
         if not len(rows):
             return out

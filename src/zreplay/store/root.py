@@ -14,8 +14,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import zarr
-
 from ..errors import CorruptBufferError, FormatError, SchemaError
 from ..schema import Schema, check_key_component
 from .format import (
@@ -221,8 +219,13 @@ class BufferRoot:
         )
 
     def _set_attr(self, **fields) -> None:
-        g = zarr.open_group(self.backend.zarr_store(self.path), mode="r+", zarr_format=3)
-        g.attrs[ATTR] = {**dict(g.attrs[ATTR]), **fields}
+        # The root's zarr.json replaced whole, atomically (a reader sees the old schema
+        # or the new one, never a torn file), without a zarr-python round trip.
+        meta = self.path / "zarr.json"
+        self.read_meta()  # the specific error of a damaged or foreign root
+        doc = json.loads(meta.read_text())
+        doc["attributes"][ATTR] = {**doc["attributes"][ATTR], **fields}
+        self.backend.publish(meta, json.dumps(doc, indent=2).encode(), durable=True)
 
     # -- segments -------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class Segment:
         layouts: Mapping[str, KeyLayout],
         writable: bool,
         durable: bool = True,
+        chunk_cache_bytes: int = 0,
     ):
         self.dir = locate(seg_dir)
         self.backend = self.dir.backend
@@ -46,11 +47,19 @@ class Segment:
         self.layouts = dict(layouts)
         self.writable = writable
         self._context = self.backend.array_context(durable)
+        # Data arrays may share a cache of decoded chunks (readers only; see
+        # Backend.array_context); index arrays are read whole and never need one.
+        self._data_context = self._context
+        if chunk_cache_bytes > 0:
+            self._data_context = self.backend.array_context(durable, chunk_cache_bytes)
 
-        def handle(rel: str, dtype, row) -> ArrayHandle:
-            return ArrayHandle(self.dir / rel, self._context, writable, (dtype, row))
+        def handle(rel: str, dtype, row, ctx=self._context) -> ArrayHandle:
+            return ArrayHandle(self.dir / rel, ctx, writable, (dtype, row))
 
-        self.data = {k: handle(f"data/{k}", s.dtype, s.row_shape) for k, s in schema.specs.items()}
+        self.data = {
+            k: handle(f"data/{k}", s.dtype, s.row_shape, self._data_context)
+            for k, s in schema.specs.items()
+        }
         self.offsets = handle("offsets", "int64", ())
         self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
         self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
@@ -270,12 +279,15 @@ class Segment:
             and (seen[1] == 0 or int(ids[seen[1] - 1]) == seen[2])
         )
         self._seen = (commit.n_rows, len(ids), int(ids[-1]) if len(ids) else -1)
-        self.backend.observe_commit(self._context, commit.n_rows, commit.reclaimed_below, same)
+        for ctx in {id(c): c for c in (self._context, self._data_context)}.values():
+            self.backend.observe_commit(ctx, commit.n_rows, commit.reclaimed_below, same)
 
-    def read_rows(self, key: str, rows: np.ndarray) -> PendingRead:
-        """Start reading sorted unique ``rows`` of ``key`` (int64)."""
-        store = self.data[key].reopen_if_short(int(rows[-1]) + 1)
-        return PendingRead(store[rows].read(), self, key, int(rows[0]), int(rows[-1]) + 1)
+    def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
+        """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the
+        result holds them in that order."""
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        store = self.data[key].reopen_if_short(hi)
+        return PendingRead(store[rows].read(), self, key, lo, hi)
 
     def read_range(self, key: str, start: int, stop: int) -> PendingRead:
         """Start reading rows ``[start, stop)`` of ``key``."""
