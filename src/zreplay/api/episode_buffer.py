@@ -70,6 +70,8 @@ class ReplayBuffer(torch.utils.data.Dataset):
         action_keys: columns kept dense under frameskip (default ``("action",)``).
         seed: seed of the private random generator (saved with the buffer).
         ram_budget_bytes: RAM kept for decoded recent steps (the rest reads from disk).
+        staging_bytes: RAM for written steps waiting for the background writer beyond
+            ``ram_budget_bytes`` (default 1/16 of RAM, at most 1 GiB; then writes wait).
         overwrite: start fresh even if ``path`` holds a buffer.
         durable: fsync before each commit is published.
         storage_options: fsspec/s3fs options for an ``s3://`` path (``endpoint_url``...).
@@ -89,6 +91,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
         action_keys: Iterable[str] = ("action",),
         seed: int | None = None,
         ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
+        staging_bytes: int | None = None,
         layout: Mapping[str, Mapping] | None = None,
         overwrite: bool = False,
         writer_id: str = "default",
@@ -114,6 +117,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
             writer_id=writer_id,
             capacity=self.max_steps,
             ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
+            staging_bytes=staging_bytes,
             layout=layout,
             durable=durable,
             overwrite=overwrite,

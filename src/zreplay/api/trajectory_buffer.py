@@ -57,6 +57,9 @@ class TrajectoryReplayBuffer:
     Args (zreplay's):
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
         ram_budget_bytes: cap on the RAM tier's size in bytes.
+        staging_bytes: RAM for added rows waiting for the background writer beyond the
+            RAM tier (default 1/16 of RAM, at most 1 GiB): adds wait for the writer only
+            once the uncommitted rows fill the RAM tier plus this budget.
         layout: per-key chunk/shard/codec overrides, e.g.
             ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.
         overwrite: start fresh even if ``auto_save_path`` holds a buffer.
@@ -88,6 +91,7 @@ class TrajectoryReplayBuffer:
         *,
         capacity: int | None = None,
         ram_budget_bytes: int | None = None,
+        staging_bytes: int | None = None,
         layout: Mapping[str, Mapping] | None = None,
         overwrite: bool = False,
         writer_id: str = "default",
@@ -123,6 +127,7 @@ class TrajectoryReplayBuffer:
             ram=RamPolicy(
                 enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes
             ),
+            staging_bytes=staging_bytes,
             layout=layout,
             durable=durable,
             overwrite=overwrite,

@@ -19,7 +19,7 @@ from .colcache import ColumnCache
 from .committer import Job, StateSource, build_job, sampler_state
 from .gather import Part, Snapshot
 from .prepared import Prepared
-from .ramtier import RamPolicy, RamTier
+from .ramtier import RamPolicy, RamTier, default_staging_bytes
 from .recovery import OpenedSegment
 
 
@@ -34,10 +34,20 @@ class SegmentState:
     that :meth:`reopen` replaces everything with what a commit on disk says.
     """
 
-    def __init__(self, writer_id: str, opened: OpenedSegment, ram: RamPolicy, capacity):
+    def __init__(
+        self,
+        writer_id: str,
+        opened: OpenedSegment,
+        ram: RamPolicy,
+        capacity,
+        staging_bytes: int | None = None,
+    ):
         self.writer_id = writer_id
         self.ram = ram
         self.capacity = capacity
+        self.staging_bytes = default_staging_bytes() if staging_bytes is None else staging_bytes
+        if self.staging_bytes < 0:
+            raise ValueError(f"staging_bytes must be >= 0, got {staging_bytes}")
         self.reopen(opened)
 
     def reopen(self, o: OpenedSegment) -> None:
@@ -68,25 +78,44 @@ class SegmentState:
     def set_commit(self, commit: Commit, job: Job | None = None) -> None:
         """``commit`` was published (for ``job``, announcing a reclaim, or by the writer)."""
         self.commit = commit
-        if job is not None and not self.ram.enabled and self.tier is not None:
-            self.tier.release_below(commit.n_rows)
+        if job is not None and self.tier is not None:
+            self.tier.release_committed(commit.n_rows)
 
     # -- the RAM tier ---------------------------------------------------------------
 
     def make_tier(self, traj_rows: int) -> None:
-        self.tier = RamTier(self.schema, self.ram.rows_for(self.schema, traj_rows))
+        self.tier_rows = self.ram.rows_for(self.schema, traj_rows)
+        window = self.ram.window_for(self.schema, traj_rows)
+        self.tier = RamTier(self.schema, self.tier_rows, window)
         self.tier.reset(self.index.n_rows)
 
     def regrow_tier(self, traj_rows: int) -> RamTier:
         """A larger tier for trajectories of ``traj_rows`` (the caller waited until every
         row the current tier holds is committed)."""
-        self.tier = self.tier.resized(self.ram.rows_for(self.schema, traj_rows))
+        self.tier_rows = self.ram.rows_for(self.schema, traj_rows)
+        window = self.ram.window_for(self.schema, traj_rows)
+        self.tier = self.tier.resized(self.tier_rows, window)
+        return self.tier
+
+    def staging_room(self, k: int) -> RamTier:
+        """The tier an add of ``k`` rows reserves in.  When its rows would overwrite
+        uncommitted ones, the ring first grows (once, copying what it holds) to the tier
+        plus ``staging_bytes`` of staging slots, so adds wait for the committer only once
+        the uncommitted rows fill both.  The window (what stays in RAM once committed)
+        does not change."""
+        tier = self.tier
+        if tier.hi + k - tier.capacity <= self.commit.n_rows:
+            return tier
+        staged = self.staging_bytes // max(1, self.schema.row_bytes)
+        target = self.tier_rows + max(staged, 0)
+        if staged >= k and target > tier.capacity:
+            self.tier = tier.resized(target)
         return self.tier
 
     def empty_tier(self) -> None:
         """Drop the tier's rows (they stay readable from disk)."""
         if self.tier is not None:
-            self.tier = RamTier(self.schema, self.tier.capacity)
+            self.tier = RamTier(self.schema, self.tier.capacity, self.tier.window)
             self.tier.reset(self.index.n_rows)
 
     def preload_rows(self) -> tuple[RamTier, int, int] | None:

@@ -4,13 +4,13 @@ Life of a trajectory:
 
 1. ``add`` (caller's thread): rows are reserved, copied env-major into the RAM tier and
    published to the in-RAM index, so in-process sampling sees them at once.
-2. The committer thread writes every published-but-uncommitted row range and index entry,
-   then atomically replaces ``commit.json`` and hands the new commit back.  Only then may
-   the RAM tier overwrite those rows (backpressure instead of data loss).
+2. The committer thread writes published rows and index entries, then atomically
+   replaces ``commit.json`` and hands the commit back.  Only then may the ring reuse
+   those rows' slots: adds wait once uncommitted rows fill the RAM tier plus
+   ``staging_bytes`` (backpressure instead of data loss).
 3. ``read`` lets a draw see a consistent :class:`~zreplay.engine.gather.Snapshot` under
    the lock (so a concurrent ``add`` can never tear a row or evict a drawn one) and
-   gathers it: RAM-tier rows under the lock, the rest from disk with shard deletion held
-   off.
+   gathers it: RAM-tier rows under the lock, the rest from disk, shard deletion held off.
 
 The buffer core (:mod:`zreplay.core`) sits on top of this class.
 """
@@ -83,6 +83,7 @@ class SegmentWriter:
         overwrite: bool = False,
         break_lock: bool = False,
         storage_options: Mapping | None = None,
+        staging_bytes: int | None = None,
     ):
         self.temporary = path is None
         if self.temporary:
@@ -115,7 +116,7 @@ class SegmentWriter:
         try:
             self._wlock.remove_legacy()
             opened = open_segment(self.root, writer_id, durable)
-            self.state = SegmentState(writer_id, opened, self.ram, capacity)
+            self.state = SegmentState(writer_id, opened, self.ram, capacity, staging_bytes)
         except BaseException:
             self._wlock.release()
             raise
@@ -213,14 +214,12 @@ class SegmentWriter:
     def _add_one(self, it: Prepared) -> int:
         k, st = it.n_rows, self.state
         with self.cond:
-            tier = st.tier
-            if k * 2 > tier.capacity:
-                # Larger trajectories than the tier was sized for: regrow it by the policy.
-                self._committer.wait_committed(tier.hi)
-                tier = st.regrow_tier(k)
-            # Rows about to be overwritten must be on disk first.
-            self._committer.wait_committed(tier.hi + k - tier.capacity)
-            start = tier.reserve(k)
+            if k * 2 > st.tier_rows:  # larger trajectories than the tier was sized for
+                self._committer.wait_committed(st.tier.hi)
+                st.regrow_tier(k)
+            tier = st.staging_room(k)  # rows about to be overwritten must be on disk first:
+            self._committer.wait_committed(tier.hi + k - tier.capacity)  # backpressure
+            start = tier.reserve(k, st.commit.n_rows)
         tier.write_trajectory(start, it.columns, it.T, it.B)
         with self.cond:
             tid = st.publish(it, start)
