@@ -71,7 +71,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
         seed: seed of the private random generator (saved with the buffer).
         ram_budget_bytes: RAM kept for decoded recent steps (the rest reads from disk).
         staging_bytes: RAM for written steps waiting for the background writer beyond
-            ``ram_budget_bytes`` (default 1/16 of RAM, at most 1 GiB; then writes wait).
+            ``ram_budget_bytes`` (default 256 MiB, at most 1/16 of RAM; then writes wait).
         overwrite: start fresh even if ``path`` holds a buffer.
         durable: fsync before each commit is published.
         storage_options: fsspec/s3fs options for an ``s3://`` path (``endpoint_url``...).

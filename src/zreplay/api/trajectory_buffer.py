@@ -58,7 +58,7 @@ class TrajectoryReplayBuffer:
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
         ram_budget_bytes: cap on the RAM tier's size in bytes.
         staging_bytes: RAM for added rows waiting for the background writer beyond the
-            RAM tier (default 1/16 of RAM, at most 1 GiB): adds wait for the writer only
+            RAM tier (default 256 MiB, at most 1/16 of RAM): adds wait for the writer only
             once the uncommitted rows fill the RAM tier plus this budget.
         layout: per-key chunk/shard/codec overrides, e.g.
             ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.

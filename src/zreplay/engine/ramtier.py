@@ -174,14 +174,16 @@ class RamTier:
 
 
 def default_staging_bytes() -> int:
-    """RAM for rows staged beyond the RAM tier: 1/16 of physical memory, at most 1 GiB
-    (enough for ~100 of RLinf's 9.8 MB image trajectories; the ring only grows to it
-    when the committer falls behind)."""
+    """RAM for rows staged beyond the RAM tier: 256 MiB (26 of RLinf's 9.8 MB image
+    trajectories), at most 1/16 of physical memory.  The ring grows to it only when the
+    committer falls behind.  Measured (benchmarks/README.md, "Add path"): a 1 GiB budget
+    made adds slower on a shared machine, its fresh pages stalling in the kernel's
+    huge-page compaction."""
     try:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         ram = 4 << 30
-    return int(min(1 << 30, ram // 16))
+    return int(min(256 << 20, ram // 16))
 
 
 @dataclass
