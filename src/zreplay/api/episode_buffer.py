@@ -76,6 +76,8 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
         action_keys: columns kept dense under frameskip (default ``("action",)``).
         seed: seed of the private random generator (saved with the buffer).
         ram_budget_bytes: RAM kept for decoded recent steps (the rest reads from disk).
+        staging_bytes: RAM for written steps waiting for the background writer beyond
+            ``ram_budget_bytes`` (default 256 MiB, at most 1/16 of RAM; then writes wait).
         overwrite: start fresh even if ``path`` holds a buffer.
         durable: fsync before each commit is published.
         storage_options: fsspec/s3fs options for an ``s3://`` path (``endpoint_url``...).
@@ -95,6 +97,7 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
         action_keys: Iterable[str] = ("action",),
         seed: int | None = None,
         ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
+        staging_bytes: int | None = None,
         layout: Mapping[str, Mapping] | None = None,
         overwrite: bool = False,
         writer_id: str = "default",
@@ -117,19 +120,17 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
         self._warned_episode_data = False
         self._pid = os.getpid()
         self._replica = None
+        opts = dict(writer_id=writer_id, staging_bytes=staging_bytes, layout=layout)
+        opts.update(durable=durable, overwrite=overwrite, break_lock=break_lock)
         self.core = BufferCore.writer(
             path,
             sampler=sampler,
             stream=RandomStream(seed, tag="swm"),
             owner=self,
-            writer_id=writer_id,
             capacity=self.max_steps,
             ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
-            layout=layout,
-            durable=durable,
-            overwrite=overwrite,
-            break_lock=break_lock,
             storage_options=storage_options,
+            **opts,
         )
         self.path = self.core.path
         # Columns in the first episode's order (stable-worldmodel's), kept with commits.

@@ -57,22 +57,22 @@ class TrajectoryReplayBuffer:
     Args (zreplay's):
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
         ram_budget_bytes: cap on the RAM tier's size in bytes.
+        staging_bytes: RAM for added rows waiting for the background writer beyond the
+            RAM tier (default 256 MiB, at most 1/16 of RAM): adds wait for the writer only
+            once the uncommitted rows fill the RAM tier plus this budget.
         layout: per-key chunk/shard/codec overrides, e.g.
             ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.
         overwrite: start fresh even if ``auto_save_path`` holds a buffer.
         writer_id: name of this writer's segment (one writer per segment).
         durable: fsync before publishing each commit (power-loss safety).
         break_lock: take over a writer lock left by a dead writer on another host.
-        continue_episodes: default of ``add_trajectories(continues=)``: each trajectory's
-            environment lanes continue the episodes the same lanes of the previous
-            trajectory left running (consecutive rollout chunks of the same envs).
+        continue_episodes: default of ``add_trajectories(continues=)`` (lanes continue
+            the episodes the same lanes of the previous trajectory left running).
         storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ...) for ``s3://``.
         sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
-            ``Prioritized``, ``PrioritizedClips``, ``Staleness``) or a callable ``fn(step,
-            buffer, batch_size, history_len)`` returning row positions ``[0,
-            total_samples)``.  Used by ``sample``, ``sample_clips`` and ``sample_nstep``;
-            its state (and priorities) is saved with the buffer and restored when it is
-            reopened with a sampler of the same kind.
+            ``Prioritized``, ``PrioritizedClips``, ``Staleness``) or a hook ``fn(step,
+            buffer, batch_size, history_len)`` returning rows ``[0, total_samples)``; its
+            state (priorities too) is saved with the buffer and restored on reopening.
         rate_limiter: ``zreplay.MinSize`` / ``zreplay.SampleToInsertRatio``: adds wait while
             this writer runs ahead of the learners that declared themselves, and (with
             ``learner_id``, declaring this buffer a learner too) samples wait as a learner's.
@@ -93,6 +93,7 @@ class TrajectoryReplayBuffer:
         *,
         capacity: int | None = None,
         ram_budget_bytes: int | None = None,
+        staging_bytes: int | None = None,
         layout: Mapping[str, Mapping] | None = None,
         overwrite: bool = False,
         writer_id: str = "default",
@@ -124,12 +125,12 @@ class TrajectoryReplayBuffer:
         ram = RamPolicy(enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes)
         opts = dict(writer_id=writer_id, capacity=capacity, ram=ram, layout=layout)
         opts.update(durable=durable, overwrite=overwrite, break_lock=break_lock)
+        opts.update(staging_bytes=staging_bytes, storage_options=storage_options)
         self.core = BufferCore.writer(
             auto_save_path if auto_save else None,
             sampler=Window(self._window) if sampler is None else sampler,
             stream=RandomStream(seed),
             owner=self,
-            storage_options=storage_options,
             **opts,
         )
         self.core.set_rate_limiter(rate_limiter, learner_id)

@@ -279,10 +279,14 @@ class Committer:
                 continue
             with self.cond:
                 owner.committed(job.commit, job)
-                if job.complete:
-                    self.done = target
                 self.cond.notify_all()
+            # A flush returns once the shards its commit evicted are deleted too (adds no
+            # longer wait for every commit, so one commit may evict many trajectories).
             self._reclaim(job.commit)
+            if job.complete:
+                with self.cond:
+                    self.done = target
+                    self.cond.notify_all()
 
     def _write(self, job: Job) -> None:
         new, seg = job.commit, job.segment

@@ -1,11 +1,14 @@
 """The RAM tier: the most recent rows, decoded, in one preallocated ring per key.
 
-Global row ``r`` lives in slot ``r % capacity``.  The tier holds rows ``[lo, hi)``; it is
-also the writer's staging area, so a row is never overwritten before it is committed
-(the writer waits for its committer before reserving rows that would overwrite
-uncommitted ones).
+Global row ``r`` lives in slot ``r % capacity``.  The tier holds rows ``[lo, hi)``: the
+newest ``window`` rows (the RAM tier proper: what committed data is read from RAM) and
+every row not yet committed.  The ring is also the writer's staging area, so a row is
+never overwritten before it is committed (the writer waits for its committer before
+reserving rows that would overwrite uncommitted ones); ``capacity - window`` slots are
+room for rows staged beyond the window while the committer catches up.
 
-Invariants: ``hi - lo <= capacity``; ``lo`` and ``hi`` only grow, except that
+Invariants: ``hi - lo <= capacity``; rows below ``hi - window`` are held only while
+uncommitted (:meth:`release_committed`); ``lo`` and ``hi`` only grow, except that
 :meth:`unreserve` takes back the rows of an add that failed and :meth:`put_below` adds
 committed rows read back from disk just below ``lo`` (a reopened writer refilling the
 tier).  They change only through this class's methods, which the owning writer calls
@@ -14,6 +17,7 @@ under its lock.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,9 +48,11 @@ def _transpose_into(dst: np.ndarray, src: np.ndarray, T: int, B: int) -> None:
 
 
 class RamTier:
-    def __init__(self, schema: Schema, capacity_rows: int):
+    def __init__(self, schema: Schema, capacity_rows: int, window_rows: int | None = None):
         self.schema = schema
         self.capacity = int(capacity_rows)
+        # Rows kept once committed (the tier proper); the other slots only stage rows.
+        self.window = self.capacity if window_rows is None else min(int(window_rows), self.capacity)
         self.rings: dict[str, np.ndarray] = {
             s.path: np.empty((self.capacity, *s.row_shape), s.dtype) for s in schema
         }
@@ -71,13 +77,19 @@ class RamTier:
         """Hold no rows; the next reservation starts at ``row``."""
         self._lo = self._hi = int(row)
 
-    def reserve(self, k: int) -> int:
+    def reserve(self, k: int, committed: int = 0) -> int:
         """Reserve rows ``[hi, hi + k)`` for an add (dropping the oldest rows the ring
-        reuses); returns the first."""
+        reuses, and committed rows ``< committed`` that fall out of the window);
+        returns the first."""
         start = self._hi
         self._hi = start + int(k)
         self._lo = max(self._lo, self._hi - self.capacity)
+        self.release_committed(committed)
         return start
+
+    def release_committed(self, committed: int) -> None:
+        """Rows below ``committed`` are on disk: keep only those inside the window."""
+        self.release_below(min(int(committed), self._hi - self.window))
 
     def unreserve(self, start: int) -> None:
         """Take back the reservation that began at ``start`` (its add failed).  Rows the
@@ -86,8 +98,8 @@ class RamTier:
         self._lo = min(self._lo, self._hi)
 
     def room_below(self) -> int:
-        """First row :meth:`put_below` could still take (slots not holding rows)."""
-        return self._hi - self.capacity
+        """First row :meth:`put_below` could still take (the window's first row)."""
+        return self._hi - self.window
 
     def put_below(self, start: int, rows: Mapping[str, np.ndarray]) -> None:
         """Hold committed rows ``[start, lo)`` too (``rows``: every key's, env-major);
@@ -148,15 +160,30 @@ class RamTier:
         # numpy buffer the result and copy it twice (measured 3x slower on image rows).
         return np.take(self.rings[key], slots, axis=0, out=out, mode="clip")
 
-    def resized(self, capacity_rows: int) -> RamTier:
-        """A larger tier holding the same rows [lo, hi)."""
-        new = RamTier(self.schema, capacity_rows)
+    def resized(self, capacity_rows: int, window_rows: int | None = None) -> RamTier:
+        """A larger tier (window ``window_rows``, default: this one's) holding the same
+        rows [lo, hi), or the newest ``capacity_rows`` of them."""
+        window = self.window if window_rows is None else window_rows
+        new = RamTier(self.schema, capacity_rows, window)
         new._lo = max(self._lo, self._hi - new.capacity)
         new._hi = self._hi
         for key in self.rings:
             for row0, piece in self.read_range(key, new.lo, self.hi):
                 new.put_rows(key, row0, piece)
         return new
+
+
+def default_staging_bytes() -> int:
+    """RAM for rows staged beyond the RAM tier: 256 MiB (26 of RLinf's 9.8 MB image
+    trajectories), at most 1/16 of physical memory.  The ring grows to it only when the
+    committer falls behind.  Measured (benchmarks/README.md, "Add path"): a 1 GiB budget
+    made adds slower on a shared machine, its fresh pages stalling in the kernel's
+    huge-page compaction."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        ram = 4 << 30
+    return int(min(256 << 20, ram // 16))
 
 
 @dataclass
@@ -192,3 +219,7 @@ class RamPolicy:
             budget = self.max_bytes // max(1, schema.row_bytes)
             rows = budget if not self.trajectories else min(rows, budget)
         return max(staging, rows)
+
+    def window_for(self, schema: Schema, traj_rows: int) -> int:
+        """Rows of the tier proper: committed rows kept in RAM (none when disabled)."""
+        return self.rows_for(schema, traj_rows) if self.enabled else 0

@@ -22,7 +22,7 @@ from .colcache import ColumnCache
 from .committer import Job, StateSource, build_job, sampler_state
 from .gather import Part, Snapshot, gather
 from .prepared import Prepared
-from .ramtier import RamPolicy, RamTier
+from .ramtier import RamPolicy, RamTier, default_staging_bytes
 from .recovery import OpenedSegment
 
 
@@ -37,10 +37,20 @@ class SegmentState:
     that :meth:`reopen` replaces everything with what a commit on disk says.
     """
 
-    def __init__(self, writer_id: str, opened: OpenedSegment, ram: RamPolicy, capacity):
+    def __init__(
+        self,
+        writer_id: str,
+        opened: OpenedSegment,
+        ram: RamPolicy,
+        capacity,
+        staging_bytes: int | None = None,
+    ):
         self.writer_id = writer_id
         self.ram = ram
         self.capacity = capacity
+        self.staging_bytes = default_staging_bytes() if staging_bytes is None else staging_bytes
+        if self.staging_bytes < 0:
+            raise ValueError(f"staging_bytes must be >= 0, got {staging_bytes}")
         self.reopen(opened)
 
     def reopen(self, o: OpenedSegment) -> None:
@@ -55,7 +65,7 @@ class SegmentState:
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
         self.columns = self._column_cache()
-        self.window_rows = 0  # committed rows the tier keeps for sampling (the RAM policy)
+        self.tier_rows = 0  # the tier's size by the RAM policy (the ring may grow beyond)
         # Trajectory counts at which an add's batch ends: a commit never splits a batch.
         self.batch_ends: list[int] = []
         if self.index.n:
@@ -88,40 +98,55 @@ class SegmentState:
         RAM tier off; the rows of a batch larger than the window once it is on disk)."""
         self.commit = commit
         if job is not None and self.tier is not None:
-            self.tier.release_below(min(commit.n_rows, self.tier.hi - self.window_rows))
+            self.tier.release_committed(commit.n_rows)
 
     # -- the RAM tier ---------------------------------------------------------------
 
     def make_tier(self, traj_rows: int) -> None:
-        rows = self.ram.rows_for(self.schema, traj_rows)
-        self.window_rows = rows if self.ram.enabled else 0
-        self.tier = RamTier(self.schema, rows)
+        self.tier_rows = self.ram.rows_for(self.schema, traj_rows)
+        window = self.ram.window_for(self.schema, traj_rows)
+        self.tier = RamTier(self.schema, self.tier_rows, window)
         self.tier.reset(self.index.n_rows)
 
     def tier_too_small(self, items: list[Prepared]) -> int | None:
         """Rows of a larger RAM tier an add of ``items`` needs, or None if the current one
-        will do: it stages the whole batch at once, and holds at least two of its largest
-        trajectory (else it is regrown to the policy's size for that trajectory)."""
+        will do: it stages the whole batch at once, and was sized for at least two of its
+        largest trajectory (else it is regrown to the policy's size for that trajectory)."""
         largest = max(it.n_rows for it in items)
         total = sum(it.n_rows for it in items)
-        if 2 * largest <= self.tier.capacity and total <= self.tier.capacity:
+        if 2 * largest <= self.tier_rows and total <= self.tier.capacity:
             return None
         return max(self.ram.rows_for(self.schema, largest), total)
 
     def regrow_tier(self, items: list[Prepared], rows: int) -> RamTier:
         """A tier of ``rows`` rows holding what the current one holds (the caller waited
         until every row the current tier holds is committed); its sampling window is the
-        policy's for the largest of ``items``."""
+        policy's for the largest of ``items`` if that is larger."""
         largest = max(it.n_rows for it in items)
-        if self.ram.enabled:
-            self.window_rows = max(self.window_rows, self.ram.rows_for(self.schema, largest))
-        self.tier = self.tier.resized(rows)
+        window = max(self.tier.window, self.ram.window_for(self.schema, largest))
+        self.tier_rows = rows
+        self.tier = self.tier.resized(rows, window)
+        return self.tier
+
+    def staging_room(self, k: int) -> RamTier:
+        """The tier an add of ``k`` rows reserves in.  When its rows would overwrite
+        uncommitted ones, the ring first grows (once, copying what it holds) to the tier
+        plus ``staging_bytes`` of staging slots, so adds wait for the committer only once
+        the uncommitted rows fill both.  The window (what stays in RAM once committed)
+        does not change."""
+        tier = self.tier
+        if tier.hi + k - tier.capacity <= self.commit.n_rows:
+            return tier
+        staged = self.staging_bytes // max(1, self.schema.row_bytes)
+        target = self.tier_rows + max(staged, 0)
+        if staged >= k and target > tier.capacity:
+            self.tier = tier.resized(target)
         return self.tier
 
     def empty_tier(self) -> None:
         """Drop the tier's rows (they stay readable from disk)."""
         if self.tier is not None:
-            self.tier = RamTier(self.schema, self.tier.capacity)
+            self.tier = RamTier(self.schema, self.tier.capacity, self.tier.window)
             self.tier.reset(self.index.n_rows)
 
     def preload_rows(self) -> tuple[RamTier, int, int] | None:

@@ -4,13 +4,13 @@ Life of a trajectory:
 
 1. ``add`` (caller's thread): rows are reserved, copied env-major into the RAM tier and
    published to the in-RAM index, so in-process sampling sees them at once.
-2. The committer thread writes every published-but-uncommitted row range and index entry,
-   then atomically replaces ``commit.json`` and hands the new commit back.  Only then may
-   the RAM tier overwrite those rows (backpressure instead of data loss).
+2. The committer thread writes published rows and index entries, then atomically
+   replaces ``commit.json`` and hands the commit back.  Only then may the ring reuse
+   those rows' slots: adds wait once uncommitted rows fill the RAM tier plus
+   ``staging_bytes`` (backpressure instead of data loss).
 3. ``read`` lets a draw see a consistent :class:`~zreplay.engine.gather.Snapshot` under
    the lock (so a concurrent ``add`` can never tear a row or evict a drawn one) and
-   gathers it: RAM-tier rows under the lock, the rest from disk with shard deletion held
-   off.
+   gathers it: RAM-tier rows under the lock, the rest from disk, shard deletion held off.
 
 Replacing a segment's contents (loading a checkpoint) is in :mod:`zreplay.engine.replace`;
 the buffer core (:mod:`zreplay.core`) sits on top of this class.
@@ -88,6 +88,7 @@ class SegmentWriter:
         overwrite: bool = False,
         break_lock: bool = False,
         storage_options: Mapping | None = None,
+        staging_bytes: int | None = None,
     ):
         self.temporary = path is None
         if self.temporary:
@@ -100,8 +101,7 @@ class SegmentWriter:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be a positive number of rows, got {capacity}")
         self.ram = ram or RamPolicy()
-        self.durable = durable
-        self._layout_overrides = dict(layout or {})
+        self.durable, self._layout_overrides = durable, dict(layout or {})
         self._source: Callable[[], StateSource | None] = lambda: None
         self._priorities: PriorityArrays | None = None
 
@@ -123,7 +123,7 @@ class SegmentWriter:
             opened = open_segment(self.root, writer_id, durable)
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
-            self.state = SegmentState(writer_id, opened, self.ram, capacity)
+            self.state = SegmentState(writer_id, opened, self.ram, capacity, staging_bytes)
         except BaseException:
             self._wlock.release()
             raise
@@ -214,11 +214,11 @@ class SegmentWriter:
                 if rows is not None:
                     self._committer.wait_committed(st.tier.hi)
                     st.regrow_tier(items, rows)
-                tier = st.tier
-                # Rows about to be overwritten must be on disk first.
+                tier = st.staging_room(total)
+                # Rows about to be overwritten must be on disk first (backpressure).
                 self._committer.wait_committed(tier.hi + total - tier.capacity)
                 with deferred_interrupts():
-                    start = tier.reserve(total)
+                    start = tier.reserve(total, st.commit.n_rows)
             row = start
             for it in items:
                 tier.write_trajectory(row, it.columns, it.T, it.B)

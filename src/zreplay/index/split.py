@@ -83,7 +83,8 @@ def split_pieces(
     stops = np.arange(T - 1, T * B, T)
     if split:
         f = np.flatnonzero(end)  # t * B + b (2-D np.nonzero is ~10x slower)
-        stops = np.union1d((f % B) * T + f // B, stops)
+        if f.size:  # no flag set (most adds of long rollouts): one piece per lane
+            stops = np.union1d((f % B) * T + f // B, stops)
     st_t, st_b = stops % T, stops // T
     starts = np.concatenate([[0], stops[:-1] + 1])
     length = stops - starts + 1
