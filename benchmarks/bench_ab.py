@@ -170,47 +170,10 @@ FIGURE_ORDER = (
 # -- data (generated once in the parent, same rows for both sides) ----------------------
 
 
-def make_images(rng: np.random.Generator, n: int) -> np.ndarray:
-    """Simulator-like frames u8[n, IMG_B, H, W, 3]: per env a wall gradient over a flat
-    table, two moving blocks, and small sensor noise on a quarter of the pixels (they
-    compress ~2-3x with zstd-1)."""
-    y, x = np.mgrid[0:H, 0:W].astype(np.float32)
-    out = np.empty((n, IMG_B, H, W, 3), np.int16)
-    for b in range(IMG_B):
-        ph = rng.uniform(0, 2 * np.pi, 3)
-        wall = np.stack(
-            [100 + 40 * np.sin(x / W * np.pi + ph[c]) + 25 * y / H for c in range(3)], -1
-        )
-        table = rng.integers(50, 200, 3).astype(np.float32)
-        base = np.where((y < rng.integers(20, 40))[..., None], wall, table)
-        out[:, b] = np.rint(base).astype(np.int16)
-        for _ in range(2):
-            s = int(rng.integers(6, 14))
-            col = rng.integers(0, 255, 3)
-            p, v = rng.uniform(0, H - s, 2), rng.uniform(-2, 2, 2)
-            for t in range(n):
-                px, py = ((p + v * t) % (H - s)).astype(int)
-                out[t, b, py : py + s, px : px + s] = col
-    mask = rng.random((n, IMG_B, H, W, 1)) < 0.25
-    out += mask * rng.integers(-3, 4, out.shape, dtype=np.int16)
-    return np.clip(out, 0, 255).astype(np.uint8)
-
-
 def image_trajectory(seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    frames = make_images(rng, IMG_T + 1)
-    states = np.cumsum(rng.normal(0, 0.05, (IMG_T + 1, IMG_B, 16)), 0).astype(np.float32)
-    dones = np.zeros((IMG_T, IMG_B, 4), bool)
-    dones[-1] = True
-    return {
-        "actions": rng.standard_normal((IMG_T, IMG_B, 28), dtype=np.float32),
-        "rewards": (rng.random((IMG_T, IMG_B, 4)) < 0.05).astype(np.float32),
-        "dones": dones,
-        "terminations": dones.copy(),
-        "truncations": np.zeros_like(dones),
-        "curr_obs": {"main_images": frames[:IMG_T].copy(), "states": states[:IMG_T].copy()},
-        "next_obs": {"main_images": frames[1:].copy(), "states": states[1:].copy()},
-    }
+    from benchlib import nest, rlinf_image_trajectory
+
+    return nest(rlinf_image_trajectory(seed, IMG_T, IMG_B, H, W))
 
 
 def state_trajectory(seed: int, obs_dim: int = 64, act_dim: int = 8) -> dict:
@@ -236,17 +199,6 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def unflatten(flat: dict) -> dict:
-    out: dict = {}
-    for path, v in flat.items():
-        node = out
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return out
-
-
 def make_pools(wdir: Path) -> dict:
     """Write the trajectory pools as ``.npz`` files (children load them); returns sizes."""
     t0 = time.perf_counter()
@@ -268,10 +220,12 @@ def make_pools(wdir: Path) -> dict:
 
 
 def load_pool(wdir: Path, kind: str) -> list[dict]:
+    from benchlib import nest
+
     out = []
     for i in range(POOL):
         with np.load(wdir / f"{kind}_{i}.npz") as z:
-            out.append(unflatten({k: z[k] for k in z.files}))
+            out.append(nest({k: z[k] for k in z.files}))
     return out
 
 

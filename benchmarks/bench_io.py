@@ -63,8 +63,11 @@ from benchlib import (  # noqa: E402
     CpuMeter,
     WorkloadTable,
     describe_machine,
+    nest,
     ratio,
+    rlinf_image_trajectory,
     run_child_job,
+    sim_frames,
     stats,
     warm_allocator,
     warm_page_cache,
@@ -102,59 +105,12 @@ CONFIGS = {
 
 
 def make_images(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
-    """Simulator-like frames u8[n, b, H, W, 3] (bench_ab's generator): a wall gradient
-    over a flat table, two moving blocks, small noise on a quarter of the pixels."""
-    y, x = np.mgrid[0:H, 0:W].astype(np.float32)
-    out = np.empty((n, b, H, W, 3), np.int16)
-    for j in range(b):
-        ph = rng.uniform(0, 2 * np.pi, 3)
-        wall = np.stack(
-            [100 + 40 * np.sin(x / W * np.pi + ph[c]) + 25 * y / H for c in range(3)], -1
-        )
-        table = rng.integers(50, 200, 3).astype(np.float32)
-        base = np.where((y < rng.integers(20, 40))[..., None], wall, table)
-        out[:, j] = np.rint(base).astype(np.int16)
-        for _ in range(2):
-            s = int(rng.integers(6, 14))
-            col = rng.integers(0, 255, 3)
-            p, v = rng.uniform(0, H - s, 2), rng.uniform(-2, 2, 2)
-            for t in range(n):
-                px, py = ((p + v * t) % (H - s)).astype(int)
-                out[t, j, py : py + s, px : px + s] = col
-    mask = rng.random((n, b, H, W, 1)) < 0.25
-    out += mask * rng.integers(-3, 4, out.shape, dtype=np.int16)
-    return np.clip(out, 0, 255).astype(np.uint8)
+    return sim_frames(rng, n, b, H, W)
 
 
 def image_trajectory(seed: int) -> dict:
     """One RLinf-like trajectory [50, 8] (flat key paths)."""
-    rng = np.random.default_rng(seed)
-    frames = make_images(rng, IMG_T + 1, IMG_B)
-    states = np.cumsum(rng.normal(0, 0.05, (IMG_T + 1, IMG_B, 16)), 0).astype(np.float32)
-    dones = np.zeros((IMG_T, IMG_B, 4), bool)
-    dones[-1] = True
-    return {
-        "actions": rng.standard_normal((IMG_T, IMG_B, 28), dtype=np.float32),
-        "rewards": (rng.random((IMG_T, IMG_B, 4)) < 0.05).astype(np.float32),
-        "dones": dones,
-        "terminations": dones.copy(),
-        "truncations": np.zeros_like(dones),
-        "curr_obs/main_images": frames[:IMG_T].copy(),
-        "curr_obs/states": states[:IMG_T].copy(),
-        "next_obs/main_images": frames[1:].copy(),
-        "next_obs/states": states[1:].copy(),
-    }
-
-
-def nest(flat: dict) -> dict:
-    out: dict = {}
-    for path, v in flat.items():
-        node = out
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return out
+    return rlinf_image_trajectory(seed, IMG_T, IMG_B, H, W)
 
 
 def swm_episodes(seed: int = 5) -> list[dict]:

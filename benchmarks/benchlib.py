@@ -490,3 +490,50 @@ def write_json(path, result: dict, indent: int = 1) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=indent, default=float))
     print(f"wrote {path}")
+
+
+def sim_frames(rng: np.random.Generator, n: int, b: int, h: int = 64, w: int = 64) -> np.ndarray:
+    """Simulator-like frames u8[n, b, h, w, 3]: per env a wall gradient over a flat table,
+    two moving blocks, and small sensor noise on a quarter of the pixels (they compress
+    ~2-3x with zstd-1)."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    out = np.empty((n, b, h, w, 3), np.int16)
+    for j in range(b):
+        ph = rng.uniform(0, 2 * np.pi, 3)
+        wall = np.stack(
+            [100 + 40 * np.sin(x / w * np.pi + ph[c]) + 25 * y / h for c in range(3)], -1
+        )
+        table = rng.integers(50, 200, 3).astype(np.float32)
+        base = np.where((y < rng.integers(20, 40))[..., None], wall, table)
+        out[:, j] = np.rint(base).astype(np.int16)
+        for _ in range(2):
+            s = int(rng.integers(6, 14))
+            col = rng.integers(0, 255, 3)
+            p, v = rng.uniform(0, h - s, 2), rng.uniform(-2, 2, 2)
+            for t in range(n):
+                px, py = ((p + v * t) % (h - s)).astype(int)
+                out[t, j, py : py + s, px : px + s] = col
+    mask = rng.random((n, b, h, w, 1)) < 0.25
+    out += mask * rng.integers(-3, 4, out.shape, dtype=np.int16)
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def rlinf_image_trajectory(seed: int, T: int = 50, B: int = 8, h: int = 64, w: int = 64) -> dict:
+    """One RLinf-like embodied trajectory [T, B] as flat key paths: ``sim_frames`` images,
+    16-d states, 28-d action chunks, rewards and flags (the last step ends every lane)."""
+    rng = np.random.default_rng(seed)
+    frames = sim_frames(rng, T + 1, B, h, w)
+    states = np.cumsum(rng.normal(0, 0.05, (T + 1, B, 16)), 0).astype(np.float32)
+    dones = np.zeros((T, B, 4), bool)
+    dones[-1] = True
+    return {
+        "actions": rng.standard_normal((T, B, 28), dtype=np.float32),
+        "rewards": (rng.random((T, B, 4)) < 0.05).astype(np.float32),
+        "dones": dones,
+        "terminations": dones.copy(),
+        "truncations": np.zeros_like(dones),
+        "curr_obs/main_images": frames[:T].copy(),
+        "curr_obs/states": states[:T].copy(),
+        "next_obs/main_images": frames[1:].copy(),
+        "next_obs/states": states[1:].copy(),
+    }

@@ -183,6 +183,15 @@ class TrajectoryRef:
         return np.arange(self.pos, self.pos + int(off[self.j + 1] - off[self.j]), dtype=np.int64)
 
 
+def as_requests(drawn, schema) -> Requests:
+    """What a draw returned as requests: a dict of requests as it is, else row positions
+    read for every key of ``schema``."""
+    if isinstance(drawn, dict):
+        return drawn
+    rows = np.asarray(drawn, np.int64)
+    return {k: (k, rows) for k in schema.keys}
+
+
 def group_requests(requests: Requests) -> list[tuple[np.ndarray, list[tuple[str, str]]]]:
     """Requests that share one positions array (by identity): ``[(positions, [(name,
     key), ...])]``, so those positions are located and read once for all their keys."""

@@ -29,7 +29,7 @@ from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
 from .colcache import DEFAULT_BUDGET, ColumnCache
-from .gather import Evicted, Part, Snapshot, gather
+from .gather import Evicted, Part, Snapshot, as_requests, gather
 
 RETRIES = 5
 
@@ -272,12 +272,7 @@ class BufferReader:
                 drawn = draw(snap)
                 if self.schema is None:
                     return drawn, {}
-                if isinstance(drawn, dict):
-                    requests = drawn
-                else:
-                    rows = np.asarray(drawn, np.int64)
-                    requests = {k: (k, rows) for k in self.schema.keys}
-                return drawn, gather(snap, requests, alloc)
+                return drawn, gather(snap, as_requests(drawn, self.schema), alloc)
             except Evicted:
                 self.refresh()
         raise EmptyBufferError("rows kept being evicted while reading; sample again")

@@ -29,8 +29,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import BufferClosedError
 from ..schema import Schema
 from ..store.checkpoint import write_snapshot
@@ -42,7 +40,7 @@ from ..store.lock import WriterLock
 from ..store.priority import PriorityArrays, saved_priorities
 from ..store.root import BufferRoot
 from .committer import Committer, Job, StateSource
-from .gather import Snapshot, gather_begin, gather_finish
+from .gather import Snapshot, as_requests, gather_begin, gather_finish
 from .preload import TierPreload
 from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
@@ -285,12 +283,7 @@ class SegmentWriter:
             drawn = draw(snap)
             if snap.schema is None:
                 return drawn, {}
-            if isinstance(drawn, dict):
-                requests = drawn
-            else:
-                rows = np.asarray(drawn, np.int64)
-                requests = {k: (k, rows) for k in snap.schema.keys}
-            pending = gather_begin(snap, requests, alloc)
+            pending = gather_begin(snap, as_requests(drawn, snap.schema), alloc)
             if not pending.reads:
                 return drawn, pending.finish_outputs()
             self._committer.begin_disk_read()
