@@ -91,9 +91,11 @@ def test_ctrl_c_at_random_moments_of_large_adds_never_corrupts(tmp_path):
     """Real SIGINTs (a notebook user pressing Ctrl-C, then going on) land anywhere in
     add_trajectories; whatever each interrupted add did, it added all or nothing."""
     path = tmp_path / "b"
-    buf = persistent(path, cache_size=3)
+    # No staging budget: the add copies, splits and waits for room, so it lasts long
+    # enough on a loaded machine for the timer thread to fire inside it.
+    buf = persistent(path, cache_size=3, staging_bytes=0)
     rng = np.random.default_rng(0)
-    big = make_traj(0, T=40, B=64)  # 2,560 rows: the add copies, splits and waits for room
+    big = make_traj(0, T=40, B=64)  # 2,560 rows
     took = []
     for tid in range(4):  # how long an add takes here, uninterrupted
         t0 = time.perf_counter()

@@ -273,7 +273,8 @@ def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
         ) as buf:
             s = check_visible(path, flushed[name], cfg.get("capacity"), added[name]) + 1
             buf.add_trajectories([make_traj(s, T=traj_T(s), B=3)])
-        assert check_visible(path, s, cfg.get("capacity"), s) == s
+        # Trajectories a killed writer added (and lost) may have evicted committed ones.
+        assert check_visible(path, s, cfg.get("capacity"), max(s, added[name])) == s
         if cfg.get("capacity"):  # writers killed while deleting evicted shards leaked none
             below = read_commit(f"{path}/segments/default").reclaimed_below // 64
             assert below > 0
