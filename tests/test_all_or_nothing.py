@@ -90,6 +90,16 @@ def test_a_failed_add_adds_nothing_and_later_adds_are_indexed_right(tmp_path, mo
 def test_ctrl_c_at_random_moments_of_large_adds_never_corrupts(tmp_path):
     """Real SIGINTs (a notebook user pressing Ctrl-C, then going on) land anywhere in
     add_trajectories; whatever each interrupted add did, it added all or nothing."""
+    # Python's own Ctrl-C handler, as in a notebook: a process started in the background
+    # by a non-interactive shell inherits SIGINT ignored, and would never be interrupted.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_adds(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_adds(tmp_path) -> None:
     path = tmp_path / "b"
     # No staging budget: the add copies, splits and waits for room, so it lasts long
     # enough on a loaded machine for the timer thread to fire inside it.
