@@ -59,6 +59,15 @@ def _adder(buf, ids):
     return t, added
 
 
+def _waits_after(t, added: list, n: int) -> None:
+    """The adder thread ``t`` makes ``n`` adds, then waits (alive, no further add)."""
+    deadline = time.monotonic() + 60
+    while len(added) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t.join(0.5)
+    assert t.is_alive() and len(added) == n
+
+
 def test_adds_do_not_wait_while_the_budget_has_room(bufpath):
     # Window 2 trajectories + staging 6: eight adds fit while nothing can be committed
     # (before the budget existed, the third one waited for the writer).
@@ -85,13 +94,9 @@ def test_adds_wait_once_the_budget_is_used_up(bufpath):
     buf, gate = _buffer(bufpath, n_staged=3)
     try:
         t, added = _adder(buf, range(1, 11))
-        deadline = time.monotonic() + 60
-        while len(added) < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
         # Window 2 + staging 3 = 5 uncommitted trajectories; the sixth add must wait
         # for the (held) writer instead of overwriting rows that are not on disk.
-        t.join(0.5)
-        assert t.is_alive() and len(added) == 5
+        _waits_after(t, added, 5)
         st = buf.get_stats()
         assert st["committed_trajectories"] == 1 and st["pending_trajectories"] == 5
     finally:
@@ -127,11 +132,7 @@ def test_staging_bytes_zero_waits_as_the_ring_alone(bufpath):
     buf, gate = _buffer(bufpath, n_staged=0, cache_size=2)
     try:
         t, added = _adder(buf, range(1, 6))
-        deadline = time.monotonic() + 60
-        while len(added) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        t.join(0.5)
-        assert t.is_alive() and len(added) == 2
+        _waits_after(t, added, 2)
     finally:
         gate.open.set()
     t.join(60)

@@ -138,7 +138,7 @@ class SegmentState:
         if tier.hi + k - tier.capacity <= self.commit.n_rows:
             return tier
         staged = self.staging_bytes // max(1, self.schema.row_bytes)
-        target = self.tier_rows + max(staged, 0)
+        target = self.tier_rows + staged
         if staged >= k and target > tier.capacity:
             self.tier = tier.resized(target)
         return self.tier
