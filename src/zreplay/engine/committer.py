@@ -291,7 +291,11 @@ class Committer:
     def _write(self, job: Job) -> None:
         new, seg = job.commit, job.segment
         if seg is not None:
-            start, stop = job.rows
+            # Rows evicted before they were committed are never written: the tier may
+            # have reused (or, once regrown, never held) their slots, and garbage in a
+            # stored chunk is damage to its live rows (TensorStore rejects a bool chunk
+            # holding any byte but 0 and 1).
+            start, stop = max(job.rows[0], new.low_row), job.rows[1]
             seg.ensure_capacity(new.n_rows, new.n_traj, new.n_pieces)
             futs = []
             for key in job.keys if stop > start else ():
