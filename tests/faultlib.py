@@ -3,7 +3,8 @@
 :class:`Faults` wraps every store-layer method that touches storage (:func:`points`):
 the local backend's file operations and ``LocalPath``'s, the S3 backend's seven
 requests, array opens/resizes, segment row and index reads and writes, saved priorities,
-the root's attribute writes and tree swaps.  Installed unarmed it counts the calls an
+the root's attribute writes and tree swaps, and the plain-file writes of RLinf exports
+and HDF5 dumps.  Installed unarmed it counts the calls an
 operation makes (in every thread: the background committer's too); armed with ``at=i``
 the ``i``-th call raises ``OSError(EIO)`` (``mode="error"``) or ends the process on the
 spot with ``os._exit(CRASH_STATUS)`` (``mode="crash"``, run in a child process), the
@@ -26,6 +27,7 @@ CRASH_STATUS = 87
 
 def points() -> list[tuple[object, list[str]]]:
     """``(owner, method names)`` of every store-layer call that does I/O."""
+    from zreplay.compat import hdf5, rlinf_files
     from zreplay.store import arrays, backend_local, backend_s3, localswap, priority, root, segment
 
     return [
@@ -49,6 +51,11 @@ def points() -> list[tuple[object, list[str]]]:
         (priority.PriorityArrays, ["write", "read"]),
         (root.BufferRoot, ["_set_attr"]),
         (localswap, ["swap_in"]),
+        # Plain-file writes of exports and HDF5 dumps (each file written and fsync'd,
+        # each column's rows, the finished file put in place).
+        (rlinf_files, ["_write_synced"]),
+        (hdf5._Column, ["append", "close"]),
+        (hdf5, ["_put_in_place"]),
     ]
 
 

@@ -3,7 +3,8 @@ at any store-layer I/O call (issue 13).
 
 For each scenario (add + flush, eviction with reclaim, clear, save_checkpoint over an
 existing one, load_checkpoint of a zreplay buffer and of an RLinf directory, priority
-save; on a local disk and on S3 through moto's server) the harness counts the operation's
+save, on a local disk and on S3 through moto's server; an RLinf export and an HDF5 dump
+replacing earlier ones, on a local disk) the harness counts the operation's
 store-layer I/O calls (:mod:`faultlib`), then for each call index i (every one, or a
 seeded sample when there are more than the budget):
 
@@ -12,6 +13,9 @@ seeded sample when there are more than the budget):
   does the buffer reopened, with ``verify`` clean;
 * ``crash``: a child process doing the operation dies at call i (``os._exit``).  The
   buffer reopened holds the before- or the after-state, with ``verify`` clean.
+
+An export or a dump is observed as its files read back (the RLinf directory holding no
+file its index does not name), which must be the earlier one or the new one whole.
 
 Either way trajectory ids are never reused: the next one added is above every id either
 state holds.  ``ZREPLAY_FAULT_POINTS`` sets the points per scenario and mode (``all`` for
@@ -22,18 +26,23 @@ full sweep).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import uuid
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from conftest import S3_BUCKET, check_rows, make_traj, processes
 from faultlib import CRASH_STATUS, Faults, budget, injection_points
 
 import zreplay
+from zreplay.compat.hdf5 import iter_hdf5
+from zreplay.compat.rlinf_files import trajectory_file
 from zreplay.errors import ZReplayError
 from zreplay.samplers import Prioritized
 from zreplay.store.location import locate
@@ -185,6 +194,45 @@ def _setup_load_rlinf(paths, so):
         src.export(paths["src"])
 
 
+def _setup_export(paths, so):
+    with writer(paths["buf"], so) as buf:
+        buf.add_trajectories([make_traj(0)])
+        buf.export(paths["ckpt"])  # an earlier export, which the action replaces
+        buf.dump(paths["src"])  # an earlier HDF5 dump, likewise
+        buf.add_trajectories([make_traj(1), make_traj(2)])
+
+
+def _export(buf, paths):
+    buf.export(paths["ckpt"])
+
+
+def _dump(buf, paths):
+    buf.dump(paths["src"])
+
+
+def observe_rlinf(path) -> State:
+    """What the RLinf directory at ``path`` holds, read back through RLinf's own file
+    layout; no file there that its index does not name."""
+    with zreplay.TrajectoryReplayBuffer() as buf:
+        buf.load_checkpoint(path)
+        state = held(buf)
+    index = json.loads((Path(path) / "trajectory_index.json").read_text())
+    named = {
+        trajectory_file(Path(path), int(t), v["model_weights_id"], "pt").name
+        for t, v in index["trajectory_index"].items()
+    }
+    assert set(os.listdir(path)) == named | {"trajectory_index.json", "metadata.json"}
+    return state
+
+
+def observe_hdf5(path) -> State:
+    """The episodes of the HDF5 file at ``path``, one digest each, and its datasets'."""
+    episodes = list(iter_hdf5(path))
+    with h5py.File(path, "r") as f:
+        shapes = repr(sorted((k, f[k].shape) for k in f))
+    return State((len(episodes), zlib.crc32(shapes.encode())), tuple(_digest(e) for e in episodes))
+
+
 def _setup_priorities(paths, so):
     with writer(paths["buf"], so, prioritized=True) as buf:
         buf.add_trajectories([make_traj(0), make_traj(1)])
@@ -203,7 +251,10 @@ SCENARIOS = {
     "load zreplay": (_setup_load_zreplay, _load, {}, "buf", False),
     "load rlinf": (_setup_load_rlinf, _load, {}, "buf", False),
     "priority save": (_setup_priorities, _reprioritize, {}, "buf", True),
+    "export rlinf": (_setup_export, _export, {}, "rlinf", False),
+    "dump hdf5": (_setup_export, _dump, {}, "hdf5", False),
 }  # fmt: skip
+LOCAL_ONLY = {"load rlinf", "export rlinf", "dump hdf5"}  # RLinf directories, HDF5 files
 S3_SCENARIOS = ["add+flush", "evict+reclaim", "clear", "checkpoint over one", "load zreplay", "priority save"]  # fmt: skip
 
 
@@ -213,6 +264,15 @@ def act(name: str, paths: dict, so, before: State | None = None, after: State | 
         _act_on_buffer(paths, so, action, prioritized, before, after, **kw)
     else:
         _act_on_buffer(paths, so, action, **kw)
+
+
+def look(observed: str, paths: dict, so, prioritized=False, used_ids=None) -> State:
+    """The state of what scenario's ``observed`` names."""
+    if observed == "rlinf":
+        return observe_rlinf(paths["ckpt"])
+    if observed == "hdf5":
+        return observe_hdf5(paths["src"])
+    return observe(paths[observed], so, prioritized, used_ids)
 
 
 def _crash_child(name: str, paths: dict, so, at: int) -> None:
@@ -274,12 +334,12 @@ def baseline(name: str, place: Place) -> tuple:
         _setup, _action, _kw, observed, prioritized = SCENARIOS[name]
         template = place.template(name)
         paths = place.prepare(template)
-        before = observe(paths[observed], place.so, prioritized)
+        before = look(observed, paths, place.so, prioritized)
         counter = Faults()
         with counter.installed():
             act(name, paths, place.so)
         HANDED_OUT.clear()
-        after = observe(paths[observed], place.so, prioritized)
+        after = look(observed, paths, place.so, prioritized)
         assert after != before
         place.cleanup(paths)
         _BASELINES[key] = (template, before, after, counter.calls)
@@ -288,8 +348,8 @@ def baseline(name: str, place: Place) -> tuple:
 
 def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
     """Run scenario ``name`` with a fault at each chosen call; returns counts."""
-    if name == "load rlinf" and place.kind != "local":
-        pytest.skip("RLinf directories are local")
+    if name in LOCAL_ONLY and place.kind != "local":
+        pytest.skip("RLinf directories and HDF5 files are local")
     _setup, _action, _kw, observed, prioritized = SCENARIOS[name]
     template, before, after, calls = baseline(name, place)
     chosen = injection_points(calls, budget(default_budget), seed=zlib.crc32(name.encode()))
@@ -317,7 +377,7 @@ def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
             return [*before.ids, *state.ids, *HANDED_OUT]
 
         try:
-            state = observe(paths[observed], place.so, prioritized, used)
+            state = look(observed, paths, place.so, prioritized, used)
         except BaseException as e:
             fired = faults.fired if mode == "error" else "(in the child)"
             e.add_note(f"after a {mode} at store call {at} of {calls}: {fired}")

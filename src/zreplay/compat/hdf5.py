@@ -42,6 +42,7 @@ import numpy as np
 from ..conventions import TERMINATION_KEYS, TRUNCATION_KEYS
 from ..errors import FormatError, SchemaError
 from ..schema import unflatten
+from ..store.backend_local import fsync_dir
 
 MODES = ("append", "overwrite", "error")  # stable-worldmodel's WRITE_MODES, in its order
 EPISODE_DATASETS = ("ep_len", "ep_offset")
@@ -125,7 +126,15 @@ def write_hdf5(
     pool.shutdown()
     f.close()
     if target != path:
-        os.replace(target, path)
+        _put_in_place(target, path)
+
+
+def _put_in_place(built: Path, path: Path) -> None:
+    """The file built aside replaces ``path`` in one step (durably: data, then name)."""
+    with open(built, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(built, path)
+    fsync_dir(path.parent)
 
 
 def _create_columns(f, cols: dict[str, np.ndarray], compression, level: int):

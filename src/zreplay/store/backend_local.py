@@ -57,7 +57,8 @@ def _write_synced(path: Path, data: bytes, flags: int = 0, sync: bool = True) ->
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new name in directory ``path`` durable (best effort)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -106,7 +107,7 @@ class LocalBackend(Backend):
                 raise _named(e, loc) from e
             raise
         if durable:
-            _fsync_dir(loc.parent)
+            fsync_dir(loc.parent)
 
     def create_exclusive(self, loc, data: bytes) -> bool:
         tmp = loc.with_name(f"{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
