@@ -243,6 +243,38 @@ def test_dump_hdf5_round_trip_overwrite_append_error(rb, tmp_path):
     back.close()
 
 
+def test_an_interrupted_hdf5_append_leaves_the_file_as_it_was(rb, tmp_path, monkeypatch):
+    from zreplay.compat import hdf5
+
+    fill(rb, [6, 4])
+    f = tmp_path / "d.h5"
+    rb.dump(f)
+    h5_before = list(_h5_contents(f).items())
+    calls = []
+    append = hdf5._Column.append
+
+    def interrupted(self, *a, **kw):  # Ctrl-C once some columns have grown
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return append(self, *a, **kw)
+
+    monkeypatch.setattr(hdf5._Column, "append", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rb.dump(f, mode="append")
+    monkeypatch.undo()
+    assert list(_h5_contents(f).items()) == h5_before
+    rb.dump(f, mode="append")  # and the next append goes on from there
+    assert [len(e["reward"]) for e in zreplay.iter_hdf5(f)] == [6, 4, 6, 4]
+
+
+def _h5_contents(path) -> dict:
+    with h5py.File(path) as h:
+        out = {k: (h[k].shape, h[k][:].tobytes()) for k in h}
+        out["attrs"] = dict(h.attrs)
+    return out
+
+
 def test_dump_zarr_round_trip_and_dump_after_clear_writes_nothing(rb, tmp_path):
     fill(rb, [6, 4])
     rb.dump(tmp_path / "z", format="zarr")

@@ -20,7 +20,9 @@ column), and the ``zreplay`` attribute maps them back; how an episode ended is n
 (the flags are the last step's ``terminated``/``truncated`` columns, as when it was
 added).  ``mode="overwrite"`` writes a temporary file beside ``path`` and renames it in (an
 interrupted dump never leaves a half file under the name); ``"append"`` extends an
-existing file with the same columns; ``"error"`` refuses an existing path.
+existing file with the same columns, in place (an append that raises, Ctrl-C
+included, is rolled back: the file holds what it held before; a crash in the middle can
+leave it damaged, as HDF5 keeps no journal); ``"error"`` refuses an existing path.
 
 Readers take zreplay's files (version 2, and version 1 with ``ep_terminated`` /
 ``ep_truncated`` datasets and nested keys as groups) and stable-worldmodel's (no
@@ -72,10 +74,12 @@ def write_hdf5(
     batch is one resize and one write per dataset (see :class:`_Column`)."""
     import h5py
 
+    before = None
     if mode == "append" and path.exists():
         target, f = path, h5py.File(path, "a")
         try:
             columns, names = layout(f, path)
+            before = _extent(f)
         except BaseException:
             f.close()
             raise
@@ -119,14 +123,44 @@ def write_hdf5(
         f.flush()
     except BaseException:
         pool.shutdown(cancel_futures=True)
-        f.close()
-        if target != path:
-            target.unlink(missing_ok=True)
+        try:
+            if before is not None:
+                _roll_back(f, before)
+        finally:
+            f.close()
+            if target != path:
+                target.unlink(missing_ok=True)
         raise
     pool.shutdown()
     f.close()
     if target != path:
         _put_in_place(target, path)
+
+
+def _extent(f) -> tuple[dict[str, int], dict[str, Any]]:
+    """Rows of every root dataset and the root attributes: what an append rolls back to."""
+    import h5py
+
+    rows = {k: int(v.shape[0]) for k, v in f.items() if isinstance(v, h5py.Dataset)}
+    return rows, dict(f.attrs)
+
+
+def _roll_back(f, before: tuple[dict[str, int], dict[str, Any]]) -> None:
+    """Put an append that failed back: datasets cut to their rows before it (rows of a
+    rewritten last chunk are the same bytes), new ones removed, attributes restored."""
+    import h5py
+
+    rows, attrs = before
+    for name, node in list(f.items()):
+        if name not in rows:
+            del f[name]
+        elif isinstance(node, h5py.Dataset) and node.shape[0] != rows[name]:
+            node.resize(rows[name], axis=0)
+    for key in set(f.attrs) - set(attrs):
+        del f.attrs[key]
+    for key, value in attrs.items():
+        f.attrs[key] = value
+    f.flush()
 
 
 def _put_in_place(built: Path, path: Path) -> None:
