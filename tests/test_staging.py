@@ -13,6 +13,7 @@ import zarr
 from conftest import make_traj
 
 import zreplay
+from zreplay.engine.committer import Committer
 from zreplay.store.segment import Segment
 
 
@@ -30,11 +31,13 @@ class Gate:
         committer._write = gated
 
 
-def _buffer(path, n_staged: int, cache_size: int = 2, capacity: int | None = None):
+def _buffer(path, n_staged: int, cache_size: int = 2, capacity: int | None = None, so=None):
     """A buffer whose staging budget holds ``n_staged`` of make_traj's trajectories
-    (``capacity``: in trajectories), with its committer held (one trajectory committed
-    first, which fixes the schema)."""
-    probe = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path + ".probe")
+    (``capacity``: in trajectories; ``so``: storage options), with its committer held
+    (one trajectory committed first, which fixes the schema)."""
+    probe = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path + ".probe", storage_options=so
+    )
     probe.add_trajectories([make_traj(0)])
     row_bytes = probe.core.engine.schema.row_bytes
     rows = probe.get_stats()["total_samples"]
@@ -46,6 +49,7 @@ def _buffer(path, n_staged: int, cache_size: int = 2, capacity: int | None = Non
         sample_window_size=0,
         staging_bytes=n_staged * rows * row_bytes,
         capacity=None if capacity is None else capacity * rows,
+        storage_options=so,
     )
     buf.add_trajectories([make_traj(0)])
     buf.flush()
@@ -147,22 +151,29 @@ def test_staging_bytes_zero_waits_as_the_ring_alone(bufpath):
 
 @pytest.fixture
 def written(monkeypatch):
-    """Every block of ``actions`` rows the writer sends to disk, checked against what
-    make_traj put at those rows (``rows``: rows per trajectory, set by the test)."""
+    """Every block of ``actions`` rows the writer sends to disk, checked: rows of the
+    commit being written are what make_traj put there (``rows``: rows per trajectory,
+    set by the test); rows evicted before it (below its low row) are fill values."""
     wrong = []
-    seen = {"rows": 18}
-    orig = Segment.write_rows
+    seen = {"rows": 18, "low": 0}
+    write_rows, write = Segment.write_rows, Committer._write
 
     def spy(self, key, start, rows):
         if key == "actions":
-            tid, r = np.divmod(np.arange(start, start + len(rows)), seen["rows"])
+            at = np.arange(start, start + len(rows))
+            tid, r = np.divmod(at, seen["rows"])
             b, t = np.divmod(r, 6)  # make_traj's T=6: rows are env-major
-            want = (tid * 10000 + b * 100 + t).astype(np.float32)
-            if not np.array_equal(np.asarray(rows)[:, 0], want):
+            want = np.where(at < seen["low"], 0, tid * 10000 + b * 100 + t)
+            if not np.array_equal(np.asarray(rows)[:, 0], want.astype(np.float32)):
                 wrong.append((start, len(rows)))
-        return orig(self, key, start, rows)
+        return write_rows(self, key, start, rows)
+
+    def job_seen(self, job):  # the committer thread writes one job at a time
+        seen["low"] = job.commit.low_row
+        return write(self, job)
 
     monkeypatch.setattr(Segment, "write_rows", spy)
+    monkeypatch.setattr(Committer, "_write", job_seen)
     return seen, wrong
 
 
@@ -172,7 +183,8 @@ def test_rows_evicted_before_their_commit_are_never_written(tmp_path, written, w
     # evicted while waiting for the writer were written anyway, from ring slots that had
     # been reused or, once the ring regrew, never held them.  Uninitialised memory on
     # disk, and a bool chunk holding some could no longer be read at all ("Invalid bool
-    # value"), live rows included.  Every block written must be the rows added there.
+    # value"), live rows included.  Every block written must be the rows added there,
+    # or fill values for rows evicted before their commit.
     seen, wrong = written
     kw = {} if window is None else {"sample_window_size": window}
     for trial in range(5):
@@ -188,11 +200,13 @@ def test_rows_evicted_before_their_commit_are_never_written(tmp_path, written, w
             np.testing.assert_array_equal(view.trajectory(j)["dones"], make_traj(tid).dones)
 
 
-def test_a_held_writer_writes_only_rows_added(bufpath, written):
+def test_a_held_writer_writes_only_rows_added(shared_location, written):
     # The same with the writer held while adds evict rows it has not committed and the
-    # ring regrows to stage the rest.
+    # ring regrows to stage the rest; in an object store too, whose shard writer needs
+    # each shard written from its first row (it never reads back rows it did not write).
+    path, so = shared_location
     seen, wrong = written
-    buf, gate = _buffer(bufpath, n_staged=8, capacity=3)
+    buf, gate = _buffer(path, n_staged=8, capacity=3, so=so)
     seen["rows"] = rows = buf.get_stats()["total_samples"]
     try:
         t, added = _adder(buf, range(1, 9))  # 9 trajectories, 3 kept
@@ -203,9 +217,13 @@ def test_a_held_writer_writes_only_rows_added(bufpath, written):
         gate.open.set()
     buf.close()
     assert not wrong, f"rows written that were not the rows added there: {wrong}"
-    view = zreplay.open(bufpath)
+    view = zreplay.open(path, storage_options=so)
     assert [int(view.trajectory(i)["actions"][0, 0, 0]) // 10000 for i in range(3)] == [6, 7, 8]
-    # Trajectories 2-5 were evicted before any job covered them: never written, so
-    # plain zarr reads them as fill values.
-    seg = zarr.open_group(os.path.join(bufpath, "segments", "default"), mode="r")
-    assert not np.any(seg["data/actions"][2 * rows : 6 * rows])
+    for i in range(3):
+        np.testing.assert_array_equal(view.trajectory(i)["dones"], make_traj(6 + i).dones)
+    assert zreplay.verify(path, storage_options=so).ok
+    if so is None:
+        # Trajectories 2-5 were evicted before any job covered them: written as fill
+        # values or not at all, so plain zarr reads zeros.
+        seg = zarr.open_group(os.path.join(path, "segments", "default"), mode="r")
+        assert not np.any(seg["data/actions"][2 * rows : 6 * rows])

@@ -291,16 +291,11 @@ class Committer:
     def _write(self, job: Job) -> None:
         new, seg = job.commit, job.segment
         if seg is not None:
-            # Rows evicted before they were committed are never written: the tier may
-            # have reused (or, once regrown, never held) their slots, and garbage in a
-            # stored chunk is damage to its live rows (TensorStore rejects a bool chunk
-            # holding any byte but 0 and 1).
-            start, stop = max(job.rows[0], new.low_row), job.rows[1]
+            start, stop = job.rows
             seg.ensure_capacity(new.n_rows, new.n_traj, new.n_pieces)
             futs = []
             for key in job.keys if stop > start else ():
-                for row0, piece in job.tier.read_range(key, start, stop):
-                    futs.append(seg.write_rows(key, row0, piece))
+                futs += _write_key(seg, job.tier, key, start, new.low_row, stop)
             futs += seg.write_index(
                 job.first_traj, job.offsets, job.columns, job.first_piece, job.pieces
             )
@@ -341,6 +336,27 @@ class Committer:
             with self.cond:
                 self._reclaiming = False
                 self.cond.notify_all()
+
+
+def _write_key(seg, tier, key: str, start: int, low: int, stop: int) -> list:
+    """Write rows ``[start, stop)`` of ``key`` from the tier, except rows below ``low``
+    (evicted before their commit): the tier may have reused their slots, or (once it
+    regrew) never held them, and garbage in a stored chunk damages its live rows too
+    (TensorStore rejects a bool chunk holding any byte but 0 and 1).  Shards wholly
+    below ``low`` are skipped; the evicted rows in the shard of ``low`` are written as
+    fill values, so every shard is still written from its first row on (what an object
+    store's shard writer needs: it never reads back rows it did not write)."""
+    shard = seg.layouts[key].shard_rows
+    first = max(start, min(low, low // shard * shard))
+    futs = []
+    if first < low:
+        spec = seg.schema.specs[key]
+        futs.append(
+            seg.write_rows(key, first, np.zeros((low - first, *spec.row_shape), spec.dtype))
+        )
+    for row0, piece in tier.read_range(key, max(first, low), stop):
+        futs.append(seg.write_rows(key, row0, piece))
+    return futs
 
 
 def claimed_id(previous: int, ids: np.ndarray) -> int:
