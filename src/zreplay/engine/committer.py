@@ -347,7 +347,7 @@ def _write_key(seg, tier, key: str, start: int, low: int, stop: int) -> list:
     fill values, so every shard is still written from its first row on (what an object
     store's shard writer needs: it never reads back rows it did not write)."""
     shard = seg.layouts[key].shard_rows
-    first = max(start, min(low, low // shard * shard))
+    first = max(start, low // shard * shard)
     futs = []
     if first < low:
         spec = seg.schema.specs[key]

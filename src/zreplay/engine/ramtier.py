@@ -5,7 +5,7 @@ newest ``window`` rows (the RAM tier proper: what committed data is read from RA
 every row not yet committed.  The ring is also the writer's staging area, so a row is
 never overwritten before it is committed or evicted (the writer waits for its committer
 before reserving rows that would overwrite uncommitted ones; the committer never writes
-a row evicted before its commit, whose slot may be reused); ``capacity - window`` slots are
+a row evicted before its commit from its slot, which may be reused); ``capacity - window`` slots are
 room for rows staged beyond the window while the committer catches up.
 
 Invariants: ``hi - lo <= capacity``; rows below ``hi - window`` are held only while

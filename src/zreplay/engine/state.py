@@ -33,7 +33,7 @@ class SegmentState:
     index.n_rows`` between adds (an add reserves tier rows first and publishes them to the
     index last), rows ``[tier.lo, tier.hi)`` are in RAM and visible rows ``>=
     commit.n_rows`` are only there (the tier drops an uncommitted row only once it is
-    evicted, and an evicted row is never written); trajectory ids (``next_trajectory_id``),
+    evicted, and an evicted row is never written from it); trajectory ids (``next_trajectory_id``),
     episode ids (``next_episode``) and rows only grow: nothing is ever renumbered, except
     that :meth:`reopen` replaces everything with what a commit on disk says.
     """
