@@ -276,7 +276,8 @@ def act(name: str, paths: dict, so, before: State | None = None, after: State | 
 
 
 def look(observed: str, paths: dict, so, prioritized=False, used_ids=None) -> State:
-    """The state of what scenario's ``observed`` names."""
+    """The state of what a scenario's ``observed`` names (a buffer, an RLinf export, an
+    HDF5 file)."""
     if observed == "rlinf":
         return observe_rlinf(paths["ckpt"])
     if observed == "hdf5":
