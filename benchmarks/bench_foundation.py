@@ -31,7 +31,9 @@ from benchlib import (
     copy_tree,
     dir_bytes,
     machine_info,
+    nest,
     repeat,
+    rlinf_image_trajectory,
     run_child,
     stats,
     warm_page_cache,
@@ -143,20 +145,11 @@ def make_frames(rng: np.random.Generator, n_frames: int) -> np.ndarray:
 
 
 def make_trajectory(seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    frames = make_frames(rng, T + 1)
-    states = np.cumsum(rng.normal(0, 0.05, (T + 1, B, 16)), axis=0).astype(np.float32)
-    dones = np.zeros((T, B, 4), bool)
-    dones[-1] = True
-    return {
-        "actions": rng.standard_normal((T, B, 28), dtype=np.float32),
-        "rewards": (rng.random((T, B, 4)) < 0.05).astype(np.float32),
-        "dones": dones,
-        "terminations": dones.copy(),
-        "truncations": np.zeros((T, B, 4), bool),
-        "curr_obs": {"main_images": frames[:T].copy(), "states": states[:T].copy()},
-        "next_obs": {"main_images": frames[1:].copy(), "states": states[1:].copy()},
-    }
+    """benchlib's RLinf-like trajectory with this benchmark's own frames (its recorded
+    figures were measured on them)."""
+    return nest(
+        rlinf_image_trajectory(seed, T, B, H, W, frames_of=lambda rng, n, *_: make_frames(rng, n))
+    )
 
 
 def small_trajectory(seed: int) -> dict:

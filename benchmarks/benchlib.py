@@ -518,11 +518,14 @@ def sim_frames(rng: np.random.Generator, n: int, b: int, h: int = 64, w: int = 6
     return np.clip(out, 0, 255).astype(np.uint8)
 
 
-def rlinf_image_trajectory(seed: int, T: int = 50, B: int = 8, h: int = 64, w: int = 64) -> dict:
-    """One RLinf-like embodied trajectory [T, B] as flat key paths: ``sim_frames`` images,
-    16-d states, 28-d action chunks, rewards and flags (the last step ends every lane)."""
+def rlinf_image_trajectory(
+    seed: int, T: int = 50, B: int = 8, h: int = 64, w: int = 64, frames_of=None
+) -> dict:
+    """One RLinf-like embodied trajectory [T, B] as flat key paths: images
+    (``frames_of(rng, T + 1, B, h, w)``, default ``sim_frames``), 16-d states, 28-d
+    action chunks, rewards and flags (the last step ends every lane)."""
     rng = np.random.default_rng(seed)
-    frames = sim_frames(rng, T + 1, B, h, w)
+    frames = (frames_of or sim_frames)(rng, T + 1, B, h, w)
     states = np.cumsum(rng.normal(0, 0.05, (T + 1, B, 16)), 0).astype(np.float32)
     dones = np.zeros((T, B, 4), bool)
     dones[-1] = True
