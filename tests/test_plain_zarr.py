@@ -75,7 +75,7 @@ def test_format_2_buffers_are_read_and_upgraded_by_their_next_writer(tmp_path):
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="a")
     assert len(buf) == 2 and buf.add_trajectories([make_traj(5)])[0] == 2
     buf.flush()
-    assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == 3
+    assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == 4
     assert not (path / "segments" / "a" / "commit.json").exists()
     assert (path / "segments" / "a" / "zreplay" / "commit.json").is_file()
     assert sorted(os.listdir(path / "zreplay" / "writers")) == ["0", "1"]  # claims kept

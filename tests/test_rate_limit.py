@@ -255,3 +255,89 @@ def test_one_thread_adding_and_sampling_does_not_wait_for_its_own_publish(loc):
         learner.sample(36)
     learner.close()
     actor.close()
+
+
+def test_a_clear_counts_no_inserts(loc):
+    """clear() moves the row numbers on to a shard boundary (65536 rows here); counted as
+    inserts, the learner was owed tens of thousands of samples from a few hundred rows
+    and the writer, far 'ahead', waited forever."""
+    lim = SampleToInsertRatio(1.0, ROWS, error_buffer=2 * ROWS, timeout_s=0.3, publish_every_s=0)
+    w = writer(loc, rate_limiter=lim, sample_window_size=0)
+    w.add_trajectories([make_traj(0), make_traj(1)])
+    w.flush()
+    learner = zreplay.open(loc[0], rate_limiter=lim, learner_id="L")
+    learner.sample(36)
+    w.clear()
+    w.add_trajectories([make_traj(2), make_traj(3)])  # within bounds: no wait
+    w.flush()
+    assert w.core.engine.commit.n_rows > 65536  # the row numbers did jump
+    learner.refresh()
+    assert sum(c.inserted for _, c in learner.core.engine.commits()) == 4 * ROWS
+    learner.sample(36 + 2 * ROWS)  # what 72 inserts allow (plus the error buffer) ...
+    with pytest.raises(RateLimitTimeout):
+        learner.sample(1)  # ... and not a sample more
+    learner.close()
+    w.close()
+
+
+# -- waits end when their owner closes ----------------------------------------------------
+
+
+def test_leaving_a_prefetch_block_ends_a_rate_limited_wait_at_once(loc):
+    """The prefetch thread waits for rows that never come (no timeout); leaving the
+    block took 30 s and leaked the thread."""
+    lim = MinSize(10 * ROWS)  # timeout_s=None: waits forever
+    w = writer(loc, rate_limiter=lim, learner_id="L", sample_window_size=0)
+    w.add_trajectories([make_traj(0)])
+    w.flush()
+    with w.prefetch(8) as batches:
+        time.sleep(0.3)  # the thread is waiting in the limiter now
+        thread = batches._thread
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 2.0
+    thread.join(2.0)
+    assert not thread.is_alive()
+    w.close()
+
+
+def test_closing_a_buffer_ends_a_wait_of_another_thread(loc):
+    empty_buffer(loc)
+    view = zreplay.open(loc[0], rate_limiter=MinSize(ROWS))  # waits forever: no rows
+    got = []
+
+    def learner():
+        try:
+            view.sample(4)
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            got.append(e)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    view.close()
+    t.join(2.0)
+    assert not t.is_alive() and time.monotonic() - t0 < 2.0
+    assert isinstance(got[0], zreplay.BufferClosedError), got
+
+
+def test_closing_a_dataset_iterator_ends_its_wait_for_rows(loc):
+    """ReplayDataset polls until its buffer holds min_size; a closed iterator's
+    prefetch thread slept out its poll_s (and leaked past close's 30 s join)."""
+    w = writer(loc, sample_window_size=0)
+    w.add_trajectories([make_traj(0)])
+    w.flush()
+    ds = zreplay.ReplayDataset(w, batch_size=4, min_size=1, poll_s=60.0)
+    it = iter(ds)
+    next(it)
+    w.clear()  # the next batches wait for a trajectory that never comes
+    time.sleep(0.3)
+    threads = [t for t in threading.enumerate() if t.name == "zreplay-prefetch"]
+    assert threads
+    t0 = time.monotonic()
+    it.close()  # what dropping the iterator does
+    for t in threads:
+        t.join(2.0)
+    assert time.monotonic() - t0 < 2.0
+    assert not any(t.is_alive() for t in threads)
+    w.close()

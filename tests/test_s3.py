@@ -203,6 +203,8 @@ class Requests:
 
     def _wrap(self, name, fn):
         def call(*args, **kwargs):
+            if threading.current_thread().name == "zreplay-lease":
+                return fn(*args, **kwargs)  # the writer lock's renewals, every lease/6
             self.calls[name] = self.calls.get(name, 0) + 1
             if name == "get":
                 for _, rng in args[0]:

@@ -2,7 +2,9 @@
 
 ``Prefetcher(fn, depth)`` calls ``fn()`` on a daemon thread and keeps up to ``depth``
 results ready.  An exception in ``fn`` is re-raised by the consumer's next ``next()``
-(RLinf's preload thread dies silently and its consumer spins forever instead).
+(RLinf's preload thread dies silently and its consumer spins forever instead), and a
+wait inside ``fn`` (a rate limiter holding the learner back, a dataset waiting for rows)
+ends as soon as :meth:`Prefetcher.close` is called.
 
 Every live prefetcher is stopped at interpreter exit, before native libraries shut down:
 a daemon thread still inside a TensorStore read when that happens aborts the process
@@ -18,6 +20,8 @@ import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from ..core.waits import Interrupted, stopped_by
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -44,7 +48,10 @@ class Prefetcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                item = (True, self._fn())
+                with stopped_by(self._stop):  # a wait inside fn() ends when close() is called
+                    item = (True, self._fn())
+            except Interrupted:
+                return
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 item = (False, e)
             while not self._stop.is_set():

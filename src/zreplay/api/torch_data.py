@@ -24,6 +24,8 @@ import torch
 import torch.utils.data
 
 from ..core.ranks import distributed, rank_block, resolve_rank
+from ..core.waits import pause
+from ..numbers import as_int
 from .batches import index_tree
 from .prefetch import Prefetcher
 from .view import BufferView
@@ -101,8 +103,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         sample: Callable[[Any, int], Any] | None = None,
         poll_s: float = 0.05,
     ):
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        batch_size = as_int(batch_size, "batch_size", minimum=1)
         if not 0.0 <= demo_ratio <= 1.0:
             raise ValueError(f"demo_ratio must lie in [0, 1], got {demo_ratio}")
         self.buffer, self.demo = buffer, demo
@@ -118,7 +119,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
 
     def _batch(self) -> Any:
         while not self._ready():
-            time.sleep(self.poll_s)
+            pause(self.poll_s)  # ends when the prefetcher running this is closed
             for b in (self.buffer, self.demo):
                 if isinstance(b, BufferView):
                     b.refresh()

@@ -26,6 +26,7 @@ from ..compat.rlinf_files import check_trajectory_format, export_rlinf, load_int
 from ..compat.rlinf_trajectory import prepare_all
 from ..core import BufferCore, RamPolicy, RandomStream, RateLimiter
 from ..errors import DeviceUnavailableError
+from ..numbers import as_int
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
@@ -217,8 +218,7 @@ class TrajectoryReplayBuffer:
         ``pin_memory=True`` that memory is page-locked, so a following ``device="cuda"``
         copy is asynchronous (``non_blocking``); without CUDA it is ignored with a warning.
         """
-        if num_chunks <= 0:
-            raise ValueError(f"num_chunks must be > 0, got {num_chunks}")
+        num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
         if problem := device_problem(device):
             raise DeviceUnavailableError(problem)
         kw = {"device": device, "pin_memory": pin_memory, "version": version}
@@ -351,6 +351,8 @@ class TrajectoryReplayBuffer:
         random stream; a rank's load seeds a rank-specific stream.  ``load_path`` may be
         an ``s3://`` URL (``storage_options`` default to this buffer's own).
         """
+        local_rank = as_int(local_rank, "local_rank")
+        world_size = as_int(world_size, "world_size", minimum=1)
         src = locate(load_path, storage_options or self.core.storage_options)
         load_into(self.core, src, local_rank, world_size, is_distributed, allow_pickle)
 

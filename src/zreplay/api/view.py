@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core import BufferCore
 from ..index.episodes import EpisodeView
+from ..numbers import as_int
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import unflatten
@@ -213,8 +214,7 @@ class BufferView:
         nested dict of numpy arrays; a prioritized sampler adds ``index`` (int64 ``[n]``)
         and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips.
         ``version``: the policy version being trained (``Staleness`` weighs rows by it)."""
-        if n <= 0:
-            raise ValueError(f"n must be > 0, got {n}")
+        n = as_int(n, "n", minimum=1)
         return unflatten(self.core.sample(n, keys, version=version))
 
     def __getitem__(self, i: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..numbers import as_array, check_json
 from ..sampling.samplers.base import Context, Drawn, Sampler, Units, claim
 
 
@@ -25,6 +26,9 @@ class BoundSampler:
     buffer per prioritized sampler); ``owner`` is what a hook receives as ``buffer``."""
 
     def __init__(self, sampler: Sampler, core: Any, owner: Any):
+        # Its state is saved with every commit: refuse what JSON cannot hold now, on
+        # the caller's line, not in the background writer later.
+        check_json(sampler.state_dict(), f"{type(sampler).__name__}.state_dict()")
         claim(sampler, core)
         self.sampler = sampler
         self._owner = owner
@@ -61,10 +65,10 @@ class BoundSampler:
     # -- priorities -----------------------------------------------------------------
 
     def update_priorities(self, space, index, priorities) -> int:
-        return self.sampler.update_priorities(space, _as_numpy(index), _as_numpy(priorities))
+        return self.sampler.update_priorities(space, as_array(index), as_array(priorities))
 
     def priorities(self, space, index) -> np.ndarray:
-        return self.sampler.priorities(space, _as_numpy(index))
+        return self.sampler.priorities(space, as_array(index))
 
     def priorities_to_save(self, space, n_rows: int, explicit: bool):
         """``(meta, leaves)`` to save with a commit of ``n_rows`` rows, or None: nothing
@@ -110,9 +114,3 @@ class BoundSampler:
         self.load_state(state)
         if self.sampler.prioritized and state.get("priorities") is not None:
             self.sampler.load_priorities_state(state["priorities"], space())
-
-
-def _as_numpy(x) -> np.ndarray:
-    if type(x).__module__.startswith("torch"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)

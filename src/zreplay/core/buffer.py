@@ -14,6 +14,7 @@ Everything a facade needs is a public method here; see README "The buffer core".
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from ..engine.reader import BufferReader
 from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, ReadOnlyError
 from ..index.episodes import EpisodeView
+from ..numbers import as_int, as_optional_float
 from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
@@ -38,6 +40,8 @@ from .staging import staged_replacement
 from .stream import RandomStream
 
 __all__ = ["BufferCore", "Prepared", "TrajectoryRecord"]
+
+log = logging.getLogger("zreplay")
 
 
 class BufferCore:
@@ -56,6 +60,7 @@ class BufferCore:
         self._is_reader = not engine.writable
         self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
         self.rate: RateGate | None = None
+        self._state_error: TypeError | None = None  # the writer could not save state()
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -192,13 +197,14 @@ class BufferCore:
     def pick(self, n: int, step: int | None = None, version=None):
         """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
         taken now unless ``step`` is given); ``version``: the caller's policy version."""
-        if int(n) <= 0:
-            raise ValueError(f"the number of samples must be > 0, got {n}")
+        n = as_int(n, "the number of samples", minimum=1)
+        version = as_optional_float(version, "version")
+        step = None if step is None else as_int(step, "step")
         if self.rate is not None:  # a rate-limited learner waits, then counts them
-            self.rate.before_sample(int(n))
-            self.rate.sampled(int(n))
+            self.rate.before_sample(n)
+            self.rate.sampled(n)
         step = self.stream.take_step(step)
-        return self._bound.pick(self.stream.rng, int(n), step, version)
+        return self._bound.pick(self.stream.rng, n, step, version)
 
     def sample(
         self, n: int, keys: list[str] | None = None, alloc=None, version=None
@@ -207,11 +213,13 @@ class BufferCore:
         for a prioritized sampler), or ``n`` clips for a sampler with a clip shape.
         ``alloc(name, shape, dtype)`` provides each data output (rows only); ``version``:
         the policy version now trained (``Staleness`` weighs rows by it)."""
+        n = as_int(n, "the number of samples", minimum=1)
+        version = as_optional_float(version, "version")
         clips = self._bound.sampler.clips
         if clips is not None:
             return self.sample_clips(clips, n, keys, version=version)
         if self.rate is not None:
-            self.rate.before_sample(int(n))
+            self.rate.before_sample(n)
         extra: dict = {}
         box: dict = {}
 
@@ -228,7 +236,7 @@ class BufferCore:
 
         _, out = self.read(draw, alloc)
         if self.rate is not None:
-            self.rate.sampled(int(n))
+            self.rate.sampled(n)
         return plans.add_extra(out, extra)
 
     def sample_clips(
@@ -323,6 +331,12 @@ class BufferCore:
         """Block until everything added is committed (with the sampler state)."""
         if self.writable:
             self.engine.flush()
+            error, self._state_error = self._state_error, None
+            if error is not None:
+                raise TypeError(
+                    f"everything added is committed, but not the sampler state: {error}. "
+                    "The buffer keeps the last sampler state it saved until that is fixed"
+                ) from None
 
     def clear(self) -> None:
         """Remove every trajectory (on disk too) in one commit; rows, ids and the random
@@ -395,3 +409,7 @@ class BufferCore:
 
     def save_failed(self) -> None:
         self._bound.save_failed()
+
+    def state_failed(self, error: TypeError) -> None:
+        log.error("zreplay: the sampler state was not saved with a commit: %s", error)
+        self._state_error = error

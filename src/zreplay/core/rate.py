@@ -8,8 +8,9 @@ inserted, making learners wait when they are ahead and writers when they are.
 
 Here the counts come from files every party can read (local disk, NFS, S3):
 
-* rows inserted: the segments' commit records (``n_rows`` counts every row a segment
-  ever committed; a writer adds the rows it has not committed yet);
+* rows inserted: the segments' commit records (``inserted`` counts every row a
+  segment's adds committed, not the row numbers a clear skips; a writer adds the rows
+  it has not committed yet);
 * samples: each learner publishes its own count in a progress file
   (:mod:`zreplay.store.progress`), at most every ``publish_every_s`` and whenever it is
   about to wait.
@@ -35,10 +36,11 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import weakref
 
-from ..errors import RateLimitTimeout
+from ..errors import BufferClosedError, RateLimitTimeout
 from ..store.progress import (
     LearnerProgress,
     committed_rows,
@@ -46,6 +48,7 @@ from ..store.progress import (
     read_all_progress,
     read_progress,
 )
+from .waits import Interrupted, pause
 
 log = logging.getLogger("zreplay")
 
@@ -165,6 +168,7 @@ class RateGate:
         self.root = core.engine.root
         self._seen: dict[str, tuple[int, float]] = {}  # learner -> (seq, when it changed)
         self._published = -math.inf
+        self._closing = threading.Event()  # set by close(): waits end at once
         self.me: LearnerProgress | None = None
         if learner_id is not None:
             self.root.create_meta_node(self.root.path)  # a format-2 root has none yet
@@ -186,11 +190,13 @@ class RateGate:
         eng = self.core.engine
         if eng.writable:
             inserted, visible = committed_rows(self.root, skip=eng.writer_id)
-            return inserted + eng.state.index.n_rows, visible + eng.num_rows
+            c = eng.commit  # its committed inserts, and the rows added since
+            mine = c.inserted + eng.state.index.n_rows - c.n_rows
+            return inserted + mine, visible + eng.num_rows
         if refresh:
             self.core.refresh()
-        rows = [(c.n_rows, c.n_rows - c.low_row) for _, c in eng.segments()]
-        return sum(r[0] for r in rows), sum(r[1] for r in rows)
+        commits = [c for _, c in eng.commits()]
+        return sum(c.inserted for c in commits), sum(c.n_rows - c.low_row for c in commits)
 
     @staticmethod
     def diff(lim: dict, inserted: int, p: LearnerProgress) -> float:
@@ -233,7 +239,9 @@ class RateGate:
 
     def close(self) -> None:
         """Publish the final count and that this learner stopped (writers stop waiting
-        for it)."""
+        for it); a sample or add of this buffer waiting in another thread stops waiting
+        (``BufferClosedError``)."""
+        self._closing.set()
         if self.me is not None and not self.me.closed:
             self.me.closed = True
             self.publish()
@@ -301,7 +309,15 @@ class RateGate:
                 log.warning("zreplay: %s has waited %.0f s: %s", what, waited, reason)
                 warned = time.monotonic()
             sleep = delay if lim.timeout_s is None else min(delay, lim.timeout_s - waited)
-            time.sleep(max(sleep, 0.0))
+            try:
+                pause(sleep, self._closing)
+            except Interrupted as e:
+                if e.event is not self._closing:
+                    raise  # its thread's owner (a prefetcher) was closed
+                raise BufferClosedError(
+                    f"{what} on {self.core.path} was waiting ({reason}) when the buffer "
+                    "was closed; nothing was done"
+                ) from None
             delay = min(delay * 1.5, 10 * lim.poll_s)
             reason = blocker()
             if reason is None:

@@ -11,21 +11,29 @@ disk read needs them.
 
 The owner is duck-typed (no import of the writer): it offers ``cond`` (its condition),
 ``commit``, ``segment``, ``layouts``, ``seg_dir``, ``durable``, ``priority_arrays()``,
-``next_job(explicit)`` and ``committed(commit, job)`` / ``job_failed(job)`` (called with
-``cond`` held).
+``check_lock(fresh)`` (``WriterLockedError`` once another writer took its lock over),
+``next_job(explicit)``, ``committed(commit, job)`` / ``job_failed(job, error)`` (called
+with ``cond`` held) and ``lock_lost(error)``.
+
+The thread never dies silently: whatever building or writing a commit raises is kept
+(``error``) and reported to the next ``flush()`` or add, which retry; a lost lock stops
+the writer for good (every later call raises ``WriterLockedError``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
-from ..errors import BufferClosedError, WriteFailedError
-from ..store.commit import Commit, write_commit
+from ..errors import BufferClosedError, WriteFailedError, WriterLockedError, ZReplayError
+from ..numbers import check_json
+from ..store.commit import Commit, new_contents, write_commit
 from ..store.priority import next_copy
 
 log = logging.getLogger("zreplay")
@@ -66,18 +74,33 @@ class StateSource(Protocol):
     def save_failed(self) -> None:
         """The commit carrying the last leaves handed out was not published."""
 
+    def state_failed(self, error: TypeError) -> None:
+        """Its state could not be saved (JSON cannot hold it); the commit carried the
+        last state saved instead."""
+
 
 def sampler_state(
-    source: StateSource | None, named: dict | None, n_rows: int | None, explicit: bool
+    source: StateSource | None,
+    named: dict | None,
+    n_rows: int | None,
+    explicit: bool,
+    previous: dict | None = None,
 ) -> tuple[dict, tuple[int, int, np.ndarray] | None]:
     """The sampler state a commit carries and the priorities to write before it is
     published: ``(state, (slot, first row, leaves) or None)``.  ``named``: the priority
     copy the current commit names (carried on when nothing new is saved; a new save goes
     to the other copy).  Priorities are only saved with commits of new rows (``n_rows``
-    given)."""
+    given).  A state JSON cannot hold (a sampler attribute set to a numpy scalar after
+    it was bound) never holds the rows back: the commit carries ``previous`` (the last
+    commit's state) instead, and the source hears why (``state_failed``)."""
     if source is None:
         return {}, None
     state = dict(source.state())
+    try:
+        check_json(state, "the sampler state")
+    except TypeError as e:
+        source.state_failed(e)
+        return dict(previous or {}), None
     if not source.keeps_priorities:
         return state, None
     got = source.priorities_to_save(n_rows, explicit) if n_rows is not None else None
@@ -144,6 +167,8 @@ def build_job(
         low_piece=p_low,
         next_episode=next_episode,
         writer_number=old.writer_number,
+        contents=old.contents or new_contents(),
+        inserted=old.inserted + int(index.offsets[stop]) - old.n_rows,
     )
     return Job(
         commit=new,
@@ -169,7 +194,10 @@ class Committer:
         self.error: BaseException | None = None
         self.reported = False  # the caller has seen self.error
         self.stopping = False
+        self.dead: BaseException | None = None  # what stopped the thread, if not stop()
+        self.gone: Exception | None = None  # why the writer gave up (abandon)
         self._disk_readers = 0
+        self._quiescing = 0
         self._reclaiming = False
         self.thread = threading.Thread(target=self._loop, name="zreplay-writer", daemon=True)
         self.thread.start()
@@ -190,20 +218,40 @@ class Committer:
             self.cond.wait(0.5)
 
     def raise_error(self) -> None:
-        if self.error is not None:
-            e, c = self.error, self.owner.commit
-            self.reported = True
+        e = self.error
+        if e is None:
+            return
+        c = self.owner.commit
+        self.reported = True
+        kept = (
+            f"the last commit (gen {c.gen}, {c.n_traj} trajectories) is intact and what was "
+            "added since is held in memory, not on disk"
+        )
+        if isinstance(e, ZReplayError) and not isinstance(e, WriteFailedError):
+            # zreplay's own finding (damage, a lost lock): same class, what to do in it.
+            raise type(e)(f"the background writer could not commit: {e}; {kept}") from e
+        cause = "disk space, permissions" if _io_error(e) else "see the error above"
+        raise WriteFailedError(
+            f"the background writer failed ({type(e).__name__}: {e}); {kept}. Fix the cause "
+            f"({cause}); flush() retries the write (and so does the next add)"
+        ) from e
+
+    def check_alive(self) -> None:
+        """``WriteFailedError`` if the thread is gone although nobody stopped it (it
+        never should be: see the module docstring)."""
+        if not self.thread.is_alive() and not self.stopping:
+            c = self.owner.commit
             raise WriteFailedError(
-                f"the background writer failed ({type(e).__name__}: {e}); the last commit "
-                f"(gen {c.gen}, {c.n_traj} trajectories) is intact and what was added since "
-                "is held in memory, not on disk. Fix the cause (disk space, permissions); "
-                "flush() retries the write (and so does the next add)"
-            ) from e
+                f"the writer thread is gone ({self.dead!r}; interpreter shutting down?); the "
+                f"last commit (gen {c.gen}) is intact, nothing added since can be committed: "
+                "reopen the buffer"
+            )
 
     def before_add(self) -> None:
         """An add after a failed commit reports the failure once (that add adds nothing);
         later adds retry the commit, as flush() does (condition not held)."""
         with self.cond:
+            self.check_alive()
             if self.error is None:
                 return
             if not self.reported:
@@ -224,11 +272,11 @@ class Committer:
             target = self.explicit = self.want
             while self.done < target:
                 self.raise_error()
+                if self.gone is not None:
+                    raise self.gone
                 if not self.thread.is_alive():
-                    raise WriteFailedError(
-                        "the writer thread is gone (interpreter shutting down?); the last "
-                        f"commit (gen {self.owner.commit.gen}) is intact"
-                    )
+                    self.check_alive()
+                    raise BufferClosedError("the buffer was closed while flush() waited")
                 self.cond.wait(0.5)
 
     def stop(self) -> None:
@@ -238,18 +286,42 @@ class Committer:
             self.cond.notify_all()
         self.thread.join()
 
-    def abandon(self) -> None:
+    def abandon(self, why: Exception | None = None) -> None:
         """Stop without committing anything more (the writer's state is stale; condition
-        held or not: the thread exits when it next looks)."""
+        held or not: the thread exits when it next looks); ``why`` is raised by flushes
+        waiting for it."""
         self.stopping = True
         self.want = self.done
         self.error = None
+        self.gone = why
 
-    def begin_disk_read(self) -> None:
-        """A reader is about to read committed rows from disk: hold off shard deletion."""
-        while self._reclaiming:
+    def begin_disk_read(self) -> bool:
+        """A reader is about to read committed rows from disk (condition held): hold off
+        shard deletion.  False if the reader's snapshot went stale while it waited (a
+        clear or replace ran: draw again on a new snapshot)."""
+        stale = False
+        while self._reclaiming or self._quiescing:
+            stale = stale or bool(self._quiescing)
             self.cond.wait()
+        if stale:
+            return False
         self._disk_readers += 1
+        return True
+
+    @contextlib.contextmanager
+    def quiescent(self) -> Iterator[None]:
+        """With the condition held: wait until no in-process read of committed rows from
+        disk is in flight, and keep new ones from starting in the block (the files they
+        read are about to be removed or moved: a clear, a replace); readers that had
+        their snapshot before draw again (``begin_disk_read``)."""
+        self._quiescing += 1
+        try:
+            while self._disk_readers:
+                self.cond.wait()
+            yield
+        finally:
+            self._quiescing -= 1
+            self.cond.notify_all()
 
     def end_disk_read(self) -> None:
         with self.cond:
@@ -259,6 +331,15 @@ class Committer:
     # -- the thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - kept for check_alive(), never silent
+            log.exception("zreplay: the writer thread stopped")
+            with self.cond:
+                self.dead = e
+                self.cond.notify_all()
+
+    def _serve(self) -> None:
         owner = self.owner
         while True:
             with self.cond:
@@ -267,28 +348,45 @@ class Committer:
                 if self.stopping and (self.done >= self.want or self.error):
                     return
                 target = self.want
-                job = owner.next_job(self.explicit > self.done)
+                try:
+                    job = owner.next_job(self.explicit > self.done)
+                except BaseException as e:  # noqa: BLE001 - surfaced by flush()/add()
+                    self._failed(e, None)
+                    continue
             try:
                 self._write(job)
-            except BaseException as e:  # surfaced to the caller by flush()/add()
-                log.error("zreplay writer failed: %r", e)
+            except BaseException as e:  # noqa: BLE001 - surfaced by flush()/add()
                 with self.cond:
-                    self.error, self.reported = e, False
-                    owner.job_failed(job)
-                    self.cond.notify_all()
+                    self._failed(e, job)
                 continue
             with self.cond:
                 owner.committed(job.commit, job)
                 self.cond.notify_all()
             # A flush returns once the shards its commit evicted are deleted too (adds no
             # longer wait for every commit, so one commit may evict many trajectories).
-            self._reclaim(job.commit)
+            try:
+                self._reclaim(job.commit)
+            except Exception as e:  # noqa: BLE001 - shards are deleted by a later commit
+                log.warning("zreplay: could not reclaim evicted shards: %r", e)
             if job.complete:
                 with self.cond:
                     self.done = target
                     self.cond.notify_all()
 
+    def _failed(self, e: BaseException, job: Job | None) -> None:
+        """A commit failed (condition held): keep the error for the caller."""
+        log.error("zreplay writer failed: %r", e)
+        self.error, self.reported = e, False
+        if job is not None:
+            self.owner.job_failed(job, e)
+        if isinstance(e, WriterLockedError):
+            self.owner.lock_lost(e)
+        self.cond.notify_all()
+
     def _write(self, job: Job) -> None:
+        # A writer whose lock was taken over writes nothing: checked before the rows and
+        # again before the commit (the rows of a commit never published are garbage).
+        self.owner.check_lock(fresh=True)
         new, seg = job.commit, job.segment
         if seg is not None:
             start, stop = job.rows
@@ -304,6 +402,7 @@ class Committer:
         if job.priorities is not None:
             slot, low, leaves = job.priorities
             self.owner.priority_arrays().write(slot, low, leaves)
+        self.owner.check_lock(fresh=True)
         write_commit(self.owner.seg_dir, new, durable=self.owner.durable)
 
     def _reclaim(self, commit: Commit) -> None:
@@ -322,6 +421,7 @@ class Committer:
             # Announce first, so readers in other processes can tell their rows are gone.
             announced = replace(commit, reclaimed_below=target, gen=commit.gen + 1)
             try:
+                owner.check_lock(fresh=True)
                 write_commit(owner.seg_dir, announced, durable=owner.durable)
             except OSError as e:
                 log.warning("zreplay: could not announce shard reclaim: %r", e)
@@ -362,3 +462,12 @@ def _write_key(seg, tier, key: str, start: int, low: int, stop: int) -> list:
 def claimed_id(previous: int, ids: np.ndarray) -> int:
     """The next unused id once ``ids`` are committed after ids below ``previous``."""
     return max(previous, int(ids.max(initial=-1)) + 1)
+
+
+def _io_error(e: BaseException) -> bool:
+    """Whether ``e`` looks like a failed read or write of the store (an ``OSError``, or
+    TensorStore's error naming a file operation)."""
+    if isinstance(e, OSError):
+        return True
+    text = str(e).lower()
+    return any(w in text for w in ("error writing", "error reading", "no space", "permission"))

@@ -16,15 +16,16 @@ of using handles (and TensorStore threads) inherited from its parent.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import EmptyBufferError
+from ..errors import CorruptBufferError, EmptyBufferError, FormatError
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
-from ..store.commit import Commit, read_commit
+from ..store.commit import Commit, read_commit, same_contents
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
@@ -32,6 +33,11 @@ from .colcache import DEFAULT_BUDGET, ColumnCache
 from .gather import Evicted, Part, Snapshot, as_requests, gather
 
 RETRIES = 5
+
+
+class _MovedOn(Exception):
+    """What a refresh read was replaced meanwhile (a clear, a loaded checkpoint, the
+    buffer started afresh): read again."""
 
 
 class _SegmentState:
@@ -52,9 +58,16 @@ class _SegmentState:
         """Has the writer, since this state was read, published a commit under which
         ``row`` is gone (evicted and its shard reclaimed, or the segment cleared or
         replaced)?  Then a failed read of it is no damage: draw again."""
-        now = read_commit(self.segment.dir)
-        if now is None or now.gen == self.commit.gen:
+        try:
+            now = read_commit(self.segment.dir)
+        except CorruptBufferError:
             return False
+        if now is None:
+            return True  # the buffer was removed (overwrite=True) under the reader
+        if now.gen == self.commit.gen and now.contents == self.commit.contents:
+            return False
+        if same_contents(self.commit, now) is False:
+            return True
         return row < now.low_row or now.reclaimed_below > row or now.n_rows < self.commit.n_rows
 
 
@@ -73,7 +86,10 @@ def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str
 
 
 def _continues(old: _SegmentState, new: _SegmentState) -> bool:
-    j = old.index.n - 1
+    same = same_contents(old.commit, new.commit)
+    if same is not None:  # contents ids: never repeated, whatever rows and ids repeat
+        return same
+    j = old.index.n - 1  # commits before contents ids: the last trajectory id seen
     if j < 0:
         return True
     if new.index.n <= j or new.commit.n_rows < old.commit.n_rows:
@@ -112,6 +128,8 @@ class BufferReader:
         self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
         self.schema = None
         self._layouts = None
+        self._created = None  # the root's creation time: another one is another buffer
+        self._commits: dict[str, Commit] = {}
         self.refresh()
 
     @property
@@ -131,31 +149,74 @@ class BufferReader:
     # -- discovery ------------------------------------------------------------------
 
     def refresh(self) -> bool:
-        """Re-read every segment's commit; returns True if anything new became visible."""
+        """Re-read every segment's commit; returns True if anything new became visible.
+
+        A writer may clear its segment, load a checkpoint into it or start the buffer
+        afresh (``overwrite=True``) while this reads: what it then finds missing is no
+        damage but a commit that moved on, so the refresh starts over on the new commit
+        (``CorruptBufferError`` only for what ``zreplay.verify`` would flag too)."""
         if self.check_process():
             return True
+        for attempt in range(RETRIES + 1):
+            try:
+                return self._refresh()
+            except _MovedOn:
+                if attempt == RETRIES:
+                    raise EmptyBufferError(
+                        f"{self.path}: its writers kept replacing their contents while this "
+                        "reader opened them; open or refresh again"
+                    ) from None
+                time.sleep(0.005 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _refresh(self) -> bool:
         changed = False
+        try:
+            created = self.root.read_meta().get("created")
+        except (FormatError, CorruptBufferError):
+            if self._created is None:
+                raise  # never a buffer this reader saw
+            raise _MovedOn() from None  # removed and being made again (overwrite=True)
+        if self._created is not None and created != self._created:
+            # Another buffer at the same path (overwrite=True): nothing read before holds.
+            self._segs, self.schema, self._layouts = {}, None, None
+            changed = True
+        self._created = created
         if self.schema is None:
             self.schema, self._layouts = self.root.schema()
             if self.schema is None:
                 self._rebuild()
-                return False
+                return changed
+        seen = {}
         for wid in self.root.writer_ids():
             seg_dir = self.root.segment_dir(wid)
             commit = read_commit(seg_dir)
-            if commit is None or commit.n_rows == 0:
+            if commit is not None:
+                seen[wid] = commit
+            if commit is None or commit.n_rows == commit.low_row:
                 # Nothing to read (never wrote, or cleared): its arrays may not exist (yet).
                 changed |= self._segs.pop(wid, None) is not None
                 continue
             st = self._segs.get(wid)
-            if st is not None and st.commit.gen == commit.gen:
+            if st is not None and (st.commit.gen, st.commit.contents) == (
+                commit.gen,
+                commit.contents,
+            ):
                 continue
-            seg = st.segment if st else self._open_segment(seg_dir)
-            index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
+            try:
+                same = st is not None and same_contents(st.commit, commit) is not False
+                seg = st.segment if same else self._open_segment(seg_dir)
+                index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
+            except CorruptBufferError:
+                now = read_commit(seg_dir)
+                if now is None or (now.gen, now.contents) != (commit.gen, commit.contents):
+                    raise _MovedOn() from None
+                raise
             budget = self.column_cache_bytes
             self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
+        self._commits = seen
         self._rebuild()
         return changed
 
@@ -182,6 +243,11 @@ class BufferReader:
     def segments(self) -> list[tuple[str, Commit]]:
         """``(writer_id, commit)`` of every visible segment, in name order."""
         return [(s.segment.writer_id, s.commit) for s in self._order]
+
+    def commits(self) -> list[tuple[str, Commit]]:
+        """``(writer_id, commit)`` of every committed segment as of the last refresh,
+        empty ones (cleared, or all evicted) included, in name order."""
+        return sorted(self._commits.items())
 
     def episodes(self) -> EpisodeView:
         """The visible episodes of every segment (rows as visible positions)."""

@@ -22,7 +22,7 @@ from ..errors import CorruptBufferError, SchemaError
 from ..schema import Schema
 from ..store.arraymeta import check_array
 from ..store.checkpoint import link_tree
-from ..store.commit import Commit, read_commit, write_commit
+from ..store.commit import Commit, new_contents, read_commit, write_commit
 from ..store.format import META, SEGMENT_CHILDREN, intent_path, meta_node_json, staging_root
 from ..store.layout import KeyLayout
 from ..store.root import BufferRoot
@@ -233,7 +233,8 @@ def clear(writer) -> None:
     stream goes on.  The schema is kept.
     """
     with writer.exclusive():
-        with writer.cond:
+        with writer.cond, writer.quiescent():  # samples reading rows from disk finish
+            writer.check_lock(fresh=True)
             st = writer.state
             commit = st.cleared_commit(writer.source)
             write_commit(writer.seg_dir, commit, durable=writer.durable)  # the commit point
@@ -279,10 +280,19 @@ def _check_replaceable(writer, schema) -> None:
 
 
 def _swap(writer, intent: Intent) -> None:
+    with writer.quiescent():  # samples reading rows from disk finish first
+        _swap_quiescent(writer, intent)
+
+
+def _swap_quiescent(writer, intent: Intent) -> None:
     st = writer.state
     emptied = st.cleared_commit(writer.source) if st.index.num_visible else None
     if emptied is not None:
         intent.commit.gen = max(intent.commit.gen, emptied.gen + 1)
+    # Other rows under this segment's name: readers must not take them for the old ones.
+    # Inserts go on being counted from the writer's (a load inserts nothing).
+    intent.commit.contents, intent.commit.inserted = new_contents(), st.commit.inserted
+    writer.check_lock(fresh=True)
     path = intent_path(writer.seg_dir)
     path.backend.publish(path, intent.to_json(), writer.durable)  # the point of no return
     try:

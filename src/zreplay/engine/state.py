@@ -16,7 +16,7 @@ from ..index.rowspace import RowSpace, SegmentRows
 from ..index.split import split_pieces
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
-from ..store.commit import Commit
+from ..store.commit import Commit, new_contents
 from ..store.segment import Segment
 from .colcache import ColumnCache
 from .committer import Job, StateSource, build_job, sampler_state
@@ -236,7 +236,8 @@ class SegmentState:
 
     def sampler_state(self, source, n_rows: int | None = None, explicit: bool = False):
         """``(state, priorities to save)`` for a commit after the current one."""
-        return sampler_state(source, self.commit.sampler.get("priority"), n_rows, explicit)
+        named = self.commit.sampler.get("priority")
+        return sampler_state(source, named, n_rows, explicit, self.commit.sampler)
 
     def next_commit_base(self) -> Commit:
         """The current commit with the next rows and ids this segment would give (what a
@@ -248,6 +249,7 @@ class SegmentState:
             next_trajectory_id=self.next_trajectory_id,
             next_episode=self.next_episode,
             writer_number=self.commit.writer_number,
+            inserted=self.commit.inserted,
         )
 
     def cleared_commit(self, source) -> Commit:
@@ -260,7 +262,8 @@ class SegmentState:
         if self.layouts:
             unit = math.lcm(*(lay.shard_rows for lay in self.layouts.values()))
             rows = -(-rows // unit) * unit
-        state = sampler_state(source, None, None, False)[0]
+        state = sampler_state(source, None, None, False, old.sampler)[0]
+        state.pop("priority", None)
         return Commit(
             writer_id=self.writer_id,
             gen=old.gen + 1,
@@ -271,6 +274,8 @@ class SegmentState:
             next_episode=self.next_episode,
             writer_number=old.writer_number,
             sampler=state,
+            contents=new_contents(),
+            inserted=old.inserted,
         )
 
     # -- reading --------------------------------------------------------------------

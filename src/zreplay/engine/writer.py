@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import BufferClosedError
+from ..errors import BufferClosedError, EmptyBufferError, WriterLockedError
 from ..schema import Schema
 from ..store.checkpoint import write_snapshot
 from ..store.commit import Commit
@@ -52,6 +52,7 @@ from .state import SegmentState
 log = logging.getLogger("zreplay")
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+READ_RETRIES = 5
 
 
 @atexit.register
@@ -107,6 +108,7 @@ class SegmentWriter:
         self._add_lock = threading.Lock()
         self._closed = False
         self._abandoned: str | None = None  # why give_up stopped this writer
+        self._abandoned_as: type[Exception] = BufferClosedError
 
         if overwrite and self.path.exists() and not self.temporary:
             remove_for_overwrite(self.path)
@@ -122,12 +124,20 @@ class SegmentWriter:
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
             self.state = SegmentState(writer_id, opened, self.ram, capacity, staging_bytes)
+            # Reopened with a smaller capacity: rows beyond it leave at once (committed
+            # with the first commit), not with the next add.
+            over = capacity is not None and self.state.index.visible_rows > capacity
+            if over:
+                self.state.index.evict_to(capacity)
         except BaseException:
             self._wlock.release()
             raise
         self._committer = Committer(self)
         self._preload = TierPreload(self.cond, self.state, self._committer).start()
         _LIVE.add(self)
+        if over:
+            with self.cond:
+                self._committer.request()
 
     def attach(self, source: StateSource) -> None:
         """Save ``source``'s state with every commit from now on (held weakly: the
@@ -250,10 +260,20 @@ class SegmentWriter:
     def committed(self, commit: Commit, job: Job | None) -> None:
         self.state.set_commit(commit, job)
 
-    def job_failed(self, job: Job) -> None:
+    def job_failed(self, job: Job, error: BaseException) -> None:
         source = self._source()
         if job.priorities is not None and source is not None:
             source.save_failed()
+
+    def check_lock(self, fresh: bool) -> None:
+        """``WriterLockedError`` once this writer's lock was taken over (``fresh``: read
+        the lock file to find out; else what is known already)."""
+        if fresh or self._wlock.lost is not None:
+            self._wlock.check_held()
+
+    def lock_lost(self, error: BaseException) -> None:
+        """Another writer took this segment over: stop for good (condition held)."""
+        self.give_up(str(error), WriterLockedError)
 
     def priority_arrays(self) -> PriorityArrays:
         if self._priorities is None:
@@ -277,20 +297,23 @@ class SegmentWriter:
         guards eviction means every drawn row is still readable when it is read: no sample
         ever mixes fields of different transitions.  ``alloc(name, shape, dtype)`` provides
         each output (e.g. pinned memory); rows are gathered straight into it."""
-        with self.cond:
-            self._check_open()
-            snap = self.state.snapshot(self.saved_priorities)
-            drawn = draw(snap)
-            if snap.schema is None:
-                return drawn, {}
-            pending = gather_begin(snap, as_requests(drawn, snap.schema), alloc)
-            if not pending.reads:
-                return drawn, pending.finish_outputs()
-            self._committer.begin_disk_read()
-        try:
-            return drawn, gather_finish(pending)
-        finally:
-            self._committer.end_disk_read()
+        for _ in range(READ_RETRIES):
+            with self.cond:
+                self._check_open()
+                snap = self.state.snapshot(self.saved_priorities)
+                drawn = draw(snap)
+                if snap.schema is None:
+                    return drawn, {}
+                pending = gather_begin(snap, as_requests(drawn, snap.schema), alloc)
+                if not pending.reads:
+                    return drawn, pending.finish_outputs()
+                if not self._committer.begin_disk_read():
+                    continue  # cleared or replaced while it waited: draw again
+            try:
+                return drawn, gather_finish(pending)
+            finally:
+                self._committer.end_disk_read()
+        raise EmptyBufferError("the buffer kept being cleared or replaced while read; sample again")
 
     def locked(self, fn: Callable[[Snapshot], object]) -> object:
         """``fn(snapshot)`` under the lock: nothing is added or evicted while it runs."""
@@ -307,6 +330,8 @@ class SegmentWriter:
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._abandoned and self._abandoned_as is not BufferClosedError:
+                raise self._abandoned_as(self._abandoned)
             why = f"stopped after an error ({self._abandoned})" if self._abandoned else "closed"
             raise BufferClosedError(
                 f"this buffer was {why}; what was committed is safe: create a new "
@@ -339,6 +364,12 @@ class SegmentWriter:
             with self._preload.paused(lambda: not self._closed):
                 yield
 
+    def quiescent(self):
+        """With ``cond`` held: a block in which no in-process disk read is in flight or
+        starts (files reads may use are removed or moved in it); see
+        :meth:`Committer.quiescent`."""
+        return self._committer.quiescent()
+
     @property
     def layout_overrides(self) -> dict:
         return dict(self._layout_overrides)
@@ -358,11 +389,12 @@ class SegmentWriter:
             st.index.evict_to(st.capacity)  # a rank's block may not fit a small buffer
             self._committer.request()
 
-    def give_up(self, why: str) -> None:
+    def give_up(self, why: str, error: type[Exception] = BufferClosedError) -> None:
         """Stop this writer for good (it must never commit its stale state) and unlock,
-        so that reopening the buffer finishes a change that failed (:mod:`.replace`)."""
-        self._committer.abandon()
-        self._closed, self._abandoned = True, why
+        so that reopening the buffer finishes a change that failed (:mod:`.replace`);
+        later calls raise ``error`` saying ``why``."""
+        self._committer.abandon(error(why))
+        self._closed, self._abandoned, self._abandoned_as = True, why, error
         self._wlock.release()
 
     def drop_ram(self) -> None:

@@ -102,6 +102,18 @@ class Backend(ABC):
         """An exclusive cross-process guard named after ``loc`` (a flock beside it), or a
         no-op where the store has none."""
 
+    def hold(self, loc) -> Any:
+        """Keep an ``flock`` on the file ``loc`` for as long as this process lives (or
+        until the returned object's ``release()``): how other processes on this kernel
+        tell its owner is alive (:mod:`~zreplay.store.liveness`).  None where the store
+        has no such lock."""
+        return None
+
+    def probe(self, loc) -> bool | None:
+        """Whether a live process on this kernel holds :meth:`hold` on ``loc`` (True or
+        False), or None where the store cannot tell."""
+        return None
+
     @abstractmethod
     def staged_tree(self, dest) -> contextlib.AbstractContextManager:
         """Build a new directory tree that replaces ``dest`` in one step: yields the

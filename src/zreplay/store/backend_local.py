@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
 from ..errors import ZReplayError
-from . import localswap
+from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
 from .format import is_temp_name
@@ -219,6 +219,12 @@ class LocalBackend(Backend):
         finally:
             if fd is not None:
                 os.close(fd)  # releases the flock
+
+    def hold(self, loc):
+        return liveness.hold(loc)
+
+    def probe(self, loc) -> bool | None:
+        return liveness.probe(loc)
 
     def staged_tree(self, dest) -> contextlib.AbstractContextManager:
         return localswap.staged(dest)  # beside dest, swapped in with one exchange

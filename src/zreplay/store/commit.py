@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -26,6 +27,11 @@ class Commit:
     ``[low_piece, n_pieces)`` are visible; rows
     below ``low_row`` were evicted, and shards wholly below ``reclaimed_below`` may already
     be deleted.  ``sampler`` holds the owning buffer's sampler state at commit time.
+    ``contents`` names the segment's contents: a new random id whenever they are replaced
+    wholesale (the first commit, a clear, a loaded checkpoint), so a reader that sees it
+    change knows its cached rows are not these rows, whatever their numbers and ids.
+    ``inserted`` counts rows ever added to the segment by adds (not rows a clear skipped
+    or a loaded checkpoint brought): what rate limiting calls inserts.
     """
 
     writer_id: str
@@ -40,6 +46,8 @@ class Commit:
     low_piece: int = 0
     next_episode: int = 0
     writer_number: int = -1  # -1: not claimed yet (see BufferRoot.writer_number)
+    contents: str = ""  # "": written before contents ids (format <= 3)
+    inserted: int = 0
     format: int = FORMAT_VERSION
     time: float = 0.0
     sampler: dict = field(default_factory=dict)
@@ -51,6 +59,8 @@ class Commit:
     def from_json(cls, text: str | bytes, where: str) -> Commit:
         try:
             d = json.loads(text)
+            if isinstance(d, dict) and "inserted" not in d:  # format <= 3: every row
+                d["inserted"] = d.get("n_rows", 0)
             c = cls(**d)
             _check_types(c)
         except (ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
@@ -80,6 +90,20 @@ def _check_types(c: Commit) -> None:
         want, v = _TYPES.get(str(f.type)), getattr(c, name)
         if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
             raise TypeError(f"field {name!r} is {v!r}, not {f.type}")
+
+
+def new_contents() -> str:
+    """A fresh ``Commit.contents`` id."""
+    return uuid.uuid4().hex
+
+
+def same_contents(old: Commit, new: Commit) -> bool | None:
+    """Whether ``new`` shows the rows ``old`` showed and maybe more (True), other rows
+    (False: the segment was cleared or replaced since), or None when a commit written
+    before contents ids cannot tell (callers then compare trajectory ids)."""
+    if not old.contents or not new.contents:
+        return None
+    return old.contents == new.contents and new.n_rows >= old.n_rows
 
 
 def read_commit(segment_dir: Location) -> Commit | None:

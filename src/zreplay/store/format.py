@@ -1,4 +1,4 @@
-"""Names and fixed numbers of the on-disk format (version 3; see FORMAT.md).
+"""Names and fixed numbers of the on-disk format (version 4; see FORMAT.md).
 
 Everything that reads or writes a buffer takes its file names, array names and column
 layout from here, so the format is spelled out in one place.
@@ -18,6 +18,7 @@ layout from here, so the format is spelled out in one place.
     zreplay/                      zero-size array node: the segment's own files
         commit.json               what is visible (the only source of truth)
         writer.lock               held by the segment's one writer
+        writer.lock.beat          the holder's lease, renewed while it lives
         staging/, replace.json    a replacement being built / swapped in (load_checkpoint)
 ```
 
@@ -25,14 +26,18 @@ zreplay's own files (commit records, locks, writer claims, temp files of a publi
 inside the ``zreplay`` array nodes: Zarr never lists an array's directory, so a tree walk
 with plain zarr sees a valid hierarchy and warns about nothing.  Format 2 kept them beside
 the arrays (``segments/<w>/commit.json``, ``writer.lock``, ``<root>/writers/``); buffers
-written that way are read as they are and moved to format 3 by their next writer.
+written that way are read as they are and moved to format 4 by their next writer.
+Format 3 differs from 4 only in commit records without ``contents`` and ``inserted``
+(read as unknown contents and every row inserted); a format-3 root becomes format 4
+when a writer opens it, so older versions refuse it rather than misread its commits.
 """
 
 from __future__ import annotations
 
-FORMAT_VERSION = 3
-# Formats this version reads (format 2: the same arrays, own files beside them).
-READABLE_FORMATS = (2, 3)
+FORMAT_VERSION = 4
+# Formats this version reads (format 2: the same arrays, own files beside them; format 3:
+# commits without contents ids and insert counts).
+READABLE_FORMATS = (2, 3, 4)
 
 # The root group's attribute holding zreplay's metadata.
 ATTR = "zreplay"

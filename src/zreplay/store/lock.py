@@ -1,39 +1,84 @@
-"""The writer lock of a segment: one writer per segment, failing fast for a second one.
+"""The writer lock of a segment: one writer per segment, failing fast for a second one,
+and taken over only when its holder is provably gone.
 
-The lock is a file holding ``{host, pid, token, time}``, created exclusively and never seen
-empty (written aside and hard-linked into place; a conditional PUT in an object store).
-A lock whose holder is a dead process on this host is
-stale and is taken over; a lock held from another host is never broken automatically
-(pass ``break_lock=True`` once you know that writer is gone).
+The lock is a file, ``writer.lock``, holding ``{host, pid, token, time, boot, pidns,
+lease_s}``, created exclusively and never seen empty (written aside and hard-linked into
+place; a conditional PUT in an object store).  Whether its holder is alive is judged only
+on evidence that holds across hosts and PID namespaces (containers on one host share its
+name but not its pids; :mod:`zreplay.store.liveness`):
+
+1. on the holder's kernel (same boot id), the ``flock`` the holder keeps on the lock file
+   while it lives: held means alive, free means dead, whatever the PID namespace;
+2. in the holder's own PID namespace of that kernel, its pid;
+3. anywhere else (another machine, an object store): the lease.  The holder renews
+   ``writer.lock.beat`` (``{token, seq}``) every ``lease_s / 6`` seconds; a contender
+   watches it and takes the lock over only once it saw no renewal for ``lease_s`` of its
+   own clock (no clocks are compared across machines).  A live holder is found out
+   within one renewal, so a second writer still fails in seconds.
+
+A holder checks before publishing each commit that the lock file still names its token
+(:meth:`WriterLock.check_held`); a writer whose lock was taken over (stopped or cut off
+for longer than its lease) fails instead of overwriting the new writer's commits.  Locks
+written by zreplay before leases (no ``boot`` field) are judged as then: by pid on the
+same host, never automatically from another host.  ``break_lock=True`` takes any lock.
+
+``ZREPLAY_LOCK_LEASE_S`` sets the lease (default 30 s) of the locks a process takes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
+import weakref
 
 from ..errors import WriterLockedError
 from .format import legacy_lock_path, lock_path
-from .localswap import pid_alive
+from .liveness import BOOT_ID, PID_NS, pid_alive, same_pid_space
 from .location import Location, locate
+
+log = logging.getLogger("zreplay")
+
+DEFAULT_LEASE_S = 30.0
+LIVE, STALE, UNKNOWN = "live", "stale", "unknown"
 
 # Tokens of the locks lock objects of this process hold.
 _HELD_HERE: set[str] = set()
 
 
+def lease_seconds() -> float:
+    """The lease of locks taken by this process (``ZREPLAY_LOCK_LEASE_S``, default 30)."""
+    try:
+        v = float(os.environ.get("ZREPLAY_LOCK_LEASE_S", DEFAULT_LEASE_S))
+    except ValueError:
+        return DEFAULT_LEASE_S
+    return v if v > 0 else DEFAULT_LEASE_S
+
+
 class WriterLock:
-    """An exclusive, stale-aware lock file in a segment directory."""
+    """An exclusive lock file in a segment directory (see the module docstring)."""
 
     def __init__(self, segment_dir: Location):
         segment_dir = locate(segment_dir)
         self.path = lock_path(segment_dir)
+        self.beat_path = self.path.with_name(self.path.name + ".beat")
         # Where format 2 kept the lock: a live holder there (an older zreplay) also counts.
         self._legacy = legacy_lock_path(segment_dir)
         self.token = uuid.uuid4().hex
         self.held = False
+        self.lease_s = lease_seconds()
+        self.lost: str | None = None  # why this lock is no longer ours, once it is not
+        self._flock = None
+        self._seq = 0
+        self._beat_due = 0.0
+        self._mutex = threading.Lock()
+        self._renewed = -float("inf")  # monotonic time of the last renewal published
+
+    # -- who holds it ---------------------------------------------------------------
 
     def holder(self, path: Location | None = None) -> dict | None:
         try:
@@ -44,75 +89,194 @@ class WriterLock:
             # Unreadable (an older zreplay could leave it empty): no live holder to name.
             return {"host": socket.gethostname(), "pid": -1, "token": "", "time": 0}
 
-    def _is_stale(self, info: dict) -> bool:
-        if info.get("host") != socket.gethostname():
-            return False
-        pid = int(info.get("pid", -1))
-        if pid == os.getpid():  # ours: stale unless a lock object here still holds it
-            return info.get("token") not in _HELD_HERE
-        return pid <= 0 or not pid_alive(pid)
+    def judge(self, info: dict, path: Location | None = None) -> str:
+        """``LIVE``, ``STALE`` or ``UNKNOWN`` (only a lease can tell) for the holder
+        ``info`` of the lock file at ``path`` (default this lock's)."""
+        token, pid = info.get("token"), int(info.get("pid", -1))
+        if token and token in _HELD_HERE:
+            return LIVE
+        if "boot" not in info:  # a lock of a zreplay before leases: judged as it was
+            if info.get("host") != socket.gethostname():
+                return LIVE
+            return STALE if pid <= 0 or pid == os.getpid() or not pid_alive(pid) else LIVE
+        if BOOT_ID is not None and info.get("boot") == BOOT_ID:
+            held = (path or self.path).backend.probe(path or self.path)
+            if held is not None:
+                return LIVE if held else STALE
+            if same_pid_space(info.get("boot"), info.get("pidns")):
+                return STALE if pid == os.getpid() or not pid_alive(pid) else LIVE
+        return UNKNOWN
+
+    def live_holder(self) -> dict | None:
+        """The holder of this lock (or of a format-2 lock) if it may still be writing, or
+        None.  Judged without waiting: a holder only a lease could judge counts as live."""
+        for path in (self.path, self._legacy):
+            info = self.holder(path)
+            if info is not None and self.judge(info, path) != STALE:
+                return info
+        return None
+
+    # -- taking it ------------------------------------------------------------------
 
     def acquire(self, break_lock: bool = False) -> None:
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
         legacy = self.holder(self._legacy)
-        if legacy is not None and not break_lock and not self._is_stale(legacy):
+        if legacy is not None and not break_lock and self.judge(legacy, self._legacy) != STALE:
             raise self._locked(legacy)
-        for _ in range(5):
-            try:
-                self._create(json.dumps({**me, "time": time.time()}).encode())
-            except FileExistsError:
-                info = self._break_if_stale(break_lock)
+        for _ in range(8):
+            with self.path.backend.guard(self.path):
+                if self._create():
+                    return
+                info = self.holder()
                 if info is None:
-                    continue  # gone, or broken: try to create it again
-                raise self._locked(info) from None
-            self.held = True
-            _HELD_HERE.add(self.token)
-            return
+                    continue  # released meanwhile
+                verdict = STALE if break_lock else self.judge(info)
+                if verdict == STALE:
+                    self._remove(info)
+                    continue
+                if verdict == LIVE:
+                    raise self._locked(info)
+            # Only the lease can tell: watch it (outside the guard), then take over.
+            watched = self._read_beat()
+            if not self._lease_ran_out(info, watched):
+                raise self._locked(info)
+            with self.path.backend.guard(self.path):
+                now, beat = self.holder(), self._read_beat()
+                unchanged = beat is None or beat[0] != info.get("token") or beat == watched
+                if now is not None and now.get("token") == info.get("token") and unchanged:
+                    log.warning(
+                        "zreplay: taking over %s: its holder (pid %s on host %r) did not "
+                        "renew its lease for %.0f s",
+                        self.path, info.get("pid"), info.get("host"), _lease_of(info),
+                    )  # fmt: skip
+                    self._remove(info)
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
 
+    def _create(self) -> bool:
+        """Create the lock file (never seen empty) and hold its ``flock``; False if a
+        lock file is there."""
+        me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "token": self.token,
+            "time": time.time(),
+            "boot": BOOT_ID,
+            "pidns": PID_NS,
+            "lease_s": self.lease_s,
+        }
+        backend = self.path.backend
+        if not backend.create_exclusive(self.path, json.dumps(me).encode()):
+            return False
+        self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
+        self.held, self.lost = True, None
+        _HELD_HERE.add(self.token)
+        self._beat()
+        self._beat_due = time.monotonic() + self.lease_s / 6
+        _RENEWER.add(self)
+        return True
+
+    def _remove(self, info: dict) -> None:
+        """Remove the lock file of ``info``'s holder (judged gone) and its beat."""
+        self.path.unlink(missing_ok=True)
+        beat = self._read_beat()
+        if beat is None or beat[0] == info.get("token"):
+            self.beat_path.unlink(missing_ok=True)
+
+    def _read_beat(self) -> tuple[str, int] | None:
+        try:
+            d = json.loads(self.beat_path.read_bytes())
+            return str(d["token"]), int(d["seq"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def _lease_ran_out(self, info: dict, first: tuple[str, int] | None) -> bool:
+        """Watch the holder of ``info`` (whose beat was ``first``) for its lease: False as
+        soon as it renews (or the lock changes hands), True once it has not renewed for
+        the whole lease."""
+        lease, token = _lease_of(info), info.get("token")
+        start = time.monotonic()
+        while time.monotonic() - start < lease:
+            time.sleep(min(1.0, lease / 20))
+            now = self.holder()
+            if now is None or now.get("token") != token:
+                return False  # released or taken: judge the new state afresh (acquire)
+            beat = self._read_beat()
+            if beat is not None and beat[0] == token and beat != first:
+                return False
+        return True
+
     def _locked(self, info: dict) -> WriterLockedError:
+        here = ""
+        if info.get("token") in _HELD_HERE:
+            here = (
+                " That is this process: another buffer object still holds the segment "
+                "(a notebook cell run twice?); close() it or `del` it first."
+            )
         return WriterLockedError(
             f"segment {self.path.parent.parent} is being written by pid {info.get('pid')} on "
-            f"host {info.get('host')!r} (lock {self.path}). Use another writer_id, "
+            f"host {info.get('host')!r} (lock {self.path}).{here} Use another writer_id, "
             "open it read-only with zreplay.open(), or, if that writer is gone, "
             "pass break_lock=True"
         )
 
-    def _create(self, data: bytes) -> None:
-        """Create the lock file holding ``data``, or raise FileExistsError.
+    # -- holding it -----------------------------------------------------------------
 
-        Never exists empty: an empty lock would look like a writer killed mid-create
-        (stale) to another process.
-        """
-        if not self.path.backend.create_exclusive(self.path, data):
-            raise FileExistsError(str(self.path))
-
-    def _break_if_stale(self, break_lock: bool) -> dict | None:
-        """Remove the lock if it is stale (or ``break_lock``); else return its holder.
-
-        Judged and removed under the backend's guard (a flock beside the lock):
-        otherwise two processes that both found the same stale lock could each remove it,
-        the second removing the fresh lock the first had just made, and both would write
-        the segment (seen with 6 processes).
-        An object store has no flock; only a dead process on this host makes a lock stale,
-        so there the racing breakers are on one host, and two starting at the same moment
-        is the one case left open.
-        """
-        with self.path.backend.guard(self.path):
+    def renew(self) -> None:
+        """Renew the lease (the renewer thread calls this); finds out a lost lock."""
+        with self._mutex:  # never after release() removed the files
+            if not self.held or self.lost:
+                return
             info = self.holder()
-            if info is not None and (break_lock or self._is_stale(info)):
-                self.path.unlink(missing_ok=True)
-                return None
-            return info
+            if info is None or info.get("token") != self.token:
+                self._mark_lost(info)
+                return
+            try:
+                self._beat()
+            except FileNotFoundError:  # its temp file removed by a recovery: once more
+                self._beat()
 
-    def live_holder(self) -> dict | None:
-        """The holder of this lock (or of a format-2 lock) if it may still be writing (not
-        stale), else None."""
-        for path in (self.path, self._legacy):
-            info = self.holder(path)
-            if info is not None and not self._is_stale(info):
-                return info
-        return None
+    def _beat(self) -> None:
+        started = time.monotonic()  # no contender can see this beat before now
+        self._seq += 1
+        beat = {"token": self.token, "seq": self._seq, "time": time.time()}
+        self.path.backend.publish(self.beat_path, json.dumps(beat).encode(), durable=False)
+        self._renewed = started
+
+    def _mark_lost(self, info: dict | None) -> None:
+        if info is None:
+            self.lost = f"its lock file {self.path} was removed"
+        else:
+            self.lost = (
+                f"pid {info.get('pid')} on host {info.get('host')!r} took its lock {self.path} over"
+            )
+        log.error("zreplay: writer lock lost: %s", self.lost)
+
+    def check_held(self) -> None:
+        """Before a commit: ``WriterLockedError`` once this lock may no longer be ours.
+
+        No contender takes a lock over before a whole lease passed without a renewal
+        (on its clock), so a renewal less than half a lease ago (on ours) proves the lock
+        is still held without reading anything: what object stores get, where each read
+        is a request.  Locally, where a read costs microseconds, the lock file is read as
+        well (it catches a ``break_lock=True`` at once); and after a renewal gap it is
+        read and the lease renewed before going on."""
+        if not self.held:
+            raise WriterLockedError(f"{self.path}: this writer does not hold its lock")
+        if self.lost is None:
+            recent = time.monotonic() - self._renewed < self.lease_s / 2
+            if self.path.backend.is_local or not recent:
+                with self._mutex:
+                    info = self.holder()
+                    if info is None or info.get("token") != self.token:
+                        self._mark_lost(info)
+                    elif not recent:
+                        self._beat()
+        if self.lost is not None:
+            raise WriterLockedError(
+                f"this writer no longer holds segment {self.path.parent.parent}: {self.lost} "
+                f"(its lease of {self.lease_s:g} s ran out: was this process stopped or cut "
+                "off that long?). Nothing more is committed by this buffer object; what it "
+                "committed before is safe. Reopen the buffer once the other writer is done"
+            )
 
     def remove_legacy(self) -> None:
         """Remove a format-2 lock file left by a writer that is gone (the caller holds
@@ -121,12 +285,81 @@ class WriterLock:
 
     def release(self) -> None:
         """Give the lock up.  If removing the file fails (an I/O error), the lock is
-        still given up: this process judges a lock file of its own that no lock object
-        holds stale, so it may reopen the segment, and other processes once it exits."""
-        if not self.held:
-            return
-        self.held = False
+        still given up: its ``flock`` is released, so the next writer on this kernel
+        finds it stale (and on another, once the lease ran out)."""
+        with self._mutex:
+            if not self.held:
+                return
+            self.held = False
+        _RENEWER.discard(self)
         _HELD_HERE.discard(self.token)
-        info = self.holder()
-        if info is not None and info.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+        try:
+            with self.path.backend.guard(self.path):
+                info = self.holder()
+                if info is not None and info.get("token") == self.token:
+                    self.path.unlink(missing_ok=True)
+                    beat = self._read_beat()
+                    if beat is None or beat[0] == self.token:
+                        self.beat_path.unlink(missing_ok=True)
+        finally:
+            if self._flock is not None:
+                self._flock.release()
+                self._flock = None
+
+
+def _lease_of(info: dict) -> float:
+    try:
+        v = float(info.get("lease_s", DEFAULT_LEASE_S))
+    except (TypeError, ValueError):
+        return DEFAULT_LEASE_S
+    return v if v > 0 else DEFAULT_LEASE_S
+
+
+class _Renewer:
+    """One daemon thread renewing the leases of every lock this process holds, each
+    every ``lease_s / 6``.  A failed renewal is logged and retried; it never stops the
+    thread (a lock that cannot be renewed for a whole lease may be taken over, and its
+    writer then fails at its next commit)."""
+
+    def __init__(self):
+        self._locks: weakref.WeakSet = weakref.WeakSet()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, lock: WriterLock) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # a forked child holds none of its parent's locks
+                self._locks, self._thread, self._pid = weakref.WeakSet(), None, os.getpid()
+            self._locks.add(lock)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="zreplay-lease", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def discard(self, lock: WriterLock) -> None:
+        with self._cond:
+            self._locks.discard(lock)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                locks = list(self._locks)
+                if not locks:
+                    self._cond.wait(5.0)
+                    continue
+            now = time.monotonic()
+            for lock in locks:
+                if now < lock._beat_due:
+                    continue
+                lock._beat_due = now + lock.lease_s / 6
+                try:
+                    lock.renew()
+                except Exception as e:  # noqa: BLE001 - logged; retried next round
+                    log.warning("zreplay: could not renew the writer lock %s: %r", lock.path, e)
+            due = min((lk._beat_due for lk in locks), default=now + 1.0)
+            with self._cond:
+                self._cond.wait(max(0.05, min(1.0, due - time.monotonic())))
+
+
+_RENEWER = _Renewer()

@@ -5,9 +5,11 @@ global row (``leaf[r]`` at index ``r``).  The commit record names the copy that 
 (``commit.sampler["priority"] = {"slot", "seq", "low", "high", ...}``) and the rows it
 covers; a writer only ever writes the *other* copy and then publishes a commit naming it,
 so a crash in the middle of a write leaves the named copy intact (shadow paging).  Rows
-outside the named range are garbage.  Chunks are replaced atomically (temp file +
-rename) like every other file, so hard-linked checkpoints keep their bytes.  Nothing here
-knows what a leaf means.
+outside the named range, and the whole copy the commit does not name, are garbage: a
+save never reads the copy it writes (it is removed and written afresh, metadata and
+all), so a copy a power cut truncated costs nothing.  Files are replaced atomically
+(temp file + rename) like every other file, so hard-linked checkpoints keep their
+bytes.  Nothing here knows what a leaf means.
 """
 
 from __future__ import annotations
@@ -19,12 +21,21 @@ import numpy as np
 from ..errors import CorruptBufferError, EmptyBufferError
 from .arrays import ArrayHandle
 from .commit import Commit, read_commit
-from .format import PRIORITY_CHUNK_ROWS, PRIORITY_GROUP, PRIORITY_SLOTS
+from .format import PRIORITY_CHUNK_ROWS, PRIORITY_GROUP
 from .location import Location, locate
 
 _RETRIES = 5
 
 _GROUP_JSON = json.dumps({"attributes": {}, "zarr_format": 3, "node_type": "group"}).encode()
+
+
+def _array_json(rows: int) -> bytes:
+    """``zarr.json`` of a priority copy of ``rows`` rows (what zarr-python writes)."""
+    meta = json.loads(_ARRAY_JSON)
+    meta["shape"] = [int(rows)]
+    return json.dumps(meta).encode()
+
+
 _ARRAY_JSON = json.dumps(
     {
         "shape": [PRIORITY_CHUNK_ROWS],
@@ -63,45 +74,51 @@ class PriorityArrays:
         self.dir = locate(seg_dir)
         self.writable = writable
         self._context = self.dir.backend.array_context(durable)
+        self._durable = durable
         self._handles: dict[int, ArrayHandle] = {}
-        self._dropped_below = dict.fromkeys(PRIORITY_SLOTS, 0)
+        self._group_made = False
 
-    def _create(self) -> None:
-        """Create the group and both copies: their ``zarr.json`` written directly (exactly
-        what zarr-python writes for them; a test compares), so a first save needs no
-        zarr-python, whose thread pool is gone when buffers are closed at exit."""
-        backend = self.dir.backend
+    def _ensure_group(self) -> None:
+        """The ``priority`` group's ``zarr.json`` (written directly, exactly what
+        zarr-python writes; a test compares), so a save needs no zarr-python, whose
+        thread pool is gone when buffers are closed at exit."""
         group = self.dir / PRIORITY_GROUP
-        group.mkdir(parents=True, exist_ok=True)
-        backend.create_exclusive(group / "zarr.json", _GROUP_JSON)
-        for s in PRIORITY_SLOTS:
-            (group / str(s)).mkdir(exist_ok=True)
-            backend.create_exclusive(group / str(s) / "zarr.json", _ARRAY_JSON)
+        if not self._group_made:
+            group.mkdir(parents=True, exist_ok=True)
+            self.dir.backend.create_exclusive(group / "zarr.json", _GROUP_JSON)
+            self._group_made = True
 
     def _handle(self, slot: int) -> ArrayHandle:
         h = self._handles.get(slot)
         if h is None:
-            path = slot_path(self.dir, slot)
-            if self.writable and not (path / "zarr.json").is_file():
-                self._create()
-            h = self._handles[slot] = ArrayHandle(path, self._context, self.writable)
+            h = self._handles[slot] = ArrayHandle(
+                slot_path(self.dir, slot), self._context, self.writable
+            )
         return h
 
     def write(self, slot: int, start: int, leaves: np.ndarray) -> None:
-        """Write ``leaves: float64[k]`` at rows ``[start, start + k)`` of copy ``slot``
-        (growing it), then delete chunk files wholly below ``start`` (evicted rows)."""
-        h = self._handle(slot)
+        """Make copy ``slot`` hold ``leaves: float64[k]`` at rows ``[start, start + k)``
+        and nothing else: the copy is removed and written afresh (its zarr.json sized to
+        the rows, whole chunks only), so nothing it held before is ever read, whatever
+        state a crash or a power cut left it in.  Never call it on the copy the current
+        commit names."""
+        path = slot_path(self.dir, slot)
+        backend = self.dir.backend
+        self._handles.pop(slot, None)
+        self._ensure_group()
+        backend.remove_tree(path)
         stop = start + len(leaves)
-        if len(leaves):
-            h.grow_to(stop, PRIORITY_CHUNK_ROWS)
-            h.store[start:stop].write(np.asarray(leaves, np.float64)).result()
-        self._drop_below(slot, start)
-
-    def _drop_below(self, slot: int, row: int) -> None:
-        first, last = self._dropped_below[slot], row // PRIORITY_CHUNK_ROWS
-        for c in range(first, last):
-            (slot_path(self.dir, slot) / "c" / str(c)).unlink(missing_ok=True)
-        self._dropped_below[slot] = max(first, last)
+        rows = max(1, -(-stop // PRIORITY_CHUNK_ROWS)) * PRIORITY_CHUNK_ROWS
+        path.mkdir(parents=True, exist_ok=True)
+        backend.publish(path / "zarr.json", _array_json(rows), durable=self._durable)
+        if not len(leaves):
+            return
+        # Pad to whole chunks: a write covering a chunk entirely never reads it back.
+        lo = start // PRIORITY_CHUNK_ROWS * PRIORITY_CHUNK_ROWS
+        padded = np.zeros(rows - lo, np.float64)
+        padded[start - lo : stop - lo] = leaves
+        h = self._handles[slot] = ArrayHandle(path, self._context, self.writable)
+        h.store[lo:rows].write(padded).result()
 
     def read(self, slot: int, start: int, stop: int) -> np.ndarray:
         """Leaves ``float64[stop - start]`` of rows ``[start, stop)`` of copy ``slot``."""
@@ -115,6 +132,29 @@ class PriorityArrays:
                 f"{self.dir}: priorities of rows [{start}, {stop}) (copy {slot}) cannot be "
                 f"read ({e})"
             ) from None
+
+    def damage(self, slot: int) -> str | None:
+        """What is damaged in copy ``slot`` (its metadata, or a stored chunk that does not
+        decode), or None (also for a copy never written)."""
+        path = slot_path(self.dir, slot)
+        if not (path / "zarr.json").exists():
+            return None
+        try:
+            store = self._handle(slot).store
+            chunks = sorted(
+                int(rel.rsplit("/", 1)[-1])
+                for rel, _ in path.backend.walk_files(path / "c")
+                if rel.rsplit("/", 1)[-1].isdigit()
+            )
+            for c in chunks:
+                a = c * PRIORITY_CHUNK_ROWS
+                b = min(a + PRIORITY_CHUNK_ROWS, int(store.shape[0]))
+                if b > a:
+                    store[a:b].read().result()
+        except Exception as e:  # noqa: BLE001 - TensorStore/zarr report damage variously
+            self._handles.pop(slot, None)
+            return f"{type(e).__name__}: {e}"
+        return None
 
 
 def saved_priorities(seg_dir: Location, commit: Commit, arrays: PriorityArrays | None = None):
@@ -142,9 +182,14 @@ def saved_priorities(seg_dir: Location, commit: Commit, arrays: PriorityArrays |
         for _ in range(_RETRIES):
             if not (m["low"] <= lo and hi <= m["high"]):
                 break
-            leaves = arrays.read(m["slot"], lo, hi)
+            try:
+                leaves = arrays.read(m["slot"], lo, hi)
+            except CorruptBufferError:
+                leaves = None  # damage, or the writer rewriting it: the commit tells
             now = (read_commit(seg_dir) or commit).sampler.get("priority") or {}
             if now.get("seq") == m["seq"]:
+                if leaves is None:
+                    return arrays.read(m["slot"], lo, hi)  # still named: damage, raised
                 return leaves
             m = now  # the writer saved again (and may be rewriting what we read): retry
         raise EmptyBufferError(

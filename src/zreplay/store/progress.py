@@ -2,7 +2,7 @@
 
 Rate limiting between writers and learners (``zreplay.SampleToInsertRatio``) needs two
 counts every party can read without a server: rows inserted (the segments' commit
-records already say it: ``n_rows`` counts every row a segment ever committed) and
+records already say it: ``inserted`` counts every row a segment's adds committed) and
 samples drawn by each learner.  A learner publishes the latter as a small JSON file of
 its own, ``<root>/zreplay/learners/<learner_id>.json`` (inside the root's ``zreplay``
 node, beside the writer claims; never on the data path), replaced atomically like a
@@ -97,7 +97,8 @@ def read_all_progress(root: Location) -> list[LearnerProgress]:
 def committed_rows(root, skip: str | None = None) -> tuple[int, int]:
     """``(inserted, visible)`` rows over the committed segments of the buffer whose
     :class:`~zreplay.store.root.BufferRoot` is ``root`` (except segment ``skip``):
-    ``inserted`` sums ``n_rows`` (every row ever committed), ``visible`` the rows kept."""
+    ``inserted`` sums the commits' ``inserted`` (rows ever added: not the row numbers a
+    clear skips, nor rows a loaded checkpoint brought), ``visible`` the rows kept."""
     inserted = visible = 0
     try:
         segments = list(root.segments_dir.iterdir())
@@ -108,6 +109,6 @@ def committed_rows(root, skip: str | None = None) -> tuple[int, int]:
             continue
         c = read_commit(seg_dir)
         if c is not None:
-            inserted += c.n_rows
+            inserted += c.inserted
             visible += c.n_rows - c.low_row
     return inserted, visible

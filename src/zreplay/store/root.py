@@ -149,10 +149,14 @@ class BufferRoot:
             self.backend.create_exclusive(node / "zarr.json", meta_node_json())
 
     def upgrade(self) -> None:
-        """Make a format-2 root format 3 (its writer moves its own files on open; readers
-        read either place), so older zreplay versions refuse it rather than miss them."""
+        """Make an older root the current format (a format-2 writer moves its own files
+        on open; readers read either place), so older zreplay versions refuse it rather
+        than miss or misread what it holds."""
         info = self.read_meta()
         if info.get("format") == FORMAT_VERSION:
+            return
+        if info.get("format") != 2:  # format 3: only its commits lack fields
+            self._set_attr(format=FORMAT_VERSION)
             return
         self.create_meta_node(self.path)
         old = legacy_claims_dir(self.path)

@@ -63,7 +63,8 @@ class Segment:
         self.offsets = handle("offsets", "int64", ())
         self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
         self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
-        self._seen: tuple[int, int, int] | None = None  # (n_rows, n_traj, last trajectory id)
+        # (n_rows, n_traj, last trajectory id, contents id) of the commit read last
+        self._seen: tuple[int, int, int, str] | None = None
 
     @property
     def fills_missing(self) -> bool:
@@ -270,15 +271,21 @@ class Segment:
 
     def _observe(self, commit: Commit, ids: np.ndarray) -> None:
         """Tell the backend which rows are committed, and whether they continue the rows
-        of the commit read before (a cleared or replaced segment starts its rows anew;
-        trajectory ids are never reused, so the last one seen tells)."""
+        of the commit read before (a cleared or replaced segment starts its rows anew:
+        its contents id changes; commits written before contents ids are compared by
+        their last trajectory id)."""
         seen = self._seen
-        same = seen is None or (
-            commit.n_rows >= seen[0]
-            and len(ids) >= seen[1]
-            and (seen[1] == 0 or int(ids[seen[1] - 1]) == seen[2])
-        )
-        self._seen = (commit.n_rows, len(ids), int(ids[-1]) if len(ids) else -1)
+        if seen is None:
+            same = True
+        elif seen[3] and commit.contents:
+            same = commit.contents == seen[3] and commit.n_rows >= seen[0]
+        else:
+            same = (
+                commit.n_rows >= seen[0]
+                and len(ids) >= seen[1]
+                and (seen[1] == 0 or int(ids[seen[1] - 1]) == seen[2])
+            )
+        self._seen = (commit.n_rows, len(ids), int(ids[-1]) if len(ids) else -1, commit.contents)
         for ctx in {id(c): c for c in (self._context, self._data_context)}.values():
             self.backend.observe_commit(ctx, commit.n_rows, commit.reclaimed_below, same)
 

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CorruptBufferError, FormatError
 from .arraymeta import check_array, segment_arrays
 from .commit import read_commit
-from .format import commit_path, is_temp_name
+from .format import PRIORITY_SLOTS, commit_path, is_temp_name
 from .priority import PriorityArrays
 from .root import BufferRoot
 from .segment import Segment
@@ -134,13 +134,25 @@ def verify(
 
 
 def _check_priorities(seg_dir: Path, commit, report: VerifyReport) -> None:
-    """The saved priority copy the commit names decodes, and holds valid leaves."""
+    """The saved priority copy the commit names decodes, and holds valid leaves (a
+    problem otherwise); a copy it does not name that does not decode is a warning (its
+    contents are garbage by definition, and the writer rewrites it whole)."""
     meta = (commit.sampler or {}).get("priority")
+    arrays = PriorityArrays(seg_dir, writable=False)
+    for slot in PRIORITY_SLOTS:
+        if meta and slot == int(meta["slot"]):
+            continue
+        damage = arrays.damage(slot)
+        if damage:
+            report.warnings.append(
+                f"{seg_dir}: the priority copy {slot}, which the commit does not name, is "
+                f"damaged ({damage}); harmless: the writer rewrites it whole at its next save"
+            )
     if not meta:
         return
     lo, hi = max(meta["low"], commit.low_row), min(meta["high"], commit.n_rows)
     try:
-        leaves = PriorityArrays(seg_dir, writable=False).read(meta["slot"], lo, hi)
+        leaves = arrays.read(meta["slot"], lo, hi)
     except CorruptBufferError as e:
         report.problems.append(str(e))
         return

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import EmptyBufferError
+from ...errors import CorruptBufferError, EmptyBufferError, warn_caller
 from ..clips import ClipSpec
 from ..prioritized_state import PrioritizedState
 from .base import Context, Drawn, RowSpace, Sampler, SegmentRows, Units, draw_weighted
@@ -153,11 +153,15 @@ class Prioritized(Sampler):
         )
 
     def _restore(self, seg: SegmentRows) -> PrioritizedState:
-        """A tree for a segment first seen: its saved leaves where it has them."""
+        """A tree for a segment first seen: its saved leaves where it has them.  Saved
+        leaves that cannot be read (a damaged copy: ``zreplay.verify`` reports it) are
+        not the rows' data: the rows start afresh at ``initial_priority``, with a warning,
+        and the writer's next save replaces the damaged copy's name in its commit."""
         got = seg.persisted() if seg.persisted is not None else None
         live = max(1, seg.n_rows - seg.low_row)
+        fresh = self._new_state(_capacity_for(live), seg.low_row, self.initial_priority)
         if got is None:
-            return self._new_state(_capacity_for(live), seg.low_row, self.initial_priority)
+            return fresh
         meta, read = got
         cap = int(meta["capacity"])
         if cap < live:
@@ -165,8 +169,17 @@ class Prioritized(Sampler):
         st = self._new_state(cap, seg.low_row, float(meta["max_priority"]))
         lo, hi = max(int(meta["low"]), seg.low_row), min(int(meta["high"]), seg.n_rows)
         if hi > lo:
+            try:
+                leaves = read(lo, hi)
+            except CorruptBufferError as e:
+                warn_caller(
+                    f"zreplay: the saved priorities cannot be read ({e}); rows "
+                    f"[{lo}, {hi}) start again at initial_priority={self.initial_priority:g}. "
+                    "Their data is intact; the next save replaces the damaged copy"
+                )
+                return fresh
             st.add(np.arange(seg.low_row, hi, dtype=np.int64))  # max priority, then:
-            st.tree.update(np.arange(lo, hi, dtype=np.int64) % cap, read(lo, hi))
+            st.tree.update(np.arange(lo, hi, dtype=np.int64) % cap, leaves)
         return st
 
     # -- drawing --------------------------------------------------------------------

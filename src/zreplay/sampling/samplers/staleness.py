@@ -22,13 +22,13 @@ unit).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...errors import EmptyBufferError
+from ...numbers import as_float, as_int, as_optional_float
 from .base import (
     Context,
     Drawn,
@@ -116,11 +116,16 @@ class Staleness(Sampler):
         current_version: float | None = None,
         evict_stale: bool = False,
     ):
-        if not (isinstance(max_staleness, int | float) and max_staleness >= 0):
+        try:
+            max_staleness = as_int(max_staleness, "max_staleness")
+        except TypeError:
+            max_staleness = as_float(max_staleness, "max_staleness")
+        if not max_staleness >= 0:
             raise ValueError(
                 f"max_staleness must be a number of versions >= 0, got {max_staleness}"
             )
-        if not (math.isfinite(stale_weight) and 0.0 <= stale_weight <= 1.0):
+        stale_weight = as_float(stale_weight, "stale_weight")
+        if not 0.0 <= stale_weight <= 1.0:
             raise ValueError(f"stale_weight must lie in [0, 1], got {stale_weight}")
         if version_of is not None and not callable(version_of):
             raise TypeError("version_of must be a callable fn(model_weights_id) -> version")
@@ -132,6 +137,16 @@ class Staleness(Sampler):
         self.evict_stale = bool(evict_stale)
         self.num_dropped = 0
         self._segs: dict[int, _Runs] = {}
+
+    @property
+    def current_version(self) -> float | None:
+        """The policy version draws weigh rows against (a number, or None: the newest
+        version in the buffer); set by ``sample(n, version=v)`` or assigned."""
+        return self._current_version
+
+    @current_version.setter
+    def current_version(self, version) -> None:
+        self._current_version = as_optional_float(version, "current_version")
 
     def config(self) -> dict:
         return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...numbers import as_int
 from .base import (
     Context,
     Drawn,
@@ -39,9 +40,10 @@ class Window(Uniform):
     """
 
     def __init__(self, size: int):
-        if int(size) < 0:
+        size = as_int(size, "Window size")
+        if size < 0:
             raise ValueError(f"Window size must be >= 0 trajectories, got {size}")
-        self.size = int(size)
+        self.size = size
 
     def config(self) -> dict:
         return {"size": self.size}
