@@ -278,3 +278,21 @@ def test_overwrite_refuses_a_buffer_with_a_live_writer(tmp_path):
     b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, overwrite=True)
     assert len(b) == 0
     b.close()
+
+
+def test_keys_disagreeing_on_t_name_the_odd_key_and_the_right_shape():
+    """rewards with T + 1 rows was reported as "key 'actions': expected float32 [9, 4, 7],
+    got float32 [8, 4, 7]": the wrong key and the wrong expected shape."""
+    buf = zreplay.TrajectoryReplayBuffer()
+    bad = {
+        "actions": np.zeros((8, 4, 7), np.float32),
+        "rewards": np.zeros((9, 4), np.float32),
+        "obs": np.zeros((8, 4, 2), np.float32),
+    }
+    with pytest.raises(SchemaError, match=r"'rewards' \[9, 4\], while the others have \[8, 4\]"):
+        buf.add_trajectories([bad])
+    two = {"rewards": np.zeros((9, 4), np.float32), "actions": np.zeros((8, 4, 7), np.float32)}
+    with pytest.raises(SchemaError, match=r"'rewards' \[9, 4\], 'actions' \[8, 4\]"):
+        buf.add_trajectories([two])  # no majority: both are named
+    assert len(buf) == 0
+    buf.close()

@@ -275,3 +275,18 @@ def test_deeper_nested_dicts_are_kept(bufpath):
         buf.add_trajectories([t])
         s = buf.sample(4)
         assert s["curr_obs"]["extra"]["depth"].shape == (4, 2)
+
+
+def test_reopening_with_a_smaller_capacity_evicts_at_once(bufpath):
+    """The rows beyond the new capacity were still sampled until the next add."""
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=bufpath, sample_window_size=0
+    ) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(5)])  # 90 rows
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=bufpath, sample_window_size=0, capacity=40
+    )
+    assert len(buf) == 2 and buf.total_samples == 36
+    assert set(check_rows(buf.sample(256)) // 10000) == {3, 4}
+    buf.close()
+    assert zreplay.open(bufpath).num_trajectories == 2  # and the eviction was committed

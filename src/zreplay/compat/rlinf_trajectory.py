@@ -91,6 +91,35 @@ def _strip_epoch_rows(key: str, arr: np.ndarray, T: int) -> np.ndarray:
     return arr.reshape(extra, per + 1, *arr.shape[1:])[:, 1:].reshape(T, *arr.shape[1:])
 
 
+def _check_steps(cols: dict[str, np.ndarray]) -> None:
+    """A SchemaError naming the keys whose ``[T, B]`` differ from the rest's (the most
+    common ``[T, B]`` of the keys without bootstrap rows), before any key is checked
+    against the schema (which would blame whichever key came first)."""
+    plain = {
+        k: tuple(int(d) for d in a.shape[:2]) for k, a in cols.items() if k not in EPOCH_PADDED
+    }
+    if len(set(plain.values())) <= 1:
+        return
+    counts: dict[tuple, int] = {}
+    for tb in plain.values():
+        counts[tb] = counts.get(tb, 0) + 1
+    top = max(counts.values())
+    common = [tb for tb, c in counts.items() if c == top]
+    fix = (
+        "every key needs the same T steps of the same B environments (the flags may add "
+        "one bootstrap row per rollout epoch)"
+    )
+    if len(common) > 1:  # no majority: say what each key has
+        each = ", ".join(f"{k!r} [{t}, {b}]" for k, (t, b) in plain.items())
+        raise SchemaError(f"the keys of one trajectory disagree on [T, B]: {each}; {fix}")
+    t0, b0 = common[0]
+    odd = ", ".join(f"{k!r} [{t}, {b}]" for k, (t, b) in plain.items() if (t, b) != (t0, b0))
+    raise SchemaError(
+        f"the keys of one trajectory disagree on [T, B]: {odd}, while the others have "
+        f"[{t0}, {b0}]; {fix}"
+    )
+
+
 def prepare_all(trajectories: Any, continues: Any) -> list[Prepared]:
     """``add_trajectories``' argument (a list of trajectories) prepared; one trajectory
     passed on its own is a SchemaError saying to wrap it in a list."""
@@ -128,6 +157,7 @@ def prepare(traj: Any) -> Prepared:
         t_key = min(plain or cols, key=lambda k: cols[k].shape[0], default=None)
     if t_key is None:
         raise SchemaError("trajectory has no arrays; nothing to add")
+    _check_steps(cols)
     T, B = int(cols[t_key].shape[0]), int(cols[t_key].shape[1])
     for k in EPOCH_PADDED:
         if k in cols:
