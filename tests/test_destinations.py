@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 
 import pytest
 from conftest import S3_BUCKET, check_rows, make_traj, traj_equal
@@ -322,3 +323,24 @@ def test_paths_with_dotdot_work_everywhere(tmp_path, monkeypatch, capsys):
     assert main(["info", "../runs/buf"]) == 0
     assert main(["verify", "../runs/ckpt"]) == 0
     capsys.readouterr()
+
+
+def test_leftovers_of_live_processes_in_other_pid_namespaces_are_kept(tmp_path):
+    """A staging tree named by a process of another PID namespace on this host (its pid
+    is dead or ours here) is kept while its maker holds its flock, removed once not."""
+    from zreplay.store import liveness
+
+    dest = tmp_path / "d"
+    host = socket.gethostname().replace("-", "_")
+    tag = f"{host}-0123abcd-{os.getpid()}"  # another namespace's pid that is ours here
+    live = tmp_path / f".d.partial-{tag}-aaaaaaaa"
+    dead = tmp_path / f".d.partial-{host}-0123abcd-{2**22 + 9}-bbbbbbbb"
+    live.mkdir()
+    dead.mkdir()
+    held = liveness.hold(live)
+    try:
+        assert localswap.remove_leftovers(dest) == [dead]
+        assert live.exists() and not dead.exists()
+    finally:
+        held.release()
+    assert localswap.remove_leftovers(dest) == [live]  # its maker let go (died)

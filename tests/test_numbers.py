@@ -22,7 +22,13 @@ def trb(path, **kw):
 
 @pytest.mark.parametrize(
     "n",
-    [np.int64(16), np.int32(16), np.array(16), torch.tensor(16), torch.tensor(16, dtype=torch.int32)],
+    [
+        np.int64(16),
+        np.int32(16),
+        np.array(16),
+        torch.tensor(16),
+        torch.tensor(16, dtype=torch.int32),
+    ],
     ids=["np.int64", "np.int32", "0-d array", "tensor", "int32 tensor"],
 )
 def test_a_numpy_or_torch_count_never_poisons_later_commits(tmp_path, n):
@@ -88,7 +94,10 @@ def test_the_other_facades_take_numpy_and_torch_numbers(tmp_path):
         buf.add_trajectories([make_traj(i) for i in range(2)])
     view = zreplay.open(path)
     assert len(check_rows(view.sample(np.int64(8)))) == 8
-    assert view.sample_clips(torch.tensor(3), history_len=np.int64(2))["actions"].shape[:2] == (3, 2)
+    assert view.sample_clips(torch.tensor(3), history_len=np.int64(2))["actions"].shape[:2] == (
+        3,
+        2,
+    )
     rb = zreplay.ReplayBuffer(max_steps=np.int64(100), history_len=2, path=tmp_path / "swm")
     rb.write_episode({"obs": np.zeros((5, 3), np.float32), "action": np.zeros((5, 2), np.float32)})
     got = rb.sample(np.int64(4), step=torch.tensor(2), version=np.float32(1.0))

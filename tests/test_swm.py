@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -406,3 +408,55 @@ def test_nstep_keys_subset_keeps_the_stored_next_column():
     assert 3 in b["obs"][:, 0]  # the truncated last step bootstraps from the stored next obs
     assert np.array_equal(b["next_obs"], b["obs"] + 1)
     rb.close()
+
+
+def test_dataloader_workers_keep_the_first_episodes_column_order(tmp_path):
+    """Workers returned batch keys sorted by name; the main process keeps the first
+    episode's order (stable-worldmodel's), and the README promises it."""
+    b = zreplay.ReplayBuffer(500, history_len=2, path=tmp_path / "order")
+    ep = {
+        "pixels": np.zeros((6, 4, 4, 3), np.uint8),
+        "action": np.zeros((6, 2), np.float32),
+        "reward": np.zeros(6, np.float32),
+        "obs": {"state": np.zeros((6, 3), np.float32), "goal": np.zeros((6, 3), np.float32)},
+    }
+    b.write_episode(ep)
+    b.flush()
+    here = list(b[0]) + list(b[0]["obs"])
+    assert here == ["pixels", "action", "reward", "obs", "state", "goal"]
+    for ctx in ("fork", "spawn"):
+        loader = DataLoader(b, batch_size=2, num_workers=1, multiprocessing_context=ctx)
+        batch = next(iter(loader))
+        assert list(batch) + list(batch["obs"]) == here, ctx
+    b.close()
+
+
+_DIE_MID_DUMP = """
+import os, sys
+import numpy as np
+import zreplay
+from zreplay.compat import hdf5
+rb = zreplay.ReplayBuffer(500, path=sys.argv[1])
+append = hdf5._Column.append
+def dying(self, *a, **k):
+    append(self, *a, **k)
+    os._exit(9)  # killed midway through the dump
+hdf5._Column.append = dying
+rb.dump(sys.argv[2], format="hdf5")
+"""
+
+
+def test_a_dump_killed_midway_leaves_a_partial_file_the_next_dump_removes(tmp_path):
+    b = zreplay.ReplayBuffer(500, path=tmp_path / "src")
+    fill(b, [5, 6])
+    b.close()
+    out = tmp_path / "e.h5"
+    got = subprocess.run([sys.executable, "-c", _DIE_MID_DUMP, str(tmp_path / "src"), str(out)])
+    assert got.returncode == 9
+    left = [n for n in os.listdir(tmp_path) if n.startswith(".e.h5.partial")]
+    assert left and not out.exists()
+    b = zreplay.ReplayBuffer(500, path=tmp_path / "src")
+    b.dump(out, format="hdf5")
+    b.close()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".e.h5.")] == []
+    assert len(list(zreplay.iter_hdf5(out))) == 2

@@ -45,7 +45,7 @@ from ..errors import EmptyBufferError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
-from ..schema import unflatten
+from ..schema import flatten, unflatten
 
 DEFAULT_RAM_BYTES = 1 << 30
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
@@ -258,8 +258,11 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
 
     def _ordered(self, flat: dict) -> dict:
         """``flat`` columns in :attr:`column_names` order (extras last), nested."""
-        names = self.column_names
-        first = {k: flat[k] for k in names if k in flat}
+        return self._in_order(flat, self.column_names)
+
+    @staticmethod
+    def _in_order(flat: dict, names) -> dict:
+        first = {k: flat[k] for k in names or () if k in flat}
         return unflatten({**first, **{k: v for k, v in flat.items() if k not in first}})
 
     @property
@@ -338,8 +341,9 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
         return self.num_valid_ends()
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
-        if os.getpid() != self._pid:
-            return self._worker_dataset()[int(idx)]
+        if os.getpid() != self._pid:  # a DataLoader worker: columns in the same order
+            clip = self._in_order(flatten(self._worker_dataset()[int(idx)]), self._order)
+            return self.transform(clip) if self.transform is not None else clip
         n = len(self)
         if n == 0:
             raise IndexError("ReplayBuffer is empty")
@@ -365,7 +369,6 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
                 frameskip=self.spec.frameskip,
                 pad=self.spec.pad,
                 action_keys=self.spec.action_keys,
-                transform=self.transform,
                 wait_s=WORKER_WAIT_S,
             )
             self._replica = (os.getpid(), ds)

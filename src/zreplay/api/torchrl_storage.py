@@ -98,6 +98,7 @@ class ZarrStorage(TensorStorage):
         self.core = BufferCore.writer(
             path,
             stream=RandomStream(tag=KIND),
+            owner=self,
             writer_id=writer_id,
             # Rows stay until every row of their trajectory is overwritten (see module).
             capacity=M + self._piece - 1,

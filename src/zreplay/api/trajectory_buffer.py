@@ -13,7 +13,6 @@ A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -303,12 +302,6 @@ class TrajectoryReplayBuffer:
             return f"TrajectoryReplayBuffer(closed, {where})"
         what = f"{len(self)} trajectories, {self.total_samples} rows, sampler={self.sampler!r}"
         return f"TrajectoryReplayBuffer({where}: {what}, keys=[{', '.join(self.core.keys)}])"
-
-    def __del__(self):
-        core = getattr(self, "core", None)
-        if core is not None and not core.closed:
-            with contextlib.suppress(Exception):
-                core.close()
 
     @property
     def path(self) -> Path:

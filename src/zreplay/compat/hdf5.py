@@ -19,7 +19,8 @@ dataset each, named with ``.`` (``obs.state``: stable-worldmodel reads a group a
 column), and the ``zreplay`` attribute maps them back; how an episode ended is not stored
 (the flags are the last step's ``terminated``/``truncated`` columns, as when it was
 added).  ``mode="overwrite"`` writes a temporary file beside ``path`` and renames it in (an
-interrupted dump never leaves a half file under the name); ``"append"`` extends an
+interrupted dump never leaves a half file under the name, and the next dump to ``path``
+removes what a killed one left); ``"append"`` extends an
 existing file with the same columns, in place (an append that raises, Ctrl-C
 included, is rolled back: the file holds what it held before; a crash in the middle can
 leave it damaged, as HDF5 keeps no journal); ``"error"`` refuses an existing path.
@@ -44,7 +45,9 @@ import numpy as np
 from ..conventions import TERMINATION_KEYS, TRUNCATION_KEYS
 from ..errors import FormatError, SchemaError
 from ..schema import unflatten
+from ..store import liveness
 from ..store.backend_local import fsync_dir
+from ..store.localswap import PARTIAL, remove_leftovers, stage_name
 
 MODES = ("append", "overwrite", "error")  # stable-worldmodel's WRITE_MODES, in its order
 EPISODE_DATASETS = ("ep_len", "ep_offset")
@@ -74,7 +77,7 @@ def write_hdf5(
     batch is one resize and one write per dataset (see :class:`_Column`)."""
     import h5py
 
-    before = None
+    before = held = None
     if mode == "append" and path.exists():
         target, f = path, h5py.File(path, "a")
         try:
@@ -84,8 +87,12 @@ def write_hdf5(
             f.close()
             raise
     else:
-        target = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        remove_leftovers(path)  # partial files of dumps killed midway
+        target = stage_name(path, PARTIAL)
         f = h5py.File(target, "w")
+        # Kept while this process lives (unless HDF5's own file lock holds it already):
+        # what tells the next dump this partial file is not a dead one's leftover.
+        held = liveness.hold(target)
         columns = names = None
     columns, names = (columns, names) if columns else (None, None)  # an empty file
     writers: dict[str, _Column] = {}
@@ -130,11 +137,17 @@ def write_hdf5(
             f.close()
             if target != path:
                 target.unlink(missing_ok=True)
+            if held is not None:
+                held.release()
         raise
     pool.shutdown()
     f.close()
-    if target != path:
-        _put_in_place(target, path)
+    try:
+        if target != path:
+            _put_in_place(target, path)
+    finally:
+        if held is not None:
+            held.release()
 
 
 def _extent(f) -> tuple[dict[str, int], dict[str, Any]]:

@@ -12,6 +12,7 @@ publishing the commit that names it.  Saves happen when the leaves changed, at m
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +32,9 @@ class BoundSampler:
         check_json(sampler.state_dict(), f"{type(sampler).__name__}.state_dict()")
         claim(sampler, core)
         self.sampler = sampler
-        self._owner = owner
+        # Weakly: the facade owns the core (which owns this), and must stay collectable
+        # so that dropping it commits and releases its writer (BufferCore.close_when_dropped).
+        self._owner = weakref.ref(owner)
         self._last_save = -float("inf")
 
     @property
@@ -39,7 +42,7 @@ class BoundSampler:
         return self.sampler.prioritized
 
     def context(self, rng: np.random.Generator, snapshot, step: int, version=None) -> Context:
-        return Context(rng, snapshot.space, step, self._owner, version)
+        return Context(rng, snapshot.space, step, self._owner(), version)
 
     def draw_rows(self, rng, snapshot, n: int, step: int, version=None) -> Drawn:
         return self.sampler.draw_rows(self.context(rng, snapshot, step, version), n)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -54,13 +56,18 @@ class BufferCore:
     def __init__(self, engine, sampler: Sampler, stream: RandomStream, owner: Any = None):
         self.engine = engine
         self.stream = stream
-        self._owner = owner if owner is not None else self
+        # The facade, held weakly (it holds the core): a hook's ``buffer`` argument.
+        self._owner_ref = weakref.ref(owner) if owner is not None else (lambda: self)
         self._bound = BoundSampler(as_sampler(sampler), self, self._owner)
         self._pid = os.getpid()
         self._is_reader = not engine.writable
         self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
         self.rate: RateGate | None = None
         self._state_error: TypeError | None = None  # the writer could not save state()
+
+    @property
+    def _owner(self) -> Any:
+        return self._owner_ref()
 
     def __repr__(self) -> str:
         kind = f"writer {self.engine.writer_id!r}" if self.writable else "read-only"
@@ -78,6 +85,8 @@ class BufferCore:
         core = cls(new_writer(path, options), sampler, stream or RandomStream(), owner)
         core.load_state(core.engine.commit.sampler)
         core.engine.attach(core)
+        if owner is not None:
+            core.close_when_dropped(owner)
         return core
 
     @classmethod
@@ -87,7 +96,10 @@ class BufferCore:
         """A read-only core over every segment of the buffer at ``path``; ``options``
         are :class:`~zreplay.engine.reader.BufferReader`'s (storage_options,
         column_cache_bytes, chunk_cache_bytes)."""
-        return cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
+        core = cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
+        if owner is not None:
+            core.close_when_dropped(owner)  # a learner's progress file says it stopped
+        return core
 
     @property
     def writable(self) -> bool:
@@ -365,6 +377,12 @@ class BufferCore:
         the stream and sampler state to resume afterwards (default: this buffer's then)."""
         return staged_replacement(self, self._writer(), state)
 
+    def close_when_dropped(self, owner: Any) -> None:
+        """Once ``owner`` (the facade) is garbage collected, close this core: what was
+        added is committed and the writer lock released, for every facade alike (a
+        notebook cell run again after ``del buf`` reopens the path)."""
+        weakref.finalize(owner, _close_dropped, self)
+
     def close(self) -> None:
         """Close the writer (commit, unlock); a rate-limited learner publishes that it
         stopped."""
@@ -413,3 +431,22 @@ class BufferCore:
     def state_failed(self, error: TypeError) -> None:
         log.error("zreplay: the sampler state was not saved with a commit: %s", error)
         self._state_error = error
+
+
+def _close_dropped(core: BufferCore) -> None:
+    """A facade was collected: close its core.  At once, unless the collection runs on
+    one of the writer's own threads (the committer waiting on itself would deadlock):
+    then on a thread of its own."""
+    if core.closed:
+        return
+    if core.writable and core.engine.owns_thread(threading.current_thread()):
+        threading.Thread(target=_close_quietly, args=(core,), name="zreplay-close").start()
+    else:
+        _close_quietly(core)
+
+
+def _close_quietly(core: BufferCore) -> None:
+    try:
+        core.close()
+    except Exception as e:  # noqa: BLE001 - nobody is left to raise it to
+        log.error("zreplay: closing %s after it was dropped failed: %r", core.path, e)

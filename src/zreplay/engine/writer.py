@@ -423,3 +423,7 @@ class SegmentWriter:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is one of this writer's background threads."""
+        return thread is self._committer.thread or self._preload.owns(thread)

@@ -21,9 +21,21 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
+import socket
 
-__all__ = ["BOOT_ID", "PID_NS", "Hold", "hold", "pid_alive", "probe", "same_pid_space"]
+__all__ = [
+    "BOOT_ID",
+    "PID_NS",
+    "Hold",
+    "hold",
+    "pid_alive",
+    "probe",
+    "process_tag",
+    "same_pid_space",
+    "tag_is_dead",
+]
 
 
 def _read(path: str) -> str | None:
@@ -62,6 +74,45 @@ def _close_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_in_child)
+
+
+def process_tag() -> str:
+    """``<host>-<space>-<pid>``: what names a file this process is making, so that
+    another process can tell whose it is (``space``: 8 hex digits naming this kernel's
+    PID namespace; :func:`tag_is_dead` reads it back)."""
+    host = socket.gethostname().replace("-", "_")
+    return f"{host}-{_space_of(BOOT_ID, PID_NS)}-{os.getpid()}"
+
+
+def _space_of(boot_id: str | None, pid_ns: str | None) -> str:
+    if boot_id is None or pid_ns is None:
+        return "x" * 8  # no Linux ids: never comparable
+    return hashlib.sha1(f"{boot_id}/{pid_ns}".encode()).hexdigest()[:8]
+
+
+def tag_is_dead(tag: str, path=None) -> bool:
+    """Whether the process a :func:`process_tag` names is gone, judged only on evidence
+    that holds here: in this PID namespace its pid (and the ``flock`` it keeps on
+    ``path``, if held); in another, only that ``flock`` being free (where the filesystem
+    tells).  False when unsure (its file is left alone).  Tags of zreplay before PID
+    namespaces were told (``<host>-<pid>``) are judged by pid, on this host, as then."""
+    parts = tag.rsplit("-", 2)
+    if len(parts) == 3 and parts[2].isdigit() and len(parts[1]) == 8:
+        host, space, pid = parts[0], parts[1], int(parts[2])
+    else:
+        head = tag.rsplit("-", 1)
+        if len(head) != 2 or not head[1].isdigit():
+            return False
+        host, space, pid = head[0], None, int(head[1])
+    if host != socket.gethostname().replace("-", "_"):
+        return False
+    held = probe(path) if path is not None else None
+    if held:
+        return False
+    ours = space is None or (space == _space_of(BOOT_ID, PID_NS) and "x" not in space)
+    if ours:  # its pid means what it says: both must agree it is gone
+        return not pid_alive(pid)
+    return held is False  # another PID namespace: only its free flock can tell
 
 
 def pid_alive(pid: int) -> bool:

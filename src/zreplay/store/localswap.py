@@ -1,13 +1,16 @@
 """Replacing a local directory tree in one step, and cleaning up after killed replaces.
 
-A new tree is built beside its destination as ``.<name>.partial-<host>-<pid>-<hex>`` and
+A new tree is built beside its destination as ``.<name>.partial-<tag>-<hex>`` (the tag
+names its process: host, PID namespace, pid), holding an ``flock`` on it while it lives, and
 swapped in with ``renameat2(RENAME_EXCHANGE)`` (Linux 3.15+, most local filesystems): at
 every instant the destination is the old tree or the new one.  The old tree, now at the
 staging name, is then removed.  Where the exchange is unsupported the swap is two renames
-(``dest`` to ``.<name>.old-<host>-<pid>-<hex>``, then the new tree to ``dest``), and a crash
+(``dest`` to ``.<name>.old-<tag>-<hex>``, then the new tree to ``dest``), and a crash
 between them is repaired by the next :func:`remove_leftovers`, which puts the old tree
-back.  Leftovers of processes that died on this host (still holding hard links to data a
-buffer has since evicted) are removed by the next replace of the same destination.
+back.  Leftovers of processes that died (still holding hard links to data a buffer has
+since evicted) are removed by the next replace of the same destination; a process is
+judged dead by its ``flock`` (or its pid, within this PID namespace), never by a pid seen
+from another namespace (:mod:`~zreplay.store.liveness`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import ctypes
 import errno
 import os
 import shutil
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from .liveness import hold, process_tag, tag_is_dead
 
 PARTIAL, OLD = "partial", "old"
 _AT_FDCWD = -100
@@ -28,35 +32,25 @@ _RENAME_EXCHANGE = 2
 _renameat2 = None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stage_name(dest: Path, kind: str) -> Path:
-    host = socket.gethostname().replace("-", "_")
-    return dest.with_name(f".{dest.name}.{kind}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """``.<name>.<kind>-<process tag>-<hex>`` beside ``dest`` (see
+    :func:`~zreplay.store.liveness.process_tag`)."""
+    return dest.with_name(f".{dest.name}.{kind}-{process_tag()}-{uuid.uuid4().hex[:8]}")
 
 
 def _leftover_kind(dest: Path, entry: str) -> str | None:
-    """``PARTIAL``/``OLD`` if ``entry`` (a name beside ``dest``) is a staging tree of
-    ``dest`` left by a dead process on this host, else None."""
+    """``PARTIAL``/``OLD`` if ``entry`` (a name beside ``dest``) is a staging tree (or
+    file) of ``dest`` whose process is gone, else None.  Gone is judged by the ``flock``
+    its maker keeps on it while it lives, whatever PID namespace it runs in (its pid
+    only within ours): a live maker's staging is never removed."""
     for kind in (PARTIAL, OLD):
         prefix = f".{dest.name}.{kind}-"
         if not entry.startswith(prefix):
             continue
-        parts = entry[len(prefix) :].rsplit("-", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
+        tag, _, hexpart = entry[len(prefix) :].rpartition("-")
+        if not tag or not hexpart:
             return None  # not ours to judge
-        host, pid = parts[0], int(parts[1])
-        if host != socket.gethostname().replace("-", "_") or pid_alive(pid):
-            return None
-        return kind
+        return kind if tag_is_dead(tag, dest.parent / entry) else None
     return None
 
 
@@ -88,13 +82,17 @@ def restore(dest: Path) -> bool:
 
 
 def remove_leftovers(dest: Path) -> list[Path]:
-    """Restore ``dest`` (see :func:`restore`), then remove the staging trees of ``dest``
-    whose process died; returns the paths removed."""
+    """Restore ``dest`` (see :func:`restore`), then remove the staging trees (or files)
+    of ``dest`` whose process died; returns the paths removed."""
     restore(dest)
     done = []
     for name, _ in _leftovers(dest):
-        shutil.rmtree(dest.parent / name, ignore_errors=True)
-        done.append(dest.parent / name)
+        p = dest.parent / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        done.append(p)
     return done
 
 
@@ -132,9 +130,14 @@ def swap_in(tmp: Path, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old tree
         return
     old = stage_name(dest, OLD)
-    os.rename(dest, old)
-    os.rename(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    held = hold(dest)  # moves with it: the old tree is ours until it is removed
+    try:
+        os.rename(dest, old)
+        os.rename(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if held is not None:
+            held.release()
 
 
 @contextlib.contextmanager
@@ -147,9 +150,13 @@ def staged(dest: Path) -> Iterator[Path]:
         dest.rmdir()
     tmp = stage_name(dest, PARTIAL)
     tmp.mkdir()
+    held = hold(tmp)  # while it lives, no other process takes it for a leftover
     try:
         yield tmp
         swap_in(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if held is not None:
+            held.release()

@@ -1,7 +1,7 @@
 """Replacing a tree in an object store, where nothing renames.
 
 A new tree for ``dest`` (a checkpoint, an import) is built under
-``dest/zreplay/staged-<host>-<pid>-<hex>/``, inside the root's meta node where Zarr never
+``dest/zreplay/staged-<process tag>-<hex>/``, inside the root's meta node where Zarr never
 looks.  Publishing the intent ``dest/zreplay/swap.json`` (one PUT) commits the
 replacement; the tree is then rolled forward: the old root ``zarr.json`` is deleted (the
 half-swapped tree is no buffer), every staged object is copied to its place, objects the
@@ -10,7 +10,7 @@ the staged tree are removed.  Every step is idempotent, so a crash anywhere leav
 tree (no intent yet) or a committed intent that the next open of ``dest`` rolls forward
 (:func:`recover`), giving the new tree; two processes rolling forward at once only repeat
 each other's copies.  A build that died before its intent leaves a staged tree that the
-next replace of ``dest`` removes (its process is dead on this host), and that makes a
+next replace of ``dest`` removes (its process is dead in this PID namespace), and that makes a
 destination that held nothing else count as empty.
 """
 
@@ -18,21 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import uuid
 from collections.abc import Iterator
 
 from ..errors import CorruptBufferError
 from .format import META
-from .localswap import pid_alive
+from .liveness import process_tag, tag_is_dead
 
 INTENT = "swap.json"
 STAGED = "staged-"
-
-
-def _host() -> str:
-    return socket.gethostname().replace("-", "_")
 
 
 def is_staging_name(name: str) -> bool:
@@ -40,13 +34,10 @@ def is_staging_name(name: str) -> bool:
 
 
 def _dead_staging(name: str) -> bool:
-    parts = name[len(STAGED) :].rsplit("-", 2)
-    return (
-        len(parts) == 3
-        and parts[0] == _host()
-        and parts[1].isdigit()
-        and not pid_alive(int(parts[1]))
-    )
+    """An object store keeps no flock: its builder is judged by pid, and only when it
+    ran in this PID namespace of this kernel (its name says; see ``process_tag``)."""
+    tag, _, hexpart = name[len(STAGED) :].rpartition("-")
+    return bool(tag and hexpart) and tag_is_dead(tag)
 
 
 def _read_intent(dest) -> str | None:
@@ -133,7 +124,7 @@ def staged(dest) -> Iterator:
     ``dest`` (see the module docstring), on an exception it is removed."""
     recover(dest)
     remove_dead_builds(dest)
-    name = f"{STAGED}{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    name = f"{STAGED}{process_tag()}-{uuid.uuid4().hex[:8]}"
     tmp = dest / META / name
     try:
         yield tmp
