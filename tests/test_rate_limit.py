@@ -98,13 +98,15 @@ def test_a_writer_ahead_of_a_declared_learner_waits(loc):
 def test_a_silent_learner_is_ignored_after_learner_timeout_s(loc):
     empty_buffer(loc)
     lim = SampleToInsertRatio(1.0, ROWS, error_buffer=ROWS, timeout_s=5, learner_timeout_s=0.5)
-    zreplay.open(loc[0], rate_limiter=lim, learner_id="gone")  # declares itself, never samples
+    # declares itself, never samples (kept alive: a view that is dropped says it stopped)
+    silent = zreplay.open(loc[0], rate_limiter=lim, learner_id="gone")
     w = writer(loc, rate_limiter=lim)
     t0 = time.monotonic()
     w.add_trajectories([make_traj(k) for k in range(3)])
     w.add_trajectories([make_traj(3)])  # ahead of 'gone': waits until it counts as gone
     assert 0.4 <= time.monotonic() - t0 < 4
     w.close()
+    del silent
 
 
 def test_one_buffer_that_writes_and_learns(loc):

@@ -9,8 +9,9 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import zarr
-from conftest import make_traj
+from conftest import check_rows, make_traj
 
 import zreplay
 from zreplay.engine.committer import Committer
@@ -227,3 +228,45 @@ def test_a_held_writer_writes_only_rows_added(shared_location, written):
         # values or not at all, so plain zarr reads zeros.
         seg = zarr.open_group(os.path.join(path, "segments", "default"), mode="r")
         assert not np.any(seg["data/actions"][2 * rows : 6 * rows])
+
+
+def test_ram_budget_caps_the_committed_rows_and_a_large_batch_gives_its_memory_back(tmp_path):
+    """One large add regrew the ring to the whole batch, and it never shrank; the
+    committed rows kept in RAM never exceed ram_budget_bytes."""
+    with zreplay.TrajectoryReplayBuffer() as probe:  # the row size of make_traj's rows
+        probe.add_trajectories([make_traj(0)])
+        row = probe.schema.row_bytes
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True,
+        auto_save_path=str(tmp_path / "b"),
+        sample_window_size=0,
+        cache_size=None,
+        ram_budget_bytes=40 * row,  # 40 rows: two trajectories fit, three do not
+        staging_bytes=0,
+    )
+    buf.add_trajectories([make_traj(i) for i in range(1, 51)])  # one batch of 900 rows
+    buf.flush()
+    stats = buf.get_stats()
+    assert stats["rows_in_ram"] <= 40  # committed rows kept: the budget
+    assert stats["ram_bytes"] <= max(40, 18) * row  # the ring shrank back after the commit
+    check_rows(buf.sample(256))  # rows outside RAM still read right
+    buf.add_trajectories([make_traj(60)])
+    buf.flush()
+    assert buf.get_stats()["ram_bytes"] <= max(40, 18) * row
+    buf.close()
+
+
+def test_a_torchrl_storage_honours_its_budgets(tmp_path):
+    pytest.importorskip("torchrl")
+    from tensordict import TensorDict
+
+    from zreplay.torchrl import ZarrStorage
+
+    s = ZarrStorage(100_000, tmp_path / "t", ram_budget_bytes=64 * 48, staging_bytes=0)
+    s.set(torch.arange(100), TensorDict({"x": torch.ones(100, 12)}, batch_size=[100]))
+    s.flush()
+    st = s.core.engine.state
+    assert st.schema.row_bytes == 48
+    assert st.tier.capacity <= 100  # one extend, not 2 x 4096 rows
+    assert s.core.stats()["rows_in_ram"] <= 64
+    s.close()

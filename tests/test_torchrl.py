@@ -394,3 +394,55 @@ def test_a_slice_sample_reads_images_once(tmp_path):
     rb.storage.core.rows = spy
     rb.sample()
     assert sum(keys is None or "pixels" in keys for keys in reads) == 1
+
+
+@pytest.mark.parametrize("how", ["never extended", "emptied"])
+def test_a_dump_of_an_empty_storage_loads(tmp_path, how):
+    """rb.dumps() of a storage with no rows could not be loaded ('is not a ZarrStorage
+    checkpoint'): a run that crashed before its next checkpoint could not resume."""
+    rb = zarr_rb(tmp_path / "a", 10)
+    if how == "emptied":
+        rb.extend(batch(0, 4))
+        rb.empty()
+    rb.dumps(tmp_path / "ck")
+    back = zarr_rb(tmp_path / "b", 10)
+    back.extend(batch(100, 3))
+    back.loads(tmp_path / "ck")
+    assert len(back) == 0
+    back.extend(batch(200, 2))
+    assert back.storage[:]["g"].tolist() == [200, 201]
+    rb.storage.close(), back.storage.close()
+
+
+def _torchrl_full_ring(M: int = 8, n: int = 11):
+    """A TorchRL buffer whose ring wrapped: next slot 3, slot 2 the newest row."""
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(M), batch_size=4)
+    ref.extend(batch(0, n))
+    assert ref.writer._cursor == n % M
+    return ref
+
+
+def test_a_guessed_next_slot_never_escapes_a_reopen(tmp_path):
+    """TorchRL's state dict of a full ring has no cursor (its writer's state has it).
+    Closing the storage before the first extend and reopening the path synced the new
+    writer to the guess, and the next extend overwrote a recent row, not the oldest."""
+    ref = _torchrl_full_ring()
+    rb = zarr_rb(tmp_path / "a", 8)
+    rb.load_state_dict(ref.state_dict())  # the storage's guess, then the writer's cursor
+    rb.storage.close()
+    again = zarr_rb(tmp_path / "a", 8)
+    for r in (ref, again):
+        r.extend(batch(100, 2))
+    same(ref.storage[:], again.storage[:].to_tensordict(), "extend after reopening")
+    assert again.writer._cursor == ref.writer._cursor
+    again.storage.close()
+
+
+def test_a_guessed_next_slot_is_not_exported_as_known(tmp_path):
+    ref = _torchrl_full_ring()
+    rb = zarr_rb(tmp_path / "a", 8)
+    rb.storage.load_state_dict(ref.storage.state_dict())  # no writer: only a guess
+    assert "_next_slot" not in rb.storage.state_dict()
+    rb.load_state_dict(ref.state_dict())  # now the writer says where it is
+    assert rb.storage.state_dict()["_next_slot"] == 3
+    rb.storage.close()

@@ -75,7 +75,8 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
             frame is real), padded frames zeroed or repeated, ``is_pad`` marks them.
         action_keys: columns kept dense under frameskip (default ``("action",)``).
         seed: seed of the private random generator (saved with the buffer).
-        ram_budget_bytes: RAM kept for decoded recent steps (the rest reads from disk).
+        ram_budget_bytes: cap on the committed recent steps kept decoded in RAM (the rest
+            reads from disk).
         staging_bytes: RAM for written steps waiting for the background writer beyond
             ``ram_budget_bytes`` (default 256 MiB, at most 1/16 of RAM; then writes wait).
         overwrite: start fresh even if ``path`` holds a buffer.

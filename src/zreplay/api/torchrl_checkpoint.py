@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ..core import BufferCore
+from ..engine.reader import segment_commits
 from ..errors import FormatError
 from ..store.location import locate
 from ..store.root import is_buffer
@@ -44,12 +44,10 @@ def state_dict_of(storage) -> dict:
     if not storage.initialized:
         return {"_storage": {}, "initialized": False, "_len": 0}
     td = slot_rows(storage, np.arange(storage.max_size))
-    return {
-        "_storage": td.state_dict(),
-        "initialized": True,
-        "_len": len(storage),
-        "_next_slot": storage._ring.next_slot(storage._W),
-    }
+    out = {"_storage": td.state_dict(), "initialized": True, "_len": len(storage)}
+    if not storage._ring_guessed:  # a guess is not exported as if it were known
+        out["_next_slot"] = storage._ring.next_slot(storage._W)
+    return out
 
 
 def load_state_dict_into(storage, state_dict: Mapping) -> None:
@@ -129,7 +127,9 @@ class TorchRLFiles:
 
     @staticmethod
     def _zreplay(storage, src) -> None:
-        segs = BufferCore.reader(src, storage_options=storage.core.storage_options).segments()
+        # Every committed segment, empty ones too (a storage never extended, or emptied,
+        # dumps one with nothing visible; a reader's segments() would leave it out).
+        segs = segment_commits(src, storage.core.storage_options)
         found = [(w, c) for w, c in segs if (c.sampler or {}).get("facade", {}).get("kind")]
         if len(segs) != 1 or len(found) != 1:
             raise FormatError(f"{src} is not a ZarrStorage checkpoint (one segment written by it)")

@@ -66,7 +66,10 @@ class ZarrStorage(TensorStorage):
             (``max_size`` must be the one it was written with).  ``None``: a private
             temporary store removed on :meth:`close`.
         device: where returned TensorDicts live (rows are stored on disk and in RAM).
-        ram_budget_bytes: RAM kept for decoded newest rows (older ones read from disk).
+        ram_budget_bytes: cap on the newest committed rows kept decoded in RAM (older
+            ones are read from disk).
+        staging_bytes: RAM for extended rows waiting for the background writer (default
+            256 MiB, at most 1/16 of RAM; see :class:`~zreplay.TrajectoryReplayBuffer`).
         overwrite: start afresh even if ``path`` holds a buffer.
         layout, durable, writer_id, break_lock, storage_options: as for
             :class:`~zreplay.TrajectoryReplayBuffer`.
@@ -82,6 +85,7 @@ class ZarrStorage(TensorStorage):
         *,
         device: torch.device | str = "cpu",
         ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
+        staging_bytes: int | None = None,
         layout: Mapping[str, Mapping] | None = None,
         overwrite: bool = False,
         writer_id: str = "default",
@@ -103,6 +107,7 @@ class ZarrStorage(TensorStorage):
             # Rows stay until every row of their trajectory is overwritten (see module).
             capacity=M + self._piece - 1,
             ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
+            staging_bytes=staging_bytes,
             layout=layout,
             durable=durable,
             overwrite=overwrite,
@@ -192,7 +197,12 @@ class ZarrStorage(TensorStorage):
 
     def _sync_writers(self, only_fresh: bool = False) -> None:
         """Put the attached writers' cursors where the next row goes (a fresh writer on
-        a resumed storage; after loading a checkpoint, which rb.loads then confirms)."""
+        a resumed storage; after loading a checkpoint, which rb.loads then confirms).
+        A guessed next slot (a TorchRL state dict of a full ring) is never handed out:
+        the writers keep their own cursors, and the first extend (or a writer whose
+        state was restored) tells where the ring really goes on."""
+        if self._ring_guessed:
+            return
         for w in self._writers():
             if not only_fresh or w._write_count == 0:
                 w._cursor = self._ring.next_slot(self._W)
@@ -233,13 +243,26 @@ class ZarrStorage(TensorStorage):
         self._set_last_cursor(cursor)
         self._bump_mutation_revision()
 
+    def _settle_guess(self, cursor: int | None) -> None:
+        """A TorchRL state dict of a full ring does not say where its writer's cursor
+        is; a restored writer does (``cursor``): re-append the ring once, from there."""
+        if self._ring_guessed and cursor is not None:
+            if int(cursor) % self.max_size != self._ring.next_slot(self._W):
+                rows = slot_rows(self, np.arange(self.max_size))
+                import_rows(self, rows, self.max_size, int(cursor), sync=False)
+
+    def _writer_cursor(self) -> int | None:
+        """The cursor of an attached writer that was restored or has written (a fresh
+        one knows nothing the storage does not)."""
+        for w in self._writers():
+            if w._write_count:
+                return int(w._cursor)
+        return None
+
     def _append(self, cursor: torch.Tensor, data: TensorDictBase, n: int) -> None:
         want = self._ring.expected(self._W, n)
         if self._ring_guessed and len(cursor) and not torch.equal(cursor, want):
-            # A TorchRL state dict of a full ring does not say where its writer's cursor
-            # is; the restored writer does: re-append the ring once, from there.
-            rows = slot_rows(self, np.arange(self.max_size))
-            import_rows(self, rows, self.max_size, int(cursor[0]), sync=False)
+            self._settle_guess(int(cursor[0]))
             want = self._ring.expected(self._W, n)
         if not torch.equal(cursor, want):
             raise AppendOnlyError(
@@ -305,8 +328,11 @@ class ZarrStorage(TensorStorage):
 
     def state_dict(self) -> dict:
         """TorchRL's storage state: ``{"_storage": the max_size slots' TensorDict state
-        (zeros past len), "initialized", "_len"}`` plus the writer's next slot.  It holds
-        every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files instead."""
+        (zeros past len), "initialized", "_len"}`` plus the writer's next slot (absent
+        while it is only a guess: as in TorchRL's, the writer's state then says it).  It
+        holds every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files
+        instead."""
+        self._settle_guess(self._writer_cursor())
         return state_dict_of(self)
 
     def load_state_dict(self, state_dict: Mapping) -> None:
@@ -318,6 +344,7 @@ class ZarrStorage(TensorStorage):
     def dumps(self, path) -> None:
         """A copy-free snapshot (a zreplay buffer directory: hard links, or server-side
         copies on S3) at ``path``; ``rb.dumps(dir)`` puts it in ``dir/storage``."""
+        self._settle_guess(self._writer_cursor())
         self.core.checkpoint(path)
 
     def loads(self, path) -> None:
@@ -336,7 +363,10 @@ class ZarrStorage(TensorStorage):
         self.core.flush()
 
     def close(self) -> None:
-        """Commit and release the writer lock (idempotent)."""
+        """Commit and release the writer lock (idempotent).  A ring whose next slot was
+        only guessed is put in order first if a restored writer knows it."""
+        if not self.core.closed:
+            self._settle_guess(self._writer_cursor())
         self.core.close()
 
     def __getstate__(self):

@@ -56,10 +56,13 @@ class TrajectoryReplayBuffer:
 
     Args (zreplay's):
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
-        ram_budget_bytes: cap on the RAM tier's size in bytes.
+        ram_budget_bytes: cap on the committed rows the RAM tier keeps decoded, in bytes.
         staging_bytes: RAM for added rows waiting for the background writer beyond the
             RAM tier (default 256 MiB, at most 1/16 of RAM): adds wait for the writer only
-            once the uncommitted rows fill the RAM tier plus this budget.
+            once the uncommitted rows fill the RAM tier plus this budget.  The RAM tier's
+            ring is the larger of ``ram_budget_bytes`` and room for two of the largest
+            trajectories (one, if ``staging_bytes`` holds less); a batch larger than
+            that is held whole until it is committed, then the memory is given back.
         layout: per-key chunk/shard/codec overrides, e.g.
             ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.
         overwrite: start fresh even if ``auto_save_path`` holds a buffer.

@@ -192,8 +192,10 @@ class RamPolicy:
     """How many recent rows the RAM tier keeps decoded.
 
     ``trajectories``: keep about this many of the newest trajectories (sized from the
-    first one); ``max_bytes``: cap on the tier's size; ``enabled=False`` keeps only rows
-    that are not yet committed, so every sample of committed data reads from disk.
+    first one); ``max_bytes``: cap on the committed rows kept (``ram_budget_bytes``: rows
+    added but not yet committed take up to ``staging_bytes`` more, or one add's rows
+    while it is larger); ``enabled=False`` keeps only rows that are not yet committed,
+    so every sample of committed data reads from disk.
     ``column_cache_bytes``: budget of the column cache of small keys (see
     :mod:`zreplay.engine.colcache`; default 128 MiB, none when ``enabled=False``).
     """
@@ -211,16 +213,20 @@ class RamPolicy:
 
         return DEFAULT_BUDGET if self.enabled else 0
 
-    def rows_for(self, schema: Schema, traj_rows: int) -> int:
-        staging = 2 * traj_rows
+    def window_for(self, schema: Schema, traj_rows: int) -> int:
+        """Committed rows kept in RAM (the tier proper): about ``trajectories`` of
+        ``traj_rows`` rows, never more than ``max_bytes`` of rows; none when disabled."""
         if not self.enabled:
-            return staging
+            return 0
         rows = (self.trajectories or 0) * traj_rows
         if self.max_bytes is not None:
             budget = self.max_bytes // max(1, schema.row_bytes)
             rows = budget if not self.trajectories else min(rows, budget)
-        return max(staging, rows)
+        return rows
 
-    def window_for(self, schema: Schema, traj_rows: int) -> int:
-        """Rows of the tier proper: committed rows kept in RAM (none when disabled)."""
-        return self.rows_for(schema, traj_rows) if self.enabled else 0
+    def rows_for(self, schema: Schema, traj_rows: int, staging_rows: int) -> int:
+        """Slots of the ring: the window, or room for one add of ``traj_rows`` rows plus
+        a second while the first is written (as far as ``staging_rows`` allows), if that
+        is more.  Slots beyond the window hold rows not yet committed (staging)."""
+        staged = traj_rows + min(traj_rows, max(0, staging_rows))
+        return max(self.window_for(schema, traj_rows), staged)

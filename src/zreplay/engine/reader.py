@@ -78,7 +78,7 @@ def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str
     root.recover()  # a checkpoint saved over it that a crash interrupted
     root.read_meta()  # fails fast on a non-buffer
     out = []
-    for wid in root.writer_ids():
+    for wid in root.committed_ids():  # also a segment that committed before any array
         commit = read_commit(root.segment_dir(wid))
         if commit is not None:
             out.append((wid, commit))

@@ -100,34 +100,54 @@ class SegmentState:
         self.commit = commit
         if job is not None and self.tier is not None:
             self.tier.release_committed(commit.n_rows)
+            self._give_back()
 
     # -- the RAM tier ---------------------------------------------------------------
 
+    @property
+    def staging_rows(self) -> int:
+        """Rows ``staging_bytes`` holds."""
+        return self.staging_bytes // max(1, self.schema.row_bytes)
+
     def make_tier(self, traj_rows: int) -> None:
-        self.tier_rows = self.ram.rows_for(self.schema, traj_rows)
+        self.tier_rows = self.ram.rows_for(self.schema, traj_rows, self.staging_rows)
         window = self.ram.window_for(self.schema, traj_rows)
         self.tier = RamTier(self.schema, self.tier_rows, window)
         self.tier.reset(self.index.n_rows)
 
     def tier_too_small(self, items: list[Prepared]) -> int | None:
         """Rows of a larger RAM tier an add of ``items`` needs, or None if the current one
-        will do: it stages the whole batch at once, and was sized for at least two of its
-        largest trajectory (else it is regrown to the policy's size for that trajectory)."""
+        will do: it stages the whole batch at once, and was sized by the policy for
+        trajectories as large as its largest (else it grows to the policy's size for it,
+        or to the batch while that is larger: given back once it is committed)."""
         largest = max(it.n_rows for it in items)
         total = sum(it.n_rows for it in items)
-        if 2 * largest <= self.tier_rows and total <= self.tier.capacity:
+        policy = self.ram.rows_for(self.schema, largest, self.staging_rows)
+        if policy <= self.tier_rows and total <= self.tier.capacity:
             return None
-        return max(self.ram.rows_for(self.schema, largest), total)
+        return max(policy, total)
 
     def regrow_tier(self, items: list[Prepared], rows: int) -> RamTier:
         """A tier of ``rows`` rows holding what the current one holds (the caller waited
         until every row the current tier holds is committed); its sampling window is the
-        policy's for the largest of ``items`` if that is larger."""
+        policy's for the largest of ``items`` if that is larger.  Slots beyond the
+        policy's size (a batch larger than it) are given back after their commit."""
         largest = max(it.n_rows for it in items)
         window = max(self.tier.window, self.ram.window_for(self.schema, largest))
-        self.tier_rows = rows
+        policy = self.ram.rows_for(self.schema, largest, self.staging_rows)
+        self.tier_rows = max(self.tier_rows, min(policy, rows))
         self.tier = self.tier.resized(rows, window)
         return self.tier
+
+    def _give_back(self) -> None:
+        """Once everything is committed, a ring grown past the policy's size plus the
+        staging budget (for a batch larger than both) shrinks back to the policy's size,
+        keeping the newest committed rows of its window."""
+        tier = self.tier
+        if tier is None or self.commit.n_rows < tier.hi:
+            return
+        if tier.capacity > self.tier_rows + self.staging_rows:
+            self.tier = tier.resized(self.tier_rows)
 
     def staging_room(self, k: int) -> RamTier:
         """The tier an add of ``k`` rows reserves in.  When its rows would overwrite
@@ -138,7 +158,7 @@ class SegmentState:
         tier = self.tier
         if tier.hi + k - tier.capacity <= self.commit.n_rows:
             return tier
-        staged = self.staging_bytes // max(1, self.schema.row_bytes)
+        staged = self.staging_rows
         target = self.tier_rows + staged
         if staged >= k and target > tier.capacity:
             self.tier = tier.resized(target)

@@ -25,8 +25,10 @@ from .format import (
     SEGMENT_CHILDREN,
     SEGMENTS,
     claims_dir,
+    commit_path,
     is_temp_name,
     legacy_claims_dir,
+    legacy_commit_path,
     meta_node_json,
 )
 from .layout import KeyLayout
@@ -240,6 +242,22 @@ class BufferRoot:
         except FileNotFoundError:
             return []
         return [p.name for p in entries if (p / "zarr.json").is_file()]
+
+    def committed_ids(self) -> list[str]:
+        """Segments with a commit record, sorted by name: those of :meth:`writer_ids`,
+        and one that committed before it had arrays (a buffer emptied or never added to,
+        whose commit carries its sampler and facade state)."""
+        try:
+            entries = sorted(self.segments_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        return [
+            p.name
+            for p in entries
+            if (p / "zarr.json").is_file()
+            or commit_path(p).is_file()
+            or legacy_commit_path(p).is_file()
+        ]
 
     def writer_number(self, writer_id: str) -> int:
         """The buffer-wide number of ``writer_id``, claimed on first use.
