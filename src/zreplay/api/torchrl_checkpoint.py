@@ -89,10 +89,15 @@ def import_rows(
         # Until the restored writer's first extend says where its cursor is (ZarrStorage).
         ring["guessed"] = full and next_slot is None
         state = storage.core.state()  # read when the block ends: the ring goes in below
-        with storage.core.replacing(state) as staging:  # all or nothing
-            staging.add(pieces(cols, n, storage._piece))
-            ring["start"] = staging.row_range[1] - n  # rows go on from the old ones
-            state["facade"] = ring
+        try:
+            with storage.core.replacing(state) as staging:  # all or nothing
+                staging.add(pieces(cols, n, storage._piece))
+                ring["start"] = staging.row_range[1] - n  # rows go on from the old ones
+                state["facade"] = ring
+        except BaseException:
+            if not storage.core.closed:
+                storage._open_ring()  # the ring of what the segment holds now, old or new
+            raise
         storage.core.facade_state = ring
     storage._open_ring()
     storage._bump_mutation_revision()
@@ -144,7 +149,12 @@ class TorchRLFiles:
                 f"{src} is a ZarrStorage of max_size={facade.get('max_size')}; this one has "
                 f"max_size={storage.max_size}"
             )
-        storage.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
+        try:
+            storage.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
+        except BaseException:
+            if not storage.core.closed:
+                storage._open_ring()  # the ring of what the segment holds now, old or new
+            raise
         storage._open_ring(facade)
         storage.core.flush()
         storage._bump_mutation_revision()

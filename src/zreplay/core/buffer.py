@@ -367,8 +367,26 @@ class BufferCore:
         all or nothing, taking ``state`` (a commit's sampler state) as this buffer's
         stream and sampler state.  A restore: rows, trajectory ids and saved priorities
         are the source's (indices drawn before it do not apply after it)."""
-        replace.adopt(self._writer(), src, writer_id, first, stop, dict(state))
+        writer = self._writer()
+        before = writer.commit.contents
+        try:
+            replace.adopt(writer, src, writer_id, first, stop, dict(state))
+        except BaseException:
+            self.follow_replaced(before)  # past its point of no return, it did replace
+            raise
         self.load_state(state)
+
+    def follow_replaced(self, contents_before: str) -> None:
+        """After a replacement that raised: if the segment's contents did change (it
+        failed past its point of no return, and the writer read the new commit back),
+        take the stream, sampler and facade state that commit carries, so that nothing
+        of the old contents' state is committed over the new rows later."""
+        eng = self.engine
+        if eng.closed or eng.commit.contents == contents_before:
+            return
+        state = dict(eng.commit.sampler or {})
+        self.load_state(state)
+        self.facade_state = dict(state.get("facade", {}))
 
     def replacing(self, state: Mapping | None = None):
         """A context manager: replace this buffer's contents with what the block adds to

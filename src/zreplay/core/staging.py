@@ -28,5 +28,10 @@ def staged_replacement(core, writer, state: Mapping | None) -> Iterator:
         finally:
             staging.close()
         new = dict(core.state() if state is None else state)
-        replace.swap_in_staged(writer, new)
+        before = writer.commit.contents
+        try:
+            replace.swap_in_staged(writer, new)
+        except BaseException:
+            core.follow_replaced(before)  # past its point of no return, it did replace
+            raise
     core.load_state(new)

@@ -170,20 +170,30 @@ class BufferReader:
         raise AssertionError("unreachable")
 
     def _refresh(self) -> bool:
-        changed = False
         try:
-            created = self.root.read_meta().get("created")
+            return self._read_commits()
         except (FormatError, CorruptBufferError):
             if self._created is None:
                 raise  # never a buffer this reader saw
+            try:
+                same = self.root.read_meta().get("created") == self._created
+            except (FormatError, CorruptBufferError):
+                same = False
+            if same:
+                raise
             raise _MovedOn() from None  # removed and being made again (overwrite=True)
+
+    def _read_commits(self) -> bool:
+        changed = False
+        meta = self.root.read_meta()
+        created = meta.get("created")
         if self._created is not None and created != self._created:
             # Another buffer at the same path (overwrite=True): nothing read before holds.
             self._segs, self.schema, self._layouts = {}, None, None
             changed = True
         self._created = created
         if self.schema is None:
-            self.schema, self._layouts = self.root.schema()
+            self.schema, self._layouts = self.root.schema(meta)
             if self.schema is None:
                 self._rebuild()
                 return changed

@@ -171,8 +171,12 @@ class BufferRoot:
         self._set_attr(format=FORMAT_VERSION)
         self.backend.remove_tree(old)
 
-    def schema(self) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
-        info = self.read_meta()
+    def schema(
+        self, info: Mapping | None = None
+    ) -> tuple[Schema | None, dict[str, KeyLayout] | None]:
+        """The schema and layouts the root records (``info``: its metadata as just read
+        by :meth:`read_meta`, else read now)."""
+        info = self.read_meta() if info is None else info
         if not info.get("schema"):
             return None, None
         try:
