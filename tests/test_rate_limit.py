@@ -16,7 +16,7 @@ from conftest import check_rows, make_traj, run_children
 
 import zreplay
 from zreplay import MinSize, SampleToInsertRatio
-from zreplay.errors import RateLimitTimeout
+from zreplay.errors import EmptyBufferError, RateLimitTimeout
 from zreplay.store.progress import read_progress
 
 ROWS = 18  # make_traj: T=6, B=3
@@ -343,3 +343,62 @@ def test_closing_a_dataset_iterator_ends_its_wait_for_rows(loc):
     assert time.monotonic() - t0 < 2.0
     assert not any(t.is_alive() for t in threads)
     w.close()
+
+
+def test_a_clip_draw_that_failed_is_not_counted(loc):
+    lim = SampleToInsertRatio(1.0, ROWS, error_buffer=ROWS, timeout_s=0.3, publish_every_s=0)
+    w = writer(loc, sample_window_size=0)
+    w.add_trajectories([make_traj(0), make_traj(1)])
+    w.flush()
+    view = zreplay.open(loc[0], rate_limiter=lim, learner_id="L")
+    w.clear()
+    w.add_trajectories([make_traj(2)])  # 18 rows, but episodes too short for clips of 8
+    w.flush()
+    view.refresh()
+    with pytest.raises((EmptyBufferError, ValueError)):
+        view.sample_clips(8, history_len=8)
+    assert view.core.rate.me.samples == 0  # nothing was drawn, nothing is owed
+    assert view.sample_clips(4, history_len=2)["actions"].shape[:2] == (4, 2)
+    assert view.core.rate.me.samples == 4  # counted once read
+    view.close()
+    w.close()
+
+
+def test_a_learner_starts_over_on_a_buffer_made_again_at_its_path(loc):
+    """overwrite=True made another buffer at the path; a live learner carried its old
+    count into it (blocked at once, while writers ran far ahead of it)."""
+    lim = SampleToInsertRatio(1.0, ROWS, error_buffer=ROWS, timeout_s=0.3, publish_every_s=0)
+    w = writer(loc, sample_window_size=0)
+    w.add_trajectories([make_traj(k) for k in range(4)])
+    w.close()
+    view = zreplay.open(loc[0], rate_limiter=lim, learner_id="L")
+    view.sample(72)
+    w = writer(loc, sample_window_size=0, overwrite=True)
+    w.add_trajectories([make_traj(10), make_traj(11)])
+    w.flush()
+    view.refresh()
+    view.sample(36)  # a learner new to this buffer: 36 inserted rows allow this much
+    assert view.core.rate.me.samples == 36
+    view.close()
+    w.close()
+
+
+def test_a_dataset_waiting_for_rows_ends_when_its_buffer_is_closed(loc):
+    w = writer(loc, sample_window_size=0)
+    ds = zreplay.ReplayDataset(w, batch_size=4, min_size=5, poll_s=60.0)
+    got = []
+
+    def consume():
+        try:
+            got.append(next(iter(ds)))
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            got.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    w.close()
+    t.join(5.0)
+    assert not t.is_alive() and time.monotonic() - t0 < 5.0
+    assert isinstance(got[0], zreplay.BufferClosedError), got

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import check_rows, make_traj, run_children
 
@@ -135,3 +136,113 @@ def test_views_opened_in_a_loop_racing_clear_and_load_never_see_damage(shared_lo
     )
     assert rounds >= 2 and got["opens"] >= 3, (rounds, got)  # moto's S3 is slow
     assert got["samples"] >= 1, got
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["column cache", "no cache"])
+@pytest.mark.parametrize("how", ["load_checkpoint", "overwrite"])
+def test_a_view_that_did_not_refresh_never_reads_the_new_files_as_its_rows(tmp_path, how, cache):
+    """The replaced segment's files sit at the same row numbers; a view still on the old
+    snapshot read them as its rows (with the column cache: old small keys beside new
+    images; without: new rows under old trajectory metadata)."""
+    path, other = tmp_path / "b", tmp_path / "other"
+    _filled(path, 0)
+    _filled(other, 50)
+    view = zreplay.open(path, column_cache_bytes=None if cache else 0)
+    check_rows(view.sample(256))
+    if how == "load_checkpoint":
+        with trb(path) as buf:
+            buf.load_checkpoint(str(other))
+    else:
+        with trb(path, overwrite=True) as buf:
+            buf.add_trajectories([make_traj(50 + i) for i in range(4)])
+    old, new = {0, 1, 2, 3}, {50, 51, 52, 53}
+    for _ in range(3):  # no refresh(): its snapshot (from RAM), or the new one, never both
+        got = set(check_rows(view.sample(256)) // 10000)
+        assert got <= old or got <= new, got
+    for i in range(view.num_trajectories):
+        t = view.trajectory(i)  # metadata and rows of the same trajectory
+        assert set(np.unique(t["actions"][..., 0] // 10000)) == {t["max_episode_length"] - 100}
+
+
+def test_overwrite_removes_the_commits_before_the_rows(tmp_path, monkeypatch):
+    """A filesystem may list a directory's data before its commit records (tmpfs did):
+    removed in that order, a reader found rows missing under a commit that still named
+    them and reported damage.  The commit records go first, so a reader sees the buffer
+    go, never damage."""
+    path = tmp_path / "b"
+    with trb(path) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(3)])
+    view = zreplay.open(path, column_cache_bytes=0)
+    from zreplay.store.backend_local import LocalBackend
+
+    real = LocalBackend.remove_tree
+    seen = []
+
+    def data_first(self, loc):
+        if str(loc) == str(path):
+            commits = list(path.glob("segments/*/zreplay/commit.json"))
+            seen.append((commits, (path / "zarr.json").exists()))
+            for d in path.glob("segments/*/data"):  # tmpfs's order: the rows first ...
+                real(self, d)
+            with pytest.raises((EmptyBufferError, zreplay.FormatError)):
+                view.sample(16)  # ... a reader in between sees the buffer go
+        return real(self, loc)
+
+    monkeypatch.setattr(LocalBackend, "remove_tree", data_first)
+    trb(path, overwrite=True).close()
+    assert seen == [([], False)]  # no commit record, no root zarr.json left by then
+
+
+def test_a_learners_publish_never_brings_a_removed_buffer_back(tmp_path):
+    """A learner publishing its progress while overwrite=True removed the buffer made
+    <root>/zreplay/learners again: the path was then 'not a zreplay buffer' for good."""
+    import shutil
+
+    path = tmp_path / "b"
+    _filled(path, 0, n=1)
+    lim = zreplay.SampleToInsertRatio(1.0, 1, error_buffer=100, publish_every_s=0)
+    view = zreplay.open(path, rate_limiter=lim, learner_id="L")
+    shutil.rmtree(path)  # the removal, at the instant the learner publishes
+    view.core.rate.publish()
+    assert not path.exists()
+    path.mkdir()  # a removal that left only zreplay's own directories behind
+    (path / "zreplay" / "learners").mkdir(parents=True)
+    (path / "zreplay" / "learners" / "L.json").write_text("{}")
+    with pytest.raises(zreplay.FormatError, match="start it afresh with overwrite=True"):
+        trb(path)
+    with pytest.raises(zreplay.FormatError, match="being created or removed"):
+        zreplay.open(path)
+    with trb(path, overwrite=True) as buf:
+        buf.add_trajectories([make_traj(0)])
+    assert zreplay.open(path).num_trajectories == 1
+
+
+def test_priorities_of_a_batch_drawn_before_a_load_do_not_land_on_the_loaded_rows(tmp_path):
+    """The loaded rows keep the checkpoint's row numbers, which the old batch's indices
+    may name: they were applied to rows they never drew (a prefetched batch, a TD error
+    computed while another thread loaded)."""
+    from zreplay.samplers import Prioritized
+
+    _filled(tmp_path / "other", 50)
+    with trb(tmp_path / "other", sampler=Prioritized(alpha=1.0, eps=0.0)) as ck:
+        ck.update_priorities(np.arange(72), 1.0)
+    buf = trb(tmp_path / "b", sampler=Prioritized(alpha=1.0, eps=0.0))
+    buf.add_trajectories([make_traj(i) for i in range(4)])
+    old = buf.sample(64)["index"]
+    buf.load_checkpoint(str(tmp_path / "other"))
+    assert buf.update_priorities(old, 1e9) == 0  # skipped, as for evicted rows
+    new = buf.sample(64)
+    assert set(check_rows(new) // 10000) <= {50, 51, 52, 53}
+    np.testing.assert_array_equal(buf.priorities(new["index"]), 1.0)  # untouched
+    assert buf.update_priorities(new["index"], 5.0) == 64  # drawn from these rows: applies
+    np.testing.assert_array_equal(buf.priorities(new["index"]), 5.0)
+    buf.close()
+
+    view = zreplay.open(tmp_path / "b", sampler=Prioritized(alpha=1.0, eps=0.0))
+    before = view.sample(32)["index"]
+    with trb(tmp_path / "b") as w:
+        w.load_checkpoint(str(tmp_path / "other"))
+    view.refresh()
+    assert view.update_priorities(before, 1e9) == 0
+    after = view.sample(32)["index"]
+    assert view.update_priorities(after, 2.0) == 32

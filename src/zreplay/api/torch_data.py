@@ -24,7 +24,8 @@ import torch
 import torch.utils.data
 
 from ..core.ranks import distributed, rank_block, resolve_rank
-from ..core.waits import pause
+from ..core.waits import Interrupted, pause
+from ..errors import BufferClosedError
 from ..numbers import as_int
 from .batches import index_tree
 from .prefetch import Prefetcher
@@ -119,7 +120,17 @@ class ReplayDataset(torch.utils.data.IterableDataset):
 
     def _batch(self) -> Any:
         while not self._ready():
-            pause(self.poll_s)  # ends when the prefetcher running this is closed
+            closing = [b.core.closing for b in (self.buffer, self.demo) if _has_core(b)]
+            if any(e.is_set() for e in closing):
+                raise BufferClosedError(
+                    "ReplayDataset: its buffer was closed while it waited for "
+                    f"min_size={self.min_size} (demo: {self.min_demo_size}); nothing to draw"
+                )
+            try:  # ends when the prefetcher running this, or a buffer, is closed
+                pause(self.poll_s, *closing)
+            except Interrupted as e:
+                if e.event not in closing:
+                    raise
             for b in (self.buffer, self.demo):
                 if isinstance(b, BufferView):
                     b.refresh()
@@ -252,3 +263,12 @@ def concat_batches(parts: list[Any]) -> Any:
     if isinstance(first, torch.Tensor):
         return torch.cat(parts, 0)
     return np.concatenate(parts, 0)
+
+
+def _has_core(buffer) -> bool:
+    """Whether ``buffer`` is one of zreplay's buffers or views (it has a core whose
+    ``closing`` event says it was closed)."""
+    try:
+        return getattr(getattr(buffer, "core", None), "closing", None) is not None
+    except Exception:  # noqa: BLE001 - a replica core in a worker refuses every attribute
+        return False

@@ -64,6 +64,9 @@ class BufferCore:
         self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
         self.rate: RateGate | None = None
         self._state_error: TypeError | None = None  # the writer could not save state()
+        # Set by close(): a wait on this core's behalf (a rate limit, a dataset waiting for
+        # rows) ends at once (zreplay.core.waits).
+        self.closing = threading.Event()
 
     @property
     def _owner(self) -> Any:
@@ -212,11 +215,16 @@ class BufferCore:
         n = as_int(n, "the number of samples", minimum=1)
         version = as_optional_float(version, "version")
         step = None if step is None else as_int(step, "step")
-        if self.rate is not None:  # a rate-limited learner waits, then counts them
+        if self.rate is not None:  # a rate-limited learner waits (and counts them once read)
             self.rate.before_sample(n)
-            self.rate.sampled(n)
         step = self.stream.take_step(step)
         return self._bound.pick(self.stream.rng, n, step, version)
+
+    def _counted(self, n: int, out: dict) -> dict:
+        """A rate-limited learner counts ``n`` units once they were read."""
+        if self.rate is not None:
+            self.rate.sampled(n)
+        return out
 
     def sample(
         self, n: int, keys: list[str] | None = None, alloc=None, version=None
@@ -243,13 +251,11 @@ class BufferCore:
             rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"], version)
             extra.clear()
             extra.update(got)
-            self.stream.num_sampled += n
             return rows if keys is None else {k: (k, rows) for k in keys}
 
-        _, out = self.read(draw, alloc)
-        if self.rate is not None:
-            self.rate.sampled(n)
-        return plans.add_extra(out, extra)
+        _, out = self.read(draw, alloc)  # a retried read draws again: counted once, after
+        self.stream.num_sampled += n
+        return self._counted(n, plans.add_extra(out, extra))
 
     def sample_clips(
         self, spec: ClipSpec, n: int, keys: list[str] | None = None, step=None, version=None
@@ -257,7 +263,7 @@ class BufferCore:
         """``n`` clips ``{key: [n, history_len, ...]}`` drawn by the sampler over every
         valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized)."""
         pick = self.pick(n, step, version)
-        return plans.gather_clips(self._read, spec, keys or self.keys, pick)
+        return self._counted(n, plans.gather_clips(self._read, spec, keys or self.keys, pick))
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
@@ -271,7 +277,7 @@ class BufferCore:
     ) -> dict[str, np.ndarray]:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
         pick = self.pick(n, step, version)
-        return plans.gather_nstep(self._read, spec, self.keys, pick, keys)
+        return self._counted(n, plans.gather_nstep(self._read, spec, self.keys, pick, keys))
 
     def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
         """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
@@ -403,7 +409,8 @@ class BufferCore:
 
     def close(self) -> None:
         """Close the writer (commit, unlock); a rate-limited learner publishes that it
-        stopped."""
+        stopped; waits on this core's behalf in other threads end."""
+        self.closing.set()
         if self.rate is not None:
             self.rate.close()
         if self.writable:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 import weakref
 
@@ -168,19 +167,31 @@ class RateGate:
         self.root = core.engine.root
         self._seen: dict[str, tuple[int, float]] = {}  # learner -> (seq, when it changed)
         self._published = -math.inf
-        self._closing = threading.Event()  # set by close(): waits end at once
+        self._closing = core.closing  # set by the core's close(): waits end at once
         self.me: LearnerProgress | None = None
+        self._buffer = self._buffer_id()
         if learner_id is not None:
-            self.root.create_meta_node(self.root.path)  # a format-2 root has none yet
-            got = read_progress(self.root.path, learner_id)
-            if got is None:  # rows already there beyond the minimum are not owed samples
-                inserted, _ = self._counts(refresh=False)
-                base = max(0, inserted - limiter.min_size_to_sample)
-                got = LearnerProgress(learner_id, baseline=base)
-            got.closed, got.limits = False, limiter.limits()
-            self.me = got
-            self.publish()
+            self._declare()
             _LOCAL[(str(self.root.path), learner_id)] = self
+
+    def _buffer_id(self):
+        """Which buffer a reader reads (its root's creation time): another one made at
+        the same path (``overwrite=True``) owes this learner nothing it sampled before."""
+        eng = self.core.engine
+        return None if eng.writable else eng.created
+
+    def _declare(self) -> None:
+        """Publish this learner's progress: resumed from its file, or new (rows already
+        there beyond the minimum are not owed samples)."""
+        self.root.create_meta_node(self.root.path)  # a format-2 root has none yet
+        got = read_progress(self.root.path, self.learner_id)
+        if got is None:
+            inserted, _ = self._counts(refresh=False)
+            base = max(0, inserted - self.limiter.min_size_to_sample)
+            got = LearnerProgress(self.learner_id, baseline=base)
+        got.closed, got.limits = False, self.limiter.limits()
+        self.me = got
+        self.publish()
 
     # -- counts ---------------------------------------------------------------------
 
@@ -195,6 +206,9 @@ class RateGate:
             return inserted + mine, visible + eng.num_rows
         if refresh:
             self.core.refresh()
+        if self.me is not None and eng.created != self._buffer:
+            self._buffer = eng.created  # a new buffer at the path: this learner starts over
+            self._declare()
         commits = [c for _, c in eng.commits()]
         return sum(c.inserted for c in commits), sum(c.n_rows - c.low_row for c in commits)
 
@@ -241,7 +255,6 @@ class RateGate:
         """Publish the final count and that this learner stopped (writers stop waiting
         for it); a sample or add of this buffer waiting in another thread stops waiting
         (``BufferClosedError``)."""
-        self._closing.set()
         if self.me is not None and not self.me.closed:
             self.me.closed = True
             self.publish()

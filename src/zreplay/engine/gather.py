@@ -335,10 +335,12 @@ def _cover(part: Part, cache: ColumnCache) -> int:
             raise Evicted() from None
         raise
     first = cache.last_read
-    if first is not None and part.reclaimed is not None and part.segment.fills_missing:
-        if part.reclaimed(first):  # what was read may be fill values of deleted shards
-            cache.reset()
-            raise Evicted()
+    if first is not None and part.reclaimed is not None and part.reclaimed(first):
+        # What was read may be fill values of deleted shards, or another contents' rows
+        # at the same row numbers (the writer loaded a checkpoint, or the buffer was made
+        # again): read only while the commit still shows what the snapshot showed.
+        cache.reset()
+        raise Evicted()
     return lo
 
 
@@ -374,11 +376,17 @@ def gather_finish(pending: PendingGather) -> dict[str, np.ndarray]:
             if rd.part.reclaimed is not None and rd.part.reclaimed(first):
                 raise Evicted() from None
             raise
-        # Where a deleted chunk fails to read (above), a read that succeeded is sound;
-        # where it reads as fill values, only the commit can tell.
+    # A read that succeeded may still have read what the snapshot's rows are not: fill
+    # values where shards were deleted, or rows of other contents at the same numbers (a
+    # loaded checkpoint, a buffer made again with overwrite=True): only the commit can
+    # tell, read once per segment read from, after its rows were read.
+    checked = set()
+    for rd, first, _ in started:
         part = rd.part
-        if part.reclaimed is not None and part.segment.fills_missing and part.reclaimed(first):
-            raise Evicted()
+        if part.reclaimed is not None and id(part) not in checked:
+            checked.add(id(part))
+            if part.reclaimed(first):
+                raise Evicted()
     return pending.finish_outputs()
 
 

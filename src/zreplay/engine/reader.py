@@ -65,7 +65,7 @@ class _SegmentState:
         if now is None:
             return True  # the buffer was removed (overwrite=True) under the reader
         if now.gen == self.commit.gen and now.contents == self.commit.contents:
-            return False
+            return False  # the one commit read, which the contents id makes unique
         if same_contents(self.commit, now) is False:
             return True
         return row < now.low_row or now.reclaimed_below > row or now.n_rows < self.commit.n_rows
@@ -135,6 +135,12 @@ class BufferReader:
     @property
     def storage_options(self) -> dict:
         return self.path.backend.storage_options
+
+    @property
+    def created(self):
+        """The root's creation time as last read: another value is another buffer made
+        at the same path (``overwrite=True``)."""
+        return self._created
 
     def check_process(self) -> bool:
         """In a process other than the one that opened it: reopen (True if it did)."""

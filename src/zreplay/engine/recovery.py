@@ -15,10 +15,10 @@ from ..index.split import Lanes, lanes_after
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, migrate_commit, read_commit, remove_orphans
-from ..store.format import ID_BITS
+from ..store.format import ID_BITS, commit_path
 from ..store.guard import live_writer
 from ..store.layout import check_recorded, layouts_for
-from ..store.root import BufferRoot, is_buffer
+from ..store.root import BufferRoot, is_buffer, leftover_of_buffer
 from ..store.segment import Segment
 from . import replace
 
@@ -127,8 +127,22 @@ def remove_for_overwrite(path) -> None:
                 f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
                 "close that writer first"
             )
-        path.backend.remove_tree(path)
+        _remove_buffer(path)
+    elif leftover_of_buffer(path):
+        path.backend.remove_tree(path)  # what a removal raced by a learner's publish left
     elif any(True for _ in path.iterdir()):
         raise FormatError(
             f"overwrite=True refused: {path} is not a zreplay buffer; delete it yourself"
         )
+
+
+def _remove_buffer(path) -> None:
+    """Remove a buffer so that its readers see it go, never damage: its root
+    ``zarr.json`` first (opens and refreshes then know it is being made again), then
+    every segment's commit record (a read that then fails is a replaced segment's, not
+    damage), then everything (in whatever order the filesystem lists it)."""
+    (path / "zarr.json").unlink(missing_ok=True)
+    root = BufferRoot(path)
+    for wid in root.committed_ids():
+        commit_path(root.segment_dir(wid)).unlink(missing_ok=True)
+    path.backend.remove_tree(path)

@@ -12,6 +12,7 @@ commit record.  See FORMAT.md "Learner progress".
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -22,6 +23,8 @@ from ..schema import check_key_component
 from .commit import read_commit
 from .format import learner_path, learners_dir
 from .location import Location
+
+log = logging.getLogger("zreplay")
 
 
 @dataclass
@@ -55,8 +58,13 @@ def publish_progress(root: Location, p: LearnerProgress) -> None:
     check_key_component(p.learner_id, "learners")
     p.host, p.pid, p.time = socket.gethostname(), os.getpid(), time.time()
     path = learner_path(root, p.learner_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.backend.publish(path, p.to_json(), durable=False)
+    try:
+        # Not parents=True: the root's zreplay node is there unless the buffer is being
+        # removed (overwrite=True), and a publish must not bring back what it removes.
+        path.parent.mkdir(exist_ok=True)
+        path.backend.publish(path, p.to_json(), durable=False)
+    except FileNotFoundError:
+        log.info("zreplay: %s is gone (the buffer was removed); progress not published", path)
 
 
 def _parse(path: Location) -> LearnerProgress | None:

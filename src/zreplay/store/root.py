@@ -49,6 +49,18 @@ def is_buffer(path: str | Path | Location, storage_options: Mapping | None = Non
     return False
 
 
+def leftover_of_buffer(path: str | Path | Location, storage_options: Mapping | None = None) -> bool:
+    """True if ``path`` is no buffer (no root ``zarr.json``) but holds nothing but
+    zreplay's own directories: what a removal (``overwrite=True``) leaves when a learner
+    published its progress into it meanwhile, or a creation that has not finished."""
+    loc = locate(path, storage_options)
+    try:
+        names = {p.name for p in loc.iterdir()}
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return bool(names) and names <= {META, SEGMENTS} and not is_buffer(loc)
+
+
 def _recovered(loc: Location) -> bool:
     """True if a replacement of the tree at ``loc`` that a crash interrupted was just
     finished or undone (its root ``zarr.json`` may be there now)."""
@@ -85,6 +97,13 @@ class BufferRoot:
                     raise
                 text = meta.read_text()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            if leftover_of_buffer(self.path):
+                raise FormatError(
+                    f"{self.path} holds zreplay's files but no zarr.json: a buffer being "
+                    "created or removed (overwrite=True) right now; open it again in a "
+                    "moment (if it stays so, a removal was interrupted: start it afresh "
+                    "with overwrite=True)"
+                ) from None
             raise FormatError(
                 f"{self.path} is not a zreplay buffer (no zarr.json); create one with "
                 "TrajectoryReplayBuffer(auto_save=True, auto_save_path=...)"
@@ -127,6 +146,12 @@ class BufferRoot:
             and any(not is_temp_name(p.name) for p in self.path.iterdir())
             and not meta.is_file()  # another writer may have created it just now
         ):
+            if leftover_of_buffer(self.path):
+                raise FormatError(
+                    f"{self.path} holds zreplay's files but no zarr.json: a buffer whose "
+                    "removal was interrupted (or being made right now); start it afresh "
+                    "with overwrite=True"
+                )
             raise FormatError(
                 f"{self.path} exists, is not empty and is not a zreplay buffer; refusing to "
                 "write into it. Pick an empty or new directory"

@@ -22,8 +22,12 @@ batch-max normalisation.  ``beta`` anneals linearly from ``beta`` to 1 over ``be
 steps of the buffer's step counter (0: constant).
 
 Batches carry ``index`` (int64: the global row ids drawn, or the start rows of the units
-drawn; in a view over several segments ``row + (segment << 40)``) and ``weight``
-(float32).  Pass ``index`` back to ``update_priorities`` with the new priorities.
+drawn; in a view over several segments ``row + (segment << 40)``; once a segment's
+contents were replaced after indices were drawn from it (a clear, a loaded checkpoint),
+``+ (tag << 56)`` naming its contents) and ``weight`` (float32).  Pass ``index`` back to
+``update_priorities`` with the new priorities: an index drawn before a replace is
+skipped after it, as one whose row was evicted is (its row number may name another
+row now).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ from .base import Context, Drawn, RowSpace, Sampler, SegmentRows, Units, draw_we
 
 SEGMENT_SHIFT = 40
 _ROW_MASK = (1 << SEGMENT_SHIFT) - 1
+# Bits 56-62 of an index: which contents of its segment it was drawn from (see _Segment).
+CONTENTS_SHIFT = 56
+_SEGMENT_MASK = (1 << (CONTENTS_SHIFT - SEGMENT_SHIFT)) - 1
+_TAGS = 127
 _MIN_CAPACITY = 4096
 _REJECTION_ROUNDS = 8
 
@@ -52,9 +60,17 @@ def _capacity_for(rows: int, current: int = 0) -> int:
 
 @dataclass
 class _Segment:
+    """One segment's tree.  ``tag`` names which contents of the segment it holds: it
+    starts at 0 and moves on (1..127, round) when the contents are replaced (a clear, a
+    loaded checkpoint) after indices were drawn from them (``drawn``), so an index drawn
+    before a replace, whose row numbers the new contents may reuse, never applies after
+    it."""
+
     state: PrioritizedState
     epoch: object
     changed: bool = True
+    tag: int = 0
+    drawn: bool = False
 
 
 class Prioritized(Sampler):
@@ -126,7 +142,8 @@ class Prioritized(Sampler):
     def _sync_segment(self, seg: SegmentRows) -> _Segment:
         cur = self._segs.get(seg.key)
         if cur is None or cur.epoch is not seg.epoch:
-            cur = self._segs[seg.key] = _Segment(self._restore(seg), seg.epoch)
+            tag = 0 if cur is None else (cur.tag % _TAGS + 1 if cur.drawn else cur.tag)
+            cur = self._segs[seg.key] = _Segment(self._restore(seg), seg.epoch, tag=tag)
         st = cur.state
         if seg.low_row > st.low:
             st.evict_below(min(seg.low_row, st.high))
@@ -184,12 +201,16 @@ class Prioritized(Sampler):
 
     # -- drawing --------------------------------------------------------------------
 
-    def _live(self, space: RowSpace) -> list[tuple[SegmentRows, PrioritizedState]]:
+    def _live(self, space: RowSpace) -> list[tuple[SegmentRows, PrioritizedState, int]]:
+        """``(segment, tree, contents tag)`` of every segment with rows to draw; their
+        indices are handed out from now on (``_Segment.drawn``)."""
         out = []
         for seg in space.segments:
-            st = self._sync_segment(seg).state
+            cur = self._sync_segment(seg)
+            st = cur.state
             if st.size and st.tree.total > 0.0:
-                out.append((seg, st))
+                cur.drawn = True
+                out.append((seg, st, cur.tag))
         if not out:
             raise EmptyBufferError(
                 "Cannot sample from an empty buffer (no row has a priority > 0)."
@@ -201,17 +222,17 @@ class Prioritized(Sampler):
         by the smallest leaf of all segments."""
         beta = self.beta_at(ctx.step)
         if len(live) == 1:
-            seg, st = live[0]
+            seg, st, tag = live[0]
             rows, w = st.sample(ctx.rng, n, self.stratified, beta=beta)
-            return seg.positions(rows), _index(seg.key, rows), w
-        gmin = min(st.tree.min for _, st in live)
-        which = draw_weighted(ctx.rng, np.array([st.tree.total for _, st in live]), n)
+            return seg.positions(rows), _index(seg.key, rows, tag), w
+        gmin = min(st.tree.min for _, st, _ in live)
+        which = draw_weighted(ctx.rng, np.array([st.tree.total for _, st, _ in live]), n)
         pos, index, weight = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n))
-        for i, (seg, st) in enumerate(live):
+        for i, (seg, st, tag) in enumerate(live):
             sel = np.flatnonzero(which == i)
             if sel.size:
                 rows, w = st.sample(ctx.rng, sel.size, self.stratified, beta=beta)
-                pos[sel], index[sel] = seg.positions(rows), _index(seg.key, rows)
+                pos[sel], index[sel] = seg.positions(rows), _index(seg.key, rows, tag)
                 weight[sel] = w * (gmin / st.tree.min) ** beta
         return pos, index, weight
 
@@ -242,12 +263,13 @@ class Prioritized(Sampler):
         """Draw among the rows that key a unit only (O(units); rejection kept missing)."""
         pos = units.key_rows()
         leaf, index = np.zeros(len(pos)), np.zeros(len(pos), np.int64)
-        for seg, st in live:
+        for seg, st, tag in live:
             sel = np.flatnonzero((pos >= seg.pos0) & (pos < seg.pos0 + st.size))
             rows = pos[sel] - seg.pos0 + seg.low_row
-            leaf[sel], index[sel] = st.tree.get(rows % st.capacity), _index(seg.key, rows)
+            leaf[sel] = st.tree.get(rows % st.capacity)
+            index[sel] = _index(seg.key, rows, tag)
         j = draw_weighted(ctx.rng, leaf, n)
-        gmin = min(st.tree.min for _, st in live)
+        gmin = min(st.tree.min for _, st, _ in live)
         weight = (leaf[j] / gmin) ** -self.beta_at(ctx.step)
         return units.from_rows(pos[j], ctx.rng), index[j], weight
 
@@ -270,19 +292,19 @@ class Prioritized(Sampler):
                 "priority per index (e.g. |TD error| per sampled row)"
             )
         self.sync(space)
-        keys = idx >> SEGMENT_SHIFT
-        if not keys.any():  # one writer's rows (a writable buffer's, always)
+        if not (idx >> SEGMENT_SHIFT).any():  # rows of one writer's first contents
             cur = self._segs.get(0)
-            if cur is None:
-                return 0
+            if cur is None or cur.tag:
+                return 0  # drawn before its contents were replaced: they do not apply
             cur.changed = True
             return cur.state.update(idx, p)
+        keys, tags = _split(idx)
         applied = 0
         for key in np.unique(keys):
             cur = self._segs.get(int(key))
-            sel = keys == key
             if cur is None:
                 continue
+            sel = (keys == key) & (tags == cur.tag)  # drawn from the contents it holds
             applied += cur.state.update(idx[sel] & _ROW_MASK, p[sel])
             cur.changed = True
         return applied
@@ -293,13 +315,13 @@ class Prioritized(Sampler):
         self.sync(space)
         idx = np.asarray(index, np.int64).reshape(-1)
         out = np.zeros(idx.size)
-        keys = idx >> SEGMENT_SHIFT
+        keys, tags = _split(idx)
         for key in np.unique(keys):
             cur = self._segs.get(int(key))
             if cur is None:
                 continue
             st = cur.state
-            sel = np.flatnonzero(keys == key)
+            sel = np.flatnonzero((keys == key) & (tags == cur.tag))
             rows = idx[sel] & _ROW_MASK
             live = (rows >= st.low) & (rows < st.high)
             out[sel[live]] = st.tree.get(rows[live] % st.capacity)
@@ -374,5 +396,13 @@ class PrioritizedClips(Prioritized):
         return {**clip, "action_keys": list(c.action_keys), **super().config()}
 
 
-def _index(key: int, rows: np.ndarray) -> np.ndarray:
-    return rows if key == 0 else rows + (int(key) << SEGMENT_SHIFT)
+def _index(key: int, rows: np.ndarray, tag: int = 0) -> np.ndarray:
+    """A batch's ``index``: global rows, plus the segment's number (views) and the tag of
+    the contents they were drawn from (after a replace) in the high bits."""
+    high = (int(key) << SEGMENT_SHIFT) | (int(tag) << CONTENTS_SHIFT)
+    return rows if high == 0 else rows + high
+
+
+def _split(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(segment keys, contents tags)`` of batch indices."""
+    return (idx >> SEGMENT_SHIFT) & _SEGMENT_MASK, idx >> CONTENTS_SHIFT
