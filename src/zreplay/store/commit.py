@@ -77,8 +77,16 @@ class Commit:
             0 <= c.low_traj <= c.n_traj
             and 0 <= c.low_row <= c.n_rows
             and 0 <= c.low_piece <= c.n_pieces
+            # shards are reclaimed below the first visible row only (a clear: at it)
+            and 0 <= c.reclaimed_below <= c.low_row
+            and c.inserted >= 0
+            and c.next_trajectory_id >= 0
+            and c.next_episode >= 0
         ):
-            raise CorruptBufferError(f"{where}: commit record is inconsistent: {d}")
+            raise CorruptBufferError(
+                f"{where}: commit record is inconsistent: {d}; the segment cannot be "
+                "trusted (restore it from a checkpoint; zreplay.verify() reports all damage)"
+            )
         return c
 
 
@@ -115,7 +123,14 @@ def read_commit(segment_dir: Location) -> Commit | None:
             text = path.read_bytes()
         except FileNotFoundError:
             continue
-        return Commit.from_json(text, str(path))
+        c = Commit.from_json(text, str(path))
+        if c.writer_id != segment_dir.name:
+            raise CorruptBufferError(
+                f"{path}: the commit record is segment {c.writer_id!r}'s, not "
+                f"{segment_dir.name!r}'s (a file copied between segments?); restore the "
+                "segment from a checkpoint"
+            )
+        return c
     return None
 
 

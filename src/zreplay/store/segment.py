@@ -240,6 +240,12 @@ class Segment:
                 f"at {off[-1]}, pieces at {ends[-1]}; commit says {commit.n_rows} rows, {k} "
                 "pieces); the index is damaged"
             )
+        problem = index_problem(out, commit)
+        if problem:
+            raise CorruptBufferError(
+                f"{self.dir}: {problem}; the index is damaged (restore the segment from a "
+                "checkpoint; zreplay.verify() reports all damage)"
+            )
         return out
 
     def _check_index_size(self, commit: Commit) -> None:
@@ -323,6 +329,36 @@ class PendingRead:
                 f"Run zreplay.verify({str(self._segment.dir.parent.parent)!r}) for a full "
                 "report; restore the buffer from a checkpoint"
             ) from None
+
+
+def index_problem(cols: dict, commit: Commit) -> str | None:
+    """What in a segment's index (as :meth:`Segment.read_index` read it) disagrees with
+    itself or with ``commit`` over the visible trajectories and pieces, or None: every
+    trajectory's rows are ``T * B``, the first visible one starts at ``low_row``, ids are
+    unique and below the commit's next ids, and every piece lies inside its trajectory."""
+    lo, n, k0 = commit.low_traj, commit.n_traj, commit.low_piece
+    if lo == n:
+        return None
+    off = cols["offsets"]
+    if int(off[lo]) != commit.low_row:
+        return f"the first visible trajectory starts at row {int(off[lo])}, not {commit.low_row}"
+    sizes = cols["T"][lo:n] * cols["B"][lo:n]
+    bad = np.flatnonzero(np.diff(off[lo : n + 1]) != sizes)
+    if len(bad):
+        return f"trajectory {lo + int(bad[0])} holds other than T * B rows"
+    ids = cols["trajectory_id"][lo:n]
+    if int(ids.max()) >= commit.next_trajectory_id or len(np.unique(ids)) != len(ids):
+        return "trajectory ids repeat, or reach the commit's next id"
+    pieces, ends = cols["pieces"], cols["piece_end"]
+    k = int(ends[n - 1])
+    if k > k0:
+        if int(pieces["episode"][k0:k].max()) >= commit.next_episode:
+            return "episode ids reach the commit's next episode id"
+        j = np.searchsorted(ends[:n], np.arange(k0, k), side="right")  # each piece's trajectory
+        start, length = pieces["start"][k0:k], pieces["length"][k0:k]
+        if np.any(j < lo) or np.any(start < off[j]) or np.any(start + length > off[j + 1]):
+            return "an episode piece lies outside its trajectory's rows"
+    return None
 
 
 def _row_bytes(columns) -> int:
