@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 
 import pytest
 from conftest import S3_BUCKET, check_rows, make_traj, traj_equal
@@ -331,10 +330,10 @@ def test_leftovers_of_live_processes_in_other_pid_namespaces_are_kept(tmp_path):
     from zreplay.store import liveness
 
     dest = tmp_path / "d"
-    host = socket.gethostname().replace("-", "_")
-    tag = f"{host}-0123abcd-{os.getpid()}"  # another namespace's pid that is ours here
-    live = tmp_path / f".d.partial-{tag}-aaaaaaaa"
-    dead = tmp_path / f".d.partial-{host}-0123abcd-{2**22 + 9}-bbbbbbbb"
+    host, ids, _ = liveness.process_tag().rsplit("-", 2)
+    other = f"{host}-{ids[:8]}0123abcd"  # this kernel, another PID namespace
+    live = tmp_path / f".d.partial-{other}-{os.getpid()}-aaaaaaaa"  # its pid is ours here
+    dead = tmp_path / f".d.partial-{other}-{2**22 + 9}-bbbbbbbb"
     live.mkdir()
     dead.mkdir()
     held = liveness.hold(live)

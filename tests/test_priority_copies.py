@@ -111,11 +111,10 @@ def test_whatever_building_a_commit_raises_reaches_the_caller_and_is_retried(tmp
     buf = trb(tmp_path / "b")
     sampler = buf.sampler
     real = sampler.snapshot
-    calls = {"n": 0}
+    broken = {"now": True}
 
     def failing(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] <= 2:  # the background commit, then flush()'s retry
+        if broken["now"]:  # every commit built while it is set (background and retries)
             raise _Boom("injected while the commit was built")
         return real(*a, **kw)
 
@@ -123,6 +122,7 @@ def test_whatever_building_a_commit_raises_reaches_the_caller_and_is_retried(tmp
     buf.add_trajectories([make_traj(0)])
     with pytest.raises(WriteFailedError, match="injected while the commit was built"):
         buf.flush()
+    broken["now"] = False
     buf.flush()  # retried: the thread is alive and commits
     buf.add_trajectories([make_traj(1)])
     buf.close()

@@ -68,7 +68,10 @@ def as_float(value: Any, name: str, finite: bool = True) -> float:
     v = _scalar(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a number, got {_describe(value)}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int beyond float64
+        v = math.inf if v > 0 else -math.inf
     if finite and not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {v}")
     return v
@@ -119,18 +122,22 @@ def check_json(state: Any, what: str) -> None:
         ) from None
 
 
-def _first_non_json(obj: Any, path: str) -> tuple[str, Any]:
+def _first_non_json(obj: Any, path: str, seen: frozenset = frozenset()) -> tuple[str, Any]:
+    if isinstance(obj, dict | list | tuple):
+        if id(obj) in seen:
+            return f"{path} (it contains itself)", obj
+        seen = seen | {id(obj)}
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str | int | float | bool) and k is not None:
                 return f"{path} key {k!r}", k
-            found = _first_non_json(v, f"{path}[{k!r}]")
+            found = _first_non_json(v, f"{path}[{k!r}]", seen)
             if found[0]:
                 return found
         return "", None
     if isinstance(obj, list | tuple):
         for i, v in enumerate(obj):
-            found = _first_non_json(v, f"{path}[{i}]")
+            found = _first_non_json(v, f"{path}[{i}]", seen)
             if found[0]:
                 return found
         return "", None

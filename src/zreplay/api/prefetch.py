@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.waits import Interrupted, stopped_by
+from ..numbers import as_int
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -36,32 +37,18 @@ class Prefetcher:
     """An endless iterator of ``fn()`` results computed ``depth`` ahead."""
 
     def __init__(self, fn: Callable[[], Any], depth: int = 2):
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        self._fn = fn
+        depth = as_int(depth, "depth", minimum=1)
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="zreplay-prefetch", daemon=True)
+        # The thread holds the queue, the stop event and fn, never this object: dropping
+        # an unclosed prefetcher stops it (the finalizer), and then lets go of whatever
+        # fn holds (its buffer, which can then be closed and released in turn).
+        self._thread = threading.Thread(
+            target=_run, args=(fn, self._q, self._stop), name="zreplay-prefetch", daemon=True
+        )
         self._thread.start()
+        weakref.finalize(self, self._stop.set)
         _LIVE.add(self)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with stopped_by(self._stop):  # a wait inside fn() ends when close() is called
-                    item = (True, self._fn())
-            except Interrupted:
-                return
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                item = (False, e)
-            while not self._stop.is_set():
-                try:
-                    self._q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if not item[0]:
-                return
 
     def __iter__(self) -> Prefetcher:
         return self
@@ -93,3 +80,24 @@ class Prefetcher:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _run(fn: Callable[[], Any], q: queue.Queue, stop: threading.Event) -> None:
+    """The prefetch thread: ``fn()`` results (or the exception that ended it) into ``q``
+    until ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            with stopped_by(stop):  # a wait inside fn() ends when close() is called
+                item = (True, fn())
+        except Interrupted:
+            return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            item = (False, e)
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        if not item[0]:
+            return

@@ -14,6 +14,7 @@ A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..errors import AppendOnlyError, FormatError, SchemaError
+from ..numbers import as_int
 from ..schema import Schema
 from .torchrl_checkpoint import (
     TorchRLFiles,
@@ -93,10 +95,9 @@ class ZarrStorage(TensorStorage):
         break_lock: bool = False,
         storage_options: Mapping | None = None,
     ):
-        if int(max_size) < 1:
-            raise ValueError(f"max_size must be a positive number of rows, got {max_size}")
+        max_size = as_int(max_size, "max_size (rows)", minimum=1)
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
-        super().__init__(storage=None, max_size=int(max_size), device=device)
+        super().__init__(storage=None, max_size=max_size, device=device)
         M = self.max_size
         self._piece = min(M, MAX_PIECE_ROWS)
         self.core = BufferCore.writer(
@@ -201,12 +202,32 @@ class ZarrStorage(TensorStorage):
         A guessed next slot (a TorchRL state dict of a full ring) is never handed out:
         the writers keep their own cursors, and the first extend (or a writer whose
         state was restored) tells where the ring really goes on."""
+        for w in self._writers():
+            self._follow(w)
         if self._ring_guessed:
             return
         for w in self._writers():
             if not only_fresh or w._write_count == 0:
                 w._cursor = self._ring.next_slot(self._W)
                 w._write_count = min(self._W - self._ring.start, 2**31 - 1)
+
+    def _follow(self, writer) -> None:
+        """Have ``writer``'s ``load_state_dict`` (which TorchRL's ``rb.load_state_dict``
+        calls right after the storage's) settle a guessed next slot at once, from the
+        cursor it restores: nothing of the guess is left for a storage dropped before
+        its first extend to lose."""
+        if getattr(writer, "_zreplay_follows", None) is not None:
+            return
+        load, storage = writer.load_state_dict, weakref.ref(self)
+
+        def load_state_dict(state_dict):
+            load(state_dict)
+            s = storage()
+            if s is not None and s._ring_guessed and s.__dict__.get("core") is not None:
+                s._settle_guess(int(writer._cursor))
+
+        writer.load_state_dict = load_state_dict
+        writer._zreplay_follows = True
 
     def _writers(self) -> list:
         out = []

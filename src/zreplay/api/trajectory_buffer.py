@@ -111,8 +111,7 @@ class TrajectoryReplayBuffer:
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
         check_trajectory_format(trajectory_format)
-        if sample_window_size < 0:
-            raise ValueError(f"sample_window_size must be >= 0, got {sample_window_size}")
+        sample_window_size = as_int(sample_window_size, "sample_window_size", minimum=0)
         self.enable_cache = enable_cache
         self._window = int(sample_window_size)
         self.auto_save = auto_save

@@ -89,10 +89,18 @@ def write_hdf5(
     else:
         remove_leftovers(path)  # partial files of dumps killed midway
         target = stage_name(path, PARTIAL)
-        f = h5py.File(target, "w")
-        # Kept while this process lives (unless HDF5's own file lock holds it already):
-        # what tells the next dump this partial file is not a dead one's leftover.
+        # Our flock on it, kept until it is in place (through the close, the fsync and
+        # the rename: HDF5's own lock ends at the close), is what tells another dump this
+        # partial file is no dead one's leftover, whatever PID namespace it runs in.
+        target.touch(exist_ok=False)
         held = liveness.hold(target)
+        try:
+            f = h5py.File(target, "w", locking=False)
+        except BaseException:
+            if held is not None:
+                held.release()
+            target.unlink(missing_ok=True)
+            raise
         columns = names = None
     columns, names = (columns, names) if columns else (None, None)  # an empty file
     writers: dict[str, _Column] = {}

@@ -281,6 +281,8 @@ class BufferCore:
 
     def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
         """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
+        e, start = as_int(e, "episode"), as_int(start, "start")
+        stop = None if stop is None else as_int(stop, "stop")
         return plans.gather_episode(self._read, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -290,6 +292,7 @@ class BufferCore:
 
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
         """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
+        i = as_int(i, "trajectory")
         keys = self.keys if keys is None else list(keys)
         return next(read_trajectories(self.read, self.schema, keys, i, i + 1, 0))
 
@@ -459,15 +462,18 @@ class BufferCore:
 
 
 def _close_dropped(core: BufferCore) -> None:
-    """A facade was collected: close its core.  At once, unless the collection runs on
-    one of the writer's own threads (the committer waiting on itself would deadlock):
-    then on a thread of its own."""
+    """A facade was collected: close its core.  A writer closes on a thread of its own:
+    the collection may run on any thread, its own committer or one inside its lock
+    included, where closing would wait on itself.  Until it has let go of its lock, a
+    new writer of the segment in this process waits for it (``WriterLock.releasing``),
+    so ``del buf`` then opening the path again works as if close() had been called."""
     if core.closed:
         return
-    if core.writable and core.engine.owns_thread(threading.current_thread()):
-        threading.Thread(target=_close_quietly, args=(core,), name="zreplay-close").start()
-    else:
-        _close_quietly(core)
+    if not core.writable:
+        _close_quietly(core)  # a view: only says a learner stopped
+        return
+    core.engine.closing_soon()
+    threading.Thread(target=_close_quietly, args=(core,), name="zreplay-close").start()
 
 
 def _close_quietly(core: BufferCore) -> None:

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import weakref
 
 from ..errors import BufferClosedError, RateLimitTimeout
+from ..numbers import as_float, as_int, as_optional_float
 from ..store.progress import (
     LearnerProgress,
     committed_rows,
@@ -81,24 +83,31 @@ class RateLimiter:
         learner_timeout_s: float = 60.0,
         publish_every_s: float = 0.5,
     ):
-        if not (math.isfinite(samples_per_insert) and samples_per_insert > 0):
+        samples_per_insert = as_float(samples_per_insert, "samples_per_insert")
+        if not samples_per_insert > 0:
             raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert}")
-        if int(min_size_to_sample) < 1:
-            raise ValueError(f"min_size_to_sample must be >= 1 row, got {min_size_to_sample}")
+        min_size_to_sample = as_int(min_size_to_sample, "min_size_to_sample (rows)", minimum=1)
+        min_diff = as_optional_float(min_diff, "min_diff")
+        max_diff = as_optional_float(max_diff, "max_diff")
         if min_diff is not None and max_diff is not None and not min_diff < max_diff:
             raise ValueError(f"min_diff {min_diff} must be below max_diff {max_diff}")
+        poll_s = as_float(poll_s, "poll_s")
+        learner_timeout_s = as_float(learner_timeout_s, "learner_timeout_s")
         for name, v in (("poll_s", poll_s), ("learner_timeout_s", learner_timeout_s)):
             if not v > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {v}")
+        timeout_s = as_optional_float(timeout_s, "timeout_s")
         if timeout_s is not None and not timeout_s >= 0:
             raise ValueError(f"timeout_s must be >= 0 seconds or None, got {timeout_s}")
-        self.samples_per_insert = float(samples_per_insert)
-        self.min_size_to_sample = int(min_size_to_sample)
-        self.min_diff = None if min_diff is None else float(min_diff)
-        self.max_diff = None if max_diff is None else float(max_diff)
-        self.timeout_s, self.poll_s = timeout_s, float(poll_s)
-        self.learner_timeout_s = float(learner_timeout_s)
-        self.publish_every_s = float(publish_every_s)
+        publish_every_s = as_float(publish_every_s, "publish_every_s")
+        if not publish_every_s >= 0:
+            raise ValueError(f"publish_every_s must be >= 0 seconds, got {publish_every_s}")
+        self.samples_per_insert = samples_per_insert
+        self.min_size_to_sample = min_size_to_sample
+        self.min_diff, self.max_diff = min_diff, max_diff
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.learner_timeout_s = learner_timeout_s
+        self.publish_every_s = publish_every_s
 
     def limits(self) -> dict:
         """The numbers a learner publishes (writers hold it to them)."""
@@ -129,9 +138,12 @@ class SampleToInsertRatio(RateLimiter):
         error_buffer: float,
         **options,
     ):
+        error_buffer = as_float(error_buffer, "error_buffer")
         if not error_buffer > 0:
             raise ValueError(f"error_buffer must be > 0 samples, got {error_buffer}")
-        centre = float(samples_per_insert) * int(min_size_to_sample)
+        centre = as_float(samples_per_insert, "samples_per_insert") * as_int(
+            min_size_to_sample, "min_size_to_sample (rows)", minimum=1
+        )
         super().__init__(
             samples_per_insert,
             min_size_to_sample,
@@ -168,6 +180,7 @@ class RateGate:
         self._seen: dict[str, tuple[int, float]] = {}  # learner -> (seq, when it changed)
         self._published = -math.inf
         self._closing = core.closing  # set by the core's close(): waits end at once
+        self._pid = os.getpid()
         self.me: LearnerProgress | None = None
         self._buffer = self._buffer_id()
         if learner_id is not None:
@@ -219,7 +232,7 @@ class RateGate:
     # -- learners -------------------------------------------------------------------
 
     def publish(self) -> None:
-        if self.me is not None:
+        if self.me is not None and os.getpid() == self._pid:  # a forked copy is no learner
             self.me.seq += 1
             publish_progress(self.root.path, self.me)
             self._published = time.monotonic()

@@ -12,6 +12,7 @@ disk read needs them.
 The owner is duck-typed (no import of the writer): it offers ``cond`` (its condition),
 ``commit``, ``segment``, ``layouts``, ``seg_dir``, ``durable``, ``priority_arrays()``,
 ``check_lock(fresh)`` (``WriterLockedError`` once another writer took its lock over),
+``fenced()`` (a block of writes only its lock's holder may make),
 ``next_job(explicit)``, ``committed(commit, job)`` / ``job_failed(job, error)`` (called
 with ``cond`` held) and ``lock_lost(error)``.
 
@@ -213,8 +214,11 @@ class Committer:
         """Block until rows below ``row`` are committed."""
         while self.owner.commit.n_rows < row:
             self.raise_error()
+            if self.gone is not None:
+                raise self.gone
             if self.stopping:
                 raise BufferClosedError("buffer is closing")
+            self.check_alive()  # a dead thread never commits: say so instead of waiting
             self.cond.wait(0.5)
 
     def raise_error(self) -> None:
@@ -384,9 +388,13 @@ class Committer:
         self.cond.notify_all()
 
     def _write(self, job: Job) -> None:
-        # A writer whose lock was taken over writes nothing: checked before the rows and
-        # again before the commit (the rows of a commit never published are garbage).
-        self.owner.check_lock(fresh=True)
+        # A writer whose lock was taken over writes nothing: the whole commit is fenced
+        # (checked first; locally no takeover can land in it), and checked again before
+        # the record is published (the rows of a commit never published are garbage).
+        with self.owner.fenced():
+            self._write_fenced(job)
+
+    def _write_fenced(self, job: Job) -> None:
         new, seg = job.commit, job.segment
         if seg is not None:
             start, stop = job.rows
@@ -421,8 +429,8 @@ class Committer:
             # Announce first, so readers in other processes can tell their rows are gone.
             announced = replace(commit, reclaimed_below=target, gen=commit.gen + 1)
             try:
-                owner.check_lock(fresh=True)
-                write_commit(owner.seg_dir, announced, durable=owner.durable)
+                with owner.fenced():
+                    write_commit(owner.seg_dir, announced, durable=owner.durable)
             except OSError as e:
                 log.warning("zreplay: could not announce shard reclaim: %r", e)
                 return

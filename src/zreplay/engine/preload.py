@@ -63,9 +63,6 @@ class TierPreload:
             if resume():
                 self.start()
 
-    def owns(self, thread: threading.Thread) -> bool:
-        return thread is self.thread
-
     def done(self) -> bool:
         return self.thread is None or not self.thread.is_alive()
 

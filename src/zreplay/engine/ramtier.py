@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..numbers import as_int
 from ..schema import Schema
 
 # Rows up to this size are moved as single opaque elements during the env-major
@@ -205,6 +206,13 @@ class RamPolicy:
     max_bytes: int | None = None
     column_cache_bytes: int | None = None
 
+    def __post_init__(self):
+        for name in ("trajectories", "max_bytes", "column_cache_bytes"):
+            v = getattr(self, name)
+            if v is not None:
+                label = {"trajectories": "cache_size", "max_bytes": "ram_budget_bytes"}
+                setattr(self, name, as_int(v, label.get(name, name), minimum=0))
+
     @property
     def column_budget(self) -> int:
         if self.column_cache_bytes is not None:
@@ -213,20 +221,23 @@ class RamPolicy:
 
         return DEFAULT_BUDGET if self.enabled else 0
 
-    def window_for(self, schema: Schema, traj_rows: int) -> int:
+    def window_for(self, schema: Schema, traj_rows: int, capacity: int | None = None) -> int:
         """Committed rows kept in RAM (the tier proper): about ``trajectories`` of
-        ``traj_rows`` rows, never more than ``max_bytes`` of rows; none when disabled."""
+        ``traj_rows`` rows, never more than ``max_bytes`` of rows, nor than the buffer's
+        ``capacity`` (rows it keeps at all); none when disabled."""
         if not self.enabled:
             return 0
         rows = (self.trajectories or 0) * traj_rows
         if self.max_bytes is not None:
             budget = self.max_bytes // max(1, schema.row_bytes)
             rows = budget if not self.trajectories else min(rows, budget)
-        return rows
+        return rows if capacity is None else min(rows, capacity)
 
-    def rows_for(self, schema: Schema, traj_rows: int, staging_rows: int) -> int:
+    def rows_for(
+        self, schema: Schema, traj_rows: int, staging_rows: int, capacity: int | None = None
+    ) -> int:
         """Slots of the ring: the window, or room for one add of ``traj_rows`` rows plus
         a second while the first is written (as far as ``staging_rows`` allows), if that
         is more.  Slots beyond the window hold rows not yet committed (staging)."""
         staged = traj_rows + min(traj_rows, max(0, staging_rows))
-        return max(self.window_for(schema, traj_rows), staged)
+        return max(self.window_for(schema, traj_rows, capacity), staged)

@@ -234,10 +234,10 @@ def clear(writer) -> None:
     """
     with writer.exclusive():
         with writer.cond, writer.quiescent():  # samples reading rows from disk finish
-            writer.check_lock(fresh=True)
             st = writer.state
             commit = st.cleared_commit(writer.source)
-            write_commit(writer.seg_dir, commit, durable=writer.durable)  # the commit point
+            with writer.fenced():
+                write_commit(writer.seg_dir, commit, durable=writer.durable)  # commit point
             st.empty_to(commit)
         # Past the commit point only tidying is left: if it fails, the next open removes
         # what is left (every row is reclaimed), and the next add opens arrays again.
@@ -292,16 +292,19 @@ def _swap_quiescent(writer, intent: Intent) -> None:
     # Other rows under this segment's name: readers must not take them for the old ones.
     # Inserts go on being counted from the writer's (a load inserts nothing).
     intent.commit.contents, intent.commit.inserted = new_contents(), st.commit.inserted
-    writer.check_lock(fresh=True)
     path = intent_path(writer.seg_dir)
-    path.backend.publish(path, intent.to_json(), writer.durable)  # the point of no return
+    published = False
     try:
-        if emptied is not None:
-            write_commit(writer.seg_dir, emptied, durable=writer.durable)
-        finish(writer.root, writer.seg_dir, intent, writer.durable)
+        with writer.fenced():  # no takeover lands in the swap (locally)
+            path.backend.publish(path, intent.to_json(), writer.durable)  # point of no return
+            published = True
+            if emptied is not None:
+                write_commit(writer.seg_dir, emptied, durable=writer.durable)
+            finish(writer.root, writer.seg_dir, intent, writer.durable)
         writer.reopen()
     except BaseException as e:
-        recover_after(writer, e)  # never left holding the old contents in memory
+        if published:
+            recover_after(writer, e)  # never left holding the old contents in memory
         raise
 
 

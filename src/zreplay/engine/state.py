@@ -110,8 +110,8 @@ class SegmentState:
         return self.staging_bytes // max(1, self.schema.row_bytes)
 
     def make_tier(self, traj_rows: int) -> None:
-        self.tier_rows = self.ram.rows_for(self.schema, traj_rows, self.staging_rows)
-        window = self.ram.window_for(self.schema, traj_rows)
+        self.tier_rows = self.ram.rows_for(self.schema, traj_rows, self.staging_rows, self.capacity)
+        window = self.ram.window_for(self.schema, traj_rows, self.capacity)
         self.tier = RamTier(self.schema, self.tier_rows, window)
         self.tier.reset(self.index.n_rows)
 
@@ -122,7 +122,7 @@ class SegmentState:
         or to the batch while that is larger: given back once it is committed)."""
         largest = max(it.n_rows for it in items)
         total = sum(it.n_rows for it in items)
-        policy = self.ram.rows_for(self.schema, largest, self.staging_rows)
+        policy = self.ram.rows_for(self.schema, largest, self.staging_rows, self.capacity)
         if policy <= self.tier_rows and total <= self.tier.capacity:
             return None
         return max(policy, total)
@@ -133,8 +133,8 @@ class SegmentState:
         policy's for the largest of ``items`` if that is larger.  Slots beyond the
         policy's size (a batch larger than it) are given back after their commit."""
         largest = max(it.n_rows for it in items)
-        window = max(self.tier.window, self.ram.window_for(self.schema, largest))
-        policy = self.ram.rows_for(self.schema, largest, self.staging_rows)
+        window = max(self.tier.window, self.ram.window_for(self.schema, largest, self.capacity))
+        policy = self.ram.rows_for(self.schema, largest, self.staging_rows, self.capacity)
         self.tier_rows = max(self.tier_rows, min(policy, rows))
         self.tier = self.tier.resized(rows, window)
         return self.tier

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -29,7 +30,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import BufferClosedError, EmptyBufferError, WriterLockedError
+from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError, WriterLockedError
+from ..numbers import as_int, check_json
 from ..schema import Schema
 from ..store.checkpoint import write_snapshot
 from ..store.commit import Commit
@@ -61,9 +63,14 @@ def _close_live_writers() -> None:
     # added instead of losing it (and never hang in a __del__ during finalization).
     for w in list(_LIVE):
         try:
-            w.close()
+            w.close()  # a forked child's copies: closed without touching anything
         except Exception as e:  # noqa: BLE001 - best effort at exit
             log.error("zreplay: closing %s at exit failed: %r", w.path, e)
+
+
+def _remove_store(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class SegmentWriter:
@@ -92,18 +99,22 @@ class SegmentWriter:
         self.temporary = path is None
         if self.temporary:
             path = tempfile.mkdtemp(prefix="zreplay-")
-            # Removed on close(), or at interpreter exit if the owner never closed it.
-            self._finalizer = weakref.finalize(self, shutil.rmtree, path, ignore_errors=True)
+            # Removed on close(), or at interpreter exit if the owner never closed it (by
+            # this process only: a forked child exiting must not remove its parent's).
+            self._finalizer = weakref.finalize(self, _remove_store, path, os.getpid())
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
         self.writer_id = writer_id
-        if capacity is not None and capacity < 1:
-            raise ValueError(f"capacity must be a positive number of rows, got {capacity}")
+        if capacity is not None:
+            capacity = as_int(capacity, "capacity (rows)", minimum=1)
+        if staging_bytes is not None:
+            staging_bytes = as_int(staging_bytes, "staging_bytes", minimum=0)
         self.ram = ram or RamPolicy()
         self.durable, self._layout_overrides = durable, dict(layout or {})
         self._source: Callable[[], StateSource | None] = lambda: None
         self._priorities: PriorityArrays | None = None
 
+        self._pid = os.getpid()  # a forked child's copy never writes (_check_process)
         self.cond = threading.Condition(threading.RLock())
         self._add_lock = threading.Lock()
         self._closed = False
@@ -192,6 +203,7 @@ class SegmentWriter:
         """
         if not items:
             return []
+        self._check_process()
         with self._add_lock:
             self._check_open()
             st = self.state
@@ -222,9 +234,15 @@ class SegmentWriter:
                 if rows is not None:
                     self._committer.wait_committed(st.tier.hi)
                     st.regrow_tier(items, rows)
-                tier = st.staging_room(total)
-                # Rows about to be overwritten must be on disk first (backpressure).
-                self._committer.wait_committed(tier.hi + total - tier.capacity)
+                while True:
+                    tier = st.staging_room(total)
+                    # Rows about to be overwritten must be on disk first (backpressure).
+                    need = tier.hi + total - tier.capacity
+                    if need <= st.commit.n_rows:
+                        break
+                    # The wait lets the committer run, and a commit may give a grown ring
+                    # back (SegmentState._give_back): take the ring afresh after it.
+                    self._committer.wait_committed(need)
                 with deferred_interrupts():
                     start = tier.reserve(total, st.commit.n_rows)
             row = start
@@ -248,6 +266,7 @@ class SegmentWriter:
 
     def flush(self) -> None:
         """Block until everything added so far is committed (and the sampler state saved)."""
+        self._check_process()
         with self.cond:
             self._check_open()
         self._committer.flush()
@@ -270,6 +289,11 @@ class SegmentWriter:
         the lock file to find out; else what is known already)."""
         if fresh or self._wlock.lost is not None:
             self._wlock.check_held()
+
+    def fenced(self):
+        """A block of writes that only this writer, holding its lock, may make (a
+        commit's rows and record); see :meth:`~zreplay.store.lock.WriterLock.fenced`."""
+        return self._wlock.fenced()
 
     def lock_lost(self, error: BaseException) -> None:
         """Another writer took this segment over: stop for good (condition held)."""
@@ -328,6 +352,18 @@ class SegmentWriter:
 
     # -- lifecycle ------------------------------------------------------------------
 
+    def _check_process(self) -> None:
+        """``WriteFailedError`` in a process forked from the writer's: its lock, threads
+        and uncommitted rows stay with the parent (before any lock is taken: one held by
+        another thread at the fork is held for good in the child)."""
+        if os.getpid() != self._pid:
+            raise WriteFailedError(
+                f"this buffer's writer belongs to process {self._pid}, and this process was "
+                f"forked from it: a forked child cannot write through it (its background "
+                "writer did not come along). Open a buffer with another writer_id here, or "
+                "read with zreplay.open()"
+            )
+
     def _check_open(self) -> None:
         if self._closed:
             if self._abandoned and self._abandoned_as is not BufferClosedError:
@@ -350,7 +386,10 @@ class SegmentWriter:
         with self._add_lock:
             self.flush()
             with self.cond:
-                state, _ = self.state.sampler_state(self._source())
+                source = self._source()
+                if source is not None:  # a checkpoint with a stale state is refused
+                    check_json(source.state(), "the sampler state")
+                state, _ = self.state.sampler_state(source)
                 commit = replace(self.state.commit, sampler=state)
             write_snapshot(self.path, self.writer_id, commit, dest, self.durable)
 
@@ -406,7 +445,13 @@ class SegmentWriter:
                 self.state.empty_tier()
 
     def close(self) -> None:
-        """Commit everything added, save the sampler state, stop the writer, unlock."""
+        """Commit everything added, save the sampler state, stop the writer, unlock.  In
+        a process forked from the writer's (whose copy of the buffer is dropped or closed
+        there) nothing is touched: the segment, its lock and its threads are the
+        parent's, which goes on."""
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
         with self._add_lock:  # an add in flight finishes (and is committed) first
             if self._closed:
                 return
@@ -424,6 +469,8 @@ class SegmentWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def owns_thread(self, thread: threading.Thread) -> bool:
-        """Whether ``thread`` is one of this writer's background threads."""
-        return thread is self._committer.thread or self._preload.owns(thread)
+    def closing_soon(self) -> None:
+        """It is about to be closed on another thread (its buffer was dropped): a new
+        writer of its segment in this process waits for the lock to be released."""
+        if os.getpid() == self._pid and not self._closed:
+            self._wlock.releasing()

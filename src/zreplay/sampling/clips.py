@@ -10,6 +10,7 @@ import numpy as np
 
 from ..conventions import ACTION_KEYS
 from ..index.episodes import EpisodeView
+from ..numbers import as_int
 
 # How clips may start before an episode's first step: padded frames zeroed or repeated.
 PAD_MODES = ("zero", "repeat")
@@ -25,13 +26,10 @@ class ClipSpec:
     action_keys: tuple[str, ...] = ACTION_KEYS
 
     def __post_init__(self):
-        if int(self.history_len) <= 0:
-            raise ValueError(f"history_len must be >= 1, got {self.history_len}")
-        if int(self.frameskip) <= 0:
-            raise ValueError(f"frameskip must be >= 1, got {self.frameskip}")
+        self.history_len = as_int(self.history_len, "history_len", minimum=1)
+        self.frameskip = as_int(self.frameskip, "frameskip", minimum=1)
         if self.pad not in (None, *PAD_MODES):
             raise ValueError(f"pad must be None, 'zero' or 'repeat', got {self.pad!r}")
-        self.history_len, self.frameskip = int(self.history_len), int(self.frameskip)
         self.action_keys = tuple(self.action_keys)
 
     @property

@@ -12,6 +12,7 @@ import numpy as np
 from ..conventions import NEXT_OBS, OBS_KEYS, REWARD_KEYS
 from ..errors import SchemaError
 from ..index.episodes import EpisodeView
+from ..numbers import as_float, as_int
 from .clips import PAD_MODES
 
 
@@ -34,15 +35,13 @@ class NStepSpec:
     pad: str = "zero"
 
     def __post_init__(self):
-        if int(self.n) < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if not 0.0 <= float(self.gamma) <= 1.0:
+        self.n = as_int(self.n, "n", minimum=1)
+        self.gamma = as_float(self.gamma, "gamma")
+        if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
-        if int(self.frame_stack) < 1:
-            raise ValueError(f"frame_stack must be >= 1, got {self.frame_stack}")
+        self.frame_stack = as_int(self.frame_stack, "frame_stack", minimum=1)
         if self.pad not in PAD_MODES:
             raise ValueError(f"pad must be 'zero' or 'repeat', got {self.pad!r}")
-        self.n, self.gamma, self.frame_stack = int(self.n), float(self.gamma), int(self.frame_stack)
 
     def resolve(self, keys: list[str]) -> tuple[str, str, list[str], dict[str, str]]:
         """(reward key, observation root, observation keys under it, obs key -> stored

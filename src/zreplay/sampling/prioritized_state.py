@@ -120,8 +120,8 @@ class PrioritizedState:
             values = np.full(k, self.leaf_value(self.max_priority))
         else:
             p = check_values(priorities, k, "priorities")
+            values = self._leaves(p)
             self.max_priority = max(self.max_priority, float(p.max()))
-            values = self.leaf_value(p)
         if k > self.capacity:  # only the last `capacity` rows can be live
             rows, values = rows[-self.capacity :], values[-self.capacity :]
         self.high += k
@@ -179,9 +179,25 @@ class PrioritizedState:
             rows, p = rows[live], p[live]
         if rows.size == 0:
             return 0
+        values = self._leaves(p)
         self.max_priority = max(self.max_priority, float(p.max()))
-        self.tree._set(rows % self.capacity, self.leaf_value(p))
+        self.tree._set(rows % self.capacity, values)
         return rows.size
+
+    def _leaves(self, p: np.ndarray) -> np.ndarray:
+        """Leaves of valid priorities ``p``, refused (``ValueError``, nothing changed)
+        when they, or the tree's sum with them, would overflow float64 (a finite
+        priority can: ``1e200 ** 2``)."""
+        with np.errstate(over="ignore"):  # overflow is refused below, not warned about
+            values = self.leaf_value(p)
+        if values.size and not (
+            np.isfinite(values).all() and np.isfinite(self.tree.total + values.sum())
+        ):
+            raise ValueError(
+                f"priorities up to {float(p.max()):g} give tree leaves (p + eps) ** alpha "
+                f"(alpha={self.alpha:g}) that overflow float64; scale the priorities down"
+            )
+        return values
 
     # -- capacity and persistence ---------------------------------------------------
 

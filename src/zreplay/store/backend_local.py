@@ -204,21 +204,17 @@ class LocalBackend(Backend):
 
     @contextlib.contextmanager
     def guard(self, loc) -> Iterator[None]:
-        fd = None
         try:
-            fd = os.open(loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = liveness.open_tracked(loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT)
         except OSError:
-            pass  # read-only or odd filesystem: go on without the guard
-        try:
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except OSError:
-                    pass  # no flock here (some network filesystems)
+            yield  # read-only or odd filesystem: go on without the guard
+            return
+        with liveness.tracked(fd):  # closed at the end (releasing it), and in a fork
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass  # no flock here (some network filesystems)
             yield
-        finally:
-            if fd is not None:
-                os.close(fd)  # releases the flock
 
     def hold(self, loc):
         return liveness.hold(loc)

@@ -19,11 +19,15 @@ writer lock waits for a lease to run out (:mod:`zreplay.store.lock`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import os
 import socket
+import threading
+import weakref
+from collections.abc import Iterator
 
 __all__ = [
     "BOOT_ID",
@@ -34,7 +38,9 @@ __all__ = [
     "probe",
     "process_tag",
     "same_pid_space",
+    "open_tracked",
     "tag_is_dead",
+    "tracked",
 ]
 
 
@@ -58,36 +64,88 @@ BOOT_ID: str | None = _read("/proc/sys/kernel/random/boot_id")
 #: This process's PID namespace (e.g. ``pid:[4026531836]``); None off Linux.
 PID_NS: str | None = _pid_ns()
 
-# flock fds this process holds: closed in a forked child, so that a child never keeps its
-# parent's files looking alive after the parent died (the parent's own fds hold them).
-_HELD: set[int] = set()
+# fds of flocks this process holds or is taking (holds, guards, probes): closed in a
+# forked child, which must neither keep its parent's files looking alive after the parent
+# died nor hold a guard its parent was inside when it forked.  A Hold the child inherited
+# forgets its fd (the number may soon name another file of the child's).
+_TRACKED: set[int] = set()
+_HOLDS: weakref.WeakSet = weakref.WeakSet()
+# Held while an fd is opened and tracked, and by a fork: no child is forked between the
+# two (its untracked copy of the fd would keep a flock taken next alive).
+_OPENING = threading.RLock()
 
 
 def _close_in_child() -> None:
-    for fd in list(_HELD):
+    global _OPENING
+    _OPENING = threading.RLock()  # the parent's was held across the fork
+    for fd in list(_TRACKED):
+        try:
+            os.close(fd)  # the child's copy only: the parent's flock stays
+        except OSError:
+            pass
+    _TRACKED.clear()
+    for h in list(_HOLDS):
+        h.fd = None
+
+
+def _before_fork() -> None:
+    _OPENING.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _OPENING.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_close_in_child
+    )
+
+
+def open_tracked(path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` of an fd that a fork closes in the child (see :func:`tracked`)."""
+    with _OPENING:
+        fd = os.open(path, flags | os.O_CLOEXEC, mode)
+        _TRACKED.add(fd)
+    return fd
+
+
+@contextlib.contextmanager
+def tracked(fd: int) -> Iterator[int]:
+    """Within the block, a fork closes the child's copy of ``fd`` (from
+    :func:`open_tracked`: a flock taken on it stays the parent's alone); closed at the
+    end."""
+    _TRACKED.add(fd)
+    try:
+        yield fd
+    finally:
+        _close_tracked(fd)
+
+
+def _close_tracked(fd: int) -> None:
+    """Close a tracked fd; no fork lands between the close and the untracking (its
+    child would keep an untracked copy, and with it the flock)."""
+    with _OPENING:
         try:
             os.close(fd)
         except OSError:
             pass
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_in_child)
+        _TRACKED.discard(fd)
 
 
 def process_tag() -> str:
-    """``<host>-<space>-<pid>``: what names a file this process is making, so that
-    another process can tell whose it is (``space``: 8 hex digits naming this kernel's
-    PID namespace; :func:`tag_is_dead` reads it back)."""
+    """``<host>-<kernel><space>-<pid>``: what names a file this process is making, so
+    that another process can tell whose it is (``kernel``, ``space``: 8 hex digits each
+    naming this machine's kernel (boot id) and PID namespace; :func:`tag_is_dead` reads
+    them back)."""
     host = socket.gethostname().replace("-", "_")
-    return f"{host}-{_space_of(BOOT_ID, PID_NS)}-{os.getpid()}"
+    return f"{host}-{_hash8(BOOT_ID)}{_hash8(PID_NS)}-{os.getpid()}"
 
 
-def _space_of(boot_id: str | None, pid_ns: str | None) -> str:
-    if boot_id is None or pid_ns is None:
+def _hash8(value: str | None) -> str:
+    if value is None:
         return "x" * 8  # no Linux ids: never comparable
-    return hashlib.sha1(f"{boot_id}/{pid_ns}".encode()).hexdigest()[:8]
+    return hashlib.sha1(value.encode()).hexdigest()[:8]
 
 
 def tag_is_dead(tag: str, path=None) -> bool:
@@ -97,22 +155,24 @@ def tag_is_dead(tag: str, path=None) -> bool:
     tells).  False when unsure (its file is left alone).  Tags of zreplay before PID
     namespaces were told (``<host>-<pid>``) are judged by pid, on this host, as then."""
     parts = tag.rsplit("-", 2)
-    if len(parts) == 3 and parts[2].isdigit() and len(parts[1]) == 8:
-        host, space, pid = parts[0], parts[1], int(parts[2])
+    if len(parts) == 3 and parts[2].isdigit() and len(parts[1]) == 16:
+        host, kernel, space, pid = parts[0], parts[1][:8], parts[1][8:], int(parts[2])
     else:
         head = tag.rsplit("-", 1)
         if len(head) != 2 or not head[1].isdigit():
             return False
-        host, space, pid = head[0], None, int(head[1])
-    if host != socket.gethostname().replace("-", "_"):
-        return False
+        host, kernel, space, pid = head[0], None, None, int(head[1])
+        if host != socket.gethostname().replace("-", "_"):
+            return False  # a tag of zreplay before PID namespaces: by pid, on its host
+        return not pid_alive(pid)
+    if "x" in kernel or kernel != _hash8(BOOT_ID):
+        return False  # another machine: neither its flock nor its pid can be seen here
     held = probe(path) if path is not None else None
     if held:
         return False
-    ours = space is None or (space == _space_of(BOOT_ID, PID_NS) and "x" not in space)
-    if ours:  # its pid means what it says: both must agree it is gone
+    if space == _hash8(PID_NS) and "x" not in space:  # its pid means what it says here
         return not pid_alive(pid)
-    return held is False  # another PID namespace: only its free flock can tell
+    return held is False  # another PID namespace (or host name) on this kernel: its flock
 
 
 def pid_alive(pid: int) -> bool:
@@ -139,7 +199,8 @@ class Hold:
 
     def __init__(self, fd: int):
         self.fd: int | None = fd
-        _HELD.add(fd)
+        _TRACKED.add(fd)
+        _HOLDS.add(self)
 
     def __del__(self):
         # Dropped without release() (its owner was collected): the fd must not leak,
@@ -149,29 +210,25 @@ class Hold:
     def release(self) -> None:
         fd, self.fd = getattr(self, "fd", None), None
         if fd is None:
-            return
-        _HELD.discard(fd)
+            return  # released, or inherited by a forked child (which closed its copy)
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)  # for every fd sharing it, forked ones too
         except OSError:
             pass
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+        _close_tracked(fd)
 
 
 def hold(path) -> Hold | None:
     """Take an exclusive ``flock`` on ``path`` (file or directory) and keep it; None
     where the filesystem has no ``flock`` or someone else holds it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_tracked(path, os.O_RDONLY)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(fd)
+        _close_tracked(fd)
         return None
     return Hold(fd)
 
@@ -180,17 +237,15 @@ def probe(path) -> bool | None:
     """Whether a live process holds an ``flock`` on ``path``: True, False (nobody does,
     or ``path`` is gone), or None where this filesystem cannot tell."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_tracked(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        return True if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
-    else:
+    with tracked(fd):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            return True if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
-    finally:
-        os.close(fd)

@@ -22,11 +22,14 @@ for longer than its lease) fails instead of overwriting the new writer's commits
 written by zreplay before leases (no ``boot`` field) are judged as then: by pid on the
 same host, never automatically from another host.  ``break_lock=True`` takes any lock.
 
-``ZREPLAY_LOCK_LEASE_S`` sets the lease (default 30 s) of the locks a process takes.
+``ZREPLAY_LOCK_LEASE_S`` sets the lease (default 30 s, within [0.5, 3600]) of the locks a
+process takes.  Locally, a commit is written under the lock's guard (:meth:`WriterLock.fenced`),
+so a takeover, ``break_lock=True`` included, never lands in the middle of one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,6 +38,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
 
 from ..errors import WriterLockedError
 from .format import legacy_lock_path, lock_path
@@ -44,19 +48,36 @@ from .location import Location, locate
 log = logging.getLogger("zreplay")
 
 DEFAULT_LEASE_S = 30.0
+# A lease shorter than a few renewals of a loaded machine invites takeovers of live
+# writers; one longer than an hour makes a dead writer's segment wait that long.
+MIN_LEASE_S, MAX_LEASE_S = 0.5, 3600.0
 LIVE, STALE, UNKNOWN = "live", "stale", "unknown"
 
 # Tokens of the locks lock objects of this process hold.
 _HELD_HERE: set[str] = set()
+# Tokens of held locks whose buffer was dropped and is being closed on another thread:
+# acquire() in this process waits for their release instead of failing.
+_RELEASING: dict[str, threading.Event] = {}
+RELEASE_WAIT_S = 120.0
 
 
 def lease_seconds() -> float:
-    """The lease of locks taken by this process (``ZREPLAY_LOCK_LEASE_S``, default 30)."""
-    try:
-        v = float(os.environ.get("ZREPLAY_LOCK_LEASE_S", DEFAULT_LEASE_S))
-    except ValueError:
+    """The lease of locks taken by this process: ``ZREPLAY_LOCK_LEASE_S`` (seconds, within
+    [0.5, 3600]), default 30.  A value outside is refused (``ValueError``) when a lock is
+    taken, rather than silently making locks unsafe or takeovers endless."""
+    raw = os.environ.get("ZREPLAY_LOCK_LEASE_S")
+    if raw is None:
         return DEFAULT_LEASE_S
-    return v if v > 0 else DEFAULT_LEASE_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not MIN_LEASE_S <= v <= MAX_LEASE_S:  # NaN and inf fail too
+        raise ValueError(
+            f"ZREPLAY_LOCK_LEASE_S={raw!r}: the writer lock's lease must be a number of "
+            f"seconds in [{MIN_LEASE_S:g}, {MAX_LEASE_S:g}] (default {DEFAULT_LEASE_S:g})"
+        )
+    return v
 
 
 class WriterLock:
@@ -76,6 +97,7 @@ class WriterLock:
         self._seq = 0
         self._beat_due = 0.0
         self._mutex = threading.Lock()
+        self._pid = os.getpid()  # the process that took it (a forked child never releases)
         self._renewed = -float("inf")  # monotonic time of the last renewal published
 
     # -- who holds it ---------------------------------------------------------------
@@ -122,23 +144,34 @@ class WriterLock:
         legacy = self.holder(self._legacy)
         if legacy is not None and not break_lock and self.judge(legacy, self._legacy) != STALE:
             raise self._locked(legacy)
+        took_over = False
         for _ in range(8):
             with self.path.backend.guard(self.path):
                 if self._create():
-                    return
+                    if not took_over or self._kept_after_takeover():
+                        return
+                    took_over = False  # another contender won the same takeover
+                    continue
                 info = self.holder()
                 if info is None:
                     continue  # released meanwhile
                 verdict = STALE if break_lock else self.judge(info)
                 if verdict == STALE:
-                    self._remove(info)
+                    took_over = self._remove(info) or took_over
                     continue
-                if verdict == LIVE:
+                released = _RELEASING.get(info.get("token"))
+                if verdict == LIVE and released is None:
                     raise self._locked(info)
+            if released is not None:  # a dropped buffer of this process is letting go
+                released.wait(RELEASE_WAIT_S)
+                continue
             # Only the lease can tell: watch it (outside the guard), then take over.
             watched = self._read_beat()
-            if not self._lease_ran_out(info, watched):
+            verdict = self._watch_lease(info, watched)
+            if verdict == LIVE:
                 raise self._locked(info)
+            if verdict == UNKNOWN:
+                continue  # released or taken meanwhile: judge the lock as it is now
             with self.path.backend.guard(self.path):
                 now, beat = self.holder(), self._read_beat()
                 unchanged = beat is None or beat[0] != info.get("token") or beat == watched
@@ -146,9 +179,12 @@ class WriterLock:
                     log.warning(
                         "zreplay: taking over %s: its holder (pid %s on host %r) did not "
                         "renew its lease for %.0f s",
-                        self.path, info.get("pid"), info.get("host"), _lease_of(info),
-                    )  # fmt: skip
-                    self._remove(info)
+                        self.path,
+                        info.get("pid"),
+                        info.get("host"),
+                        _lease_of(info),
+                    )
+                    took_over = self._remove(info) or took_over
         raise WriterLockedError(f"could not take the writer lock {self.path}; retry")
 
     def _create(self) -> bool:
@@ -167,19 +203,48 @@ class WriterLock:
         if not backend.create_exclusive(self.path, json.dumps(me).encode()):
             return False
         self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
-        self.held, self.lost = True, None
+        self.held, self.lost, self._pid = True, None, os.getpid()
         _HELD_HERE.add(self.token)
         self._beat()
         self._beat_due = time.monotonic() + self.lease_s / 6
         _RENEWER.add(self)
         return True
 
-    def _remove(self, info: dict) -> None:
-        """Remove the lock file of ``info``'s holder (judged gone) and its beat."""
+    def _remove(self, info: dict) -> bool:
+        """Remove the lock file of ``info``'s holder (judged gone) and its beat, if the
+        lock file is still that holder's (where the store has no guard, another
+        contender may have taken it meanwhile); returns whether it removed it."""
+        now = self.holder()
+        if now is None or now.get("token") != info.get("token"):
+            return False
         self.path.unlink(missing_ok=True)
         beat = self._read_beat()
         if beat is None or beat[0] == info.get("token"):
             self.beat_path.unlink(missing_ok=True)
+        return True
+
+    def _kept_after_takeover(self) -> bool:
+        """After taking a dead holder's lock over where the store has no guard (object
+        stores): two contenders that judged the same lock stale may both have removed
+        it, the slower one removing the faster one's new lock.  Wait a moment, then
+        check the lock is still ours; if not, let it go (the caller judges it again)."""
+        if self.path.backend.is_local:
+            return True  # judged, removed and created under the guard: one winner
+        time.sleep(min(1.0, self.lease_s / 10))
+        info = self.holder()
+        if info is not None and info.get("token") == self.token:
+            return True
+        self._forget()
+        return False
+
+    def _forget(self) -> None:
+        """This process's state of a lock it turned out not to hold (no file touched)."""
+        self.held = False
+        _RENEWER.discard(self)
+        _HELD_HERE.discard(self.token)
+        if self._flock is not None:
+            self._flock.release()
+            self._flock = None
 
     def _read_beat(self) -> tuple[str, int] | None:
         try:
@@ -188,21 +253,21 @@ class WriterLock:
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
 
-    def _lease_ran_out(self, info: dict, first: tuple[str, int] | None) -> bool:
-        """Watch the holder of ``info`` (whose beat was ``first``) for its lease: False as
-        soon as it renews (or the lock changes hands), True once it has not renewed for
-        the whole lease."""
+    def _watch_lease(self, info: dict, first: tuple[str, int] | None) -> str:
+        """Watch the holder of ``info`` (whose beat was ``first``) for its lease: ``LIVE``
+        as soon as it renews, ``UNKNOWN`` if the lock is released or changes hands
+        meanwhile (judge it afresh), ``STALE`` once it did not renew for the whole lease."""
         lease, token = _lease_of(info), info.get("token")
         start = time.monotonic()
         while time.monotonic() - start < lease:
             time.sleep(min(1.0, lease / 20))
             now = self.holder()
             if now is None or now.get("token") != token:
-                return False  # released or taken: judge the new state afresh (acquire)
+                return UNKNOWN
             beat = self._read_beat()
             if beat is not None and beat[0] == token and beat != first:
-                return False
-        return True
+                return LIVE
+        return STALE
 
     def _locked(self, info: dict) -> WriterLockedError:
         here = ""
@@ -243,10 +308,13 @@ class WriterLock:
 
     def _mark_lost(self, info: dict | None) -> None:
         if info is None:
-            self.lost = f"its lock file {self.path} was removed"
+            self.lost = f"its lock file {self.path} was removed (by hand, or by a process"
+            self.lost += " that took its holder for gone)"
         else:
             self.lost = (
-                f"pid {info.get('pid')} on host {info.get('host')!r} took its lock {self.path} over"
+                f"pid {info.get('pid')} on host {info.get('host')!r} took its lock "
+                f"{self.path} over (with break_lock=True, or once this writer's lease of "
+                f"{self.lease_s:g} s ran out: was this process stopped or cut off that long?)"
             )
         log.error("zreplay: writer lock lost: %s", self.lost)
 
@@ -272,11 +340,20 @@ class WriterLock:
                         self._beat()
         if self.lost is not None:
             raise WriterLockedError(
-                f"this writer no longer holds segment {self.path.parent.parent}: {self.lost} "
-                f"(its lease of {self.lease_s:g} s ran out: was this process stopped or cut "
-                "off that long?). Nothing more is committed by this buffer object; what it "
-                "committed before is safe. Reopen the buffer once the other writer is done"
+                f"this writer no longer holds segment {self.path.parent.parent}: {self.lost}. "
+                "Nothing more is committed by this buffer object; what it committed before "
+                "is safe. Reopen the buffer once the other writer is done"
             )
+
+    @contextlib.contextmanager
+    def fenced(self) -> Iterator[None]:
+        """A block of writes that must be this lock's holder's alone (a commit's rows and
+        its record): it starts only while the lock is still held (``check_held``), and
+        where the store has a guard (local files: an ``flock``) it holds it throughout,
+        so that no takeover, ``break_lock=True`` included, happens until it is done."""
+        with self.path.backend.guard(self.path):
+            self.check_held()
+            yield
 
     def remove_legacy(self) -> None:
         """Remove a format-2 lock file left by a writer that is gone (the caller holds
@@ -287,6 +364,23 @@ class WriterLock:
         """Give the lock up.  If removing the file fails (an I/O error), the lock is
         still given up: its ``flock`` is released, so the next writer on this kernel
         finds it stale (and on another, once the lease ran out)."""
+        if os.getpid() != self._pid:  # a forked child's copy: the lock is the parent's
+            self.held = False
+            return
+        try:
+            self._release()
+        finally:
+            released = _RELEASING.pop(self.token, None)
+            if released is not None:
+                released.set()
+
+    def releasing(self) -> None:
+        """This lock's buffer was dropped and is being closed on another thread: until it
+        is released, :meth:`acquire` in this process waits for it rather than failing."""
+        if self.held:
+            _RELEASING.setdefault(self.token, threading.Event())
+
+    def _release(self) -> None:
         with self._mutex:
             if not self.held:
                 return
@@ -308,11 +402,12 @@ class WriterLock:
 
 
 def _lease_of(info: dict) -> float:
+    """The holder's lease as its lock says, within the bounds a lease may have."""
     try:
         v = float(info.get("lease_s", DEFAULT_LEASE_S))
     except (TypeError, ValueError):
         return DEFAULT_LEASE_S
-    return v if v > 0 else DEFAULT_LEASE_S
+    return min(max(v, MIN_LEASE_S), MAX_LEASE_S) if v == v else DEFAULT_LEASE_S
 
 
 class _Renewer:

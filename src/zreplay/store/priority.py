@@ -106,6 +106,8 @@ class PriorityArrays:
         backend = self.dir.backend
         self._handles.pop(slot, None)
         self._ensure_group()
+        if path.is_file():  # whatever is there is garbage, a file in its place too
+            path.unlink(missing_ok=True)
         backend.remove_tree(path)
         stop = start + len(leaves)
         rows = max(1, -(-stop // PRIORITY_CHUNK_ROWS)) * PRIORITY_CHUNK_ROWS
@@ -124,6 +126,12 @@ class PriorityArrays:
         """Leaves ``float64[stop - start]`` of rows ``[start, stop)`` of copy ``slot``."""
         if stop <= start:
             return np.zeros(0, np.float64)
+        missing = self._missing_chunks(slot, start, stop)
+        if missing:  # a missing chunk reads as zeros: priority 0, never drawn; damage
+            raise CorruptBufferError(
+                f"{self.dir}: priorities of rows [{start}, {stop}) (copy {slot}) cannot be "
+                f"read: chunk files {missing[:3]} are missing"
+            )
         try:
             store = self._handle(slot).reopen_if_short(stop)
             return np.asarray(store[start:stop].read().result(), np.float64)
@@ -133,10 +141,19 @@ class PriorityArrays:
                 f"read ({e})"
             ) from None
 
+    def _missing_chunks(self, slot: int, start: int, stop: int) -> list[int]:
+        """Chunks of rows ``[start, stop)`` without a file (every save writes them all)."""
+        chunks = slot_path(self.dir, slot) / "c"
+        have = {int(rel) for rel, _ in chunks.backend.walk_files(chunks) if rel.isdigit()}
+        first, last = start // PRIORITY_CHUNK_ROWS, (stop - 1) // PRIORITY_CHUNK_ROWS
+        return [c for c in range(first, last + 1) if c not in have]
+
     def damage(self, slot: int) -> str | None:
         """What is damaged in copy ``slot`` (its metadata, or a stored chunk that does not
         decode), or None (also for a copy never written)."""
         path = slot_path(self.dir, slot)
+        if path.is_file():
+            return "a file stands where the copy's directory belongs"
         if not (path / "zarr.json").exists():
             return None
         try:

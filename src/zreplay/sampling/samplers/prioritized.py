@@ -188,6 +188,8 @@ class Prioritized(Sampler):
         if hi > lo:
             try:
                 leaves = read(lo, hi)
+                if not (np.isfinite(leaves).all() and (leaves >= 0).all()):
+                    raise CorruptBufferError("saved leaves are negative or not finite")
             except CorruptBufferError as e:
                 warn_caller(
                     f"zreplay: the saved priorities cannot be read ({e}); rows "
