@@ -49,16 +49,23 @@ MAX_KEY_PATH = 512
 MAX_KEY_DEPTH = 16
 
 
+# What names a component other than a data key (``where`` given as one of these).
+_NAMED = {"segments": "writer_id", "learners": "learner_id"}
+
+
 def check_key_component(name: Any, where: str = "") -> str:
-    """Return ``name`` if it is safe as one Zarr path component, else raise KeyNameError."""
-    label = f"{where}/{name}" if where else repr(name)
+    """Return ``name`` if it is safe as one Zarr path component, else raise KeyNameError
+    (naming a writer or learner id as such when ``where`` is ``segments``/``learners``)."""
+    what = _NAMED.get(where)
+    label = f"{what} {name!r}" if what else f"key {f'{where}/{name}' if where else repr(name)!r}"
     if not isinstance(name, str):
-        raise KeyNameError(f"key {label}: key names must be str, got {type(name).__name__}")
+        raise KeyNameError(f"{label}: names must be str, got {type(name).__name__}")
     if not _COMPONENT.fullmatch(name) or name in _RESERVED or name.endswith("."):
+        nest = "" if what else " (nest dicts instead)"
         raise KeyNameError(
-            f"key {label!r} is not a safe name: use 1-128 characters from [A-Za-z0-9_.-], "
-            "not starting with '.' or '-', with no '/' (nest dicts instead), and not "
-            f"one of {sorted(_RESERVED)}"
+            f"{label} is not a safe name: use 1-128 characters from [A-Za-z0-9_.-], "
+            f"not starting with '.' or '-', with no '/'{nest}, and not one of "
+            f"{sorted(_RESERVED)}"
         )
     return name
 

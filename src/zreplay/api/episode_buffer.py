@@ -207,9 +207,10 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
             ep.pop(EPISODE_DATA_KEY)
             self._warned_episode_data = self._warned_episode_data or warn_episode_data()
         if self.key_filter is not None:
-            ep = dict(self.key_filter(ep))
-            if not ep:
+            ep = self.key_filter(ep)
+            if not ep:  # None or empty: a no-op (stable-worldmodel's ``if not ep_data``)
                 return
+            ep = dict(ep)
         cols, n = episode_columns(ep)
         if n == 0:
             return

@@ -32,6 +32,9 @@ def import_rlinf(
     All or nothing: the buffer is built aside and appears at ``dst_path`` whole; an
     existing buffer there is replaced only with ``overwrite=True`` (never one with a live
     writer), anything else non-empty is refused.  Returns the number of trajectories.
+    RLinf's files do not say whether an episode goes on from one trajectory into the
+    next: pass ``continue_episodes=True`` (as the buffer that wrote them had) to keep
+    such episodes whole.
     """
     src = locate(src_dir)
     meta, ids, index = read_rlinf_index(src)
@@ -48,7 +51,16 @@ def import_rlinf(
             **buffer_kwargs,
         )
         try:
-            load_into(buf.core, src, 0, 1, False, allow_pickle=allow_pickle, progress=progress)
+            load_into(
+                buf.core,
+                src,
+                0,
+                1,
+                False,
+                allow_pickle=allow_pickle,
+                progress=progress,
+                continues=buf.continue_episodes,
+            )
             n = len(buf)
         finally:
             buf.close()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from ..conventions import ACTION_KEYS
 from ..core.ranks import distributed, rank_block, resolve_rank
 from ..core.waits import Interrupted, pause
 from ..errors import BufferClosedError
@@ -45,7 +46,7 @@ class ClipDataset(torch.utils.data.Dataset):
         frameskip: int = 1,
         pad: str | None = None,
         keys: list[str] | None = None,
-        action_keys: tuple[str, ...] = ("action",),
+        action_keys: tuple[str, ...] = ACTION_KEYS,
         transform: Callable | None = None,
         wait_s: float = 0.0,
     ):
@@ -246,7 +247,7 @@ def rank_loader(
                 "directory, or wait for the writers"
             )
     n = min(shard.rows_per_rank) if even else len(shard)
-    if shuffle:
+    if shuffle and n:  # (an empty share: torch's RandomSampler refuses num_samples=0)
         gen = torch.Generator().manual_seed(int(seed) * 1000003 + shard.rank)
         order = torch.utils.data.RandomSampler(shard, num_samples=n, generator=gen)
     else:

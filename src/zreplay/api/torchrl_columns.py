@@ -56,14 +56,16 @@ class Ring:
 
 
 def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
-    """``n`` rows as zreplay trajectories ``[<= P, 1]`` (one episode each: TorchRL's own
-    trajectory ids or done flags say where its trajectories are)."""
+    """``n`` rows as zreplay trajectories ``[<= P, 1]``.  Their episodes are TorchRL's:
+    the rows are one stream, cut after every row whose ``("next", "done")`` (or
+    ``terminated``/``truncated``) is set, as TorchRL's own samplers read them, so the
+    clips and n-step windows of a zreplay view never cross one of its episode ends."""
     out = [
         Prepared({k: v[a : a + P, None] for k, v in cols.items()}, min(P, n - a), 1)
         for a in range(0, n, P)
     ]
     for p in out:
-        p.split_episodes = False
+        p.continues = True  # the stream goes on across extends until a flag ends it
     return out
 
 

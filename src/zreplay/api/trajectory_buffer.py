@@ -344,12 +344,17 @@ class TrajectoryReplayBuffer:
         of trajectories (the first ``N % world_size`` ranks get one more), so ranks are
         disjoint and cover all.  Trajectory ids are kept.  A full load resumes the saved
         random stream; a rank's load seeds a rank-specific stream.  ``load_path`` may be
-        an ``s3://`` URL (``storage_options`` default to this buffer's own).
+        an ``s3://`` URL (``storage_options`` default to this buffer's own).  RLinf files'
+        trajectories continue each other's episodes when this buffer was made with
+        ``continue_episodes=True`` (the files do not say).
         """
         local_rank = as_int(local_rank, "local_rank")
         world_size = as_int(world_size, "world_size", minimum=1)
         src = locate(load_path, storage_options or self.core.storage_options)
-        load_into(self.core, src, local_rank, world_size, is_distributed, allow_pickle)
+        cont = self.continue_episodes
+        load_into(
+            self.core, src, local_rank, world_size, is_distributed, allow_pickle, continues=cont
+        )
 
     @property
     def num_episodes(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..conventions import ACTION_KEYS
 from ..core import BufferCore
 from ..index.episodes import EpisodeView
 from ..numbers import as_int
@@ -252,7 +253,7 @@ def _clip_args(
     frameskip: int = 1,
     pad: str | None = None,
     keys: list[str] | None = None,
-    action_keys: tuple[str, ...] = ("action",),
+    action_keys: tuple[str, ...] = ACTION_KEYS,
 ) -> tuple[ClipSpec, list[str] | None]:
     return ClipSpec(history_len, frameskip, pad, action_keys), keys
 

@@ -69,19 +69,34 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", parents=[common], help="episode returns, lengths, frames (PNG)")
     p.add_argument("path", help="buffer directory")
     p.add_argument("--out", help="image file to write (default: <buffer name>.png here)")
-    p.add_argument("--dpi", type=int, default=100)
+    p.add_argument("--dpi", type=_positive_int, default=100)
     p.set_defaults(run=plot.run)
     return ap
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (else a usage error, exit status 2)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "demo":  # the README's demo parses its own options
-        from .demo import main as demo
+    try:
+        if argv and argv[0] == "demo":  # the README's demo parses its own options
+            from .demo import main as demo
 
-        return demo(argv[1:])
-    parser = _parser()
+            return demo(argv[1:])
+        parser = _parser()  # imports what the commands need (seconds, with torch)
+    except KeyboardInterrupt:
+        print("zreplay: interrupted", file=sys.stderr)
+        return 130
     if not argv:  # a command is required: the help, as a usage error
         parser.print_help(sys.stderr)
         return EXIT_USAGE

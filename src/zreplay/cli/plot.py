@@ -97,7 +97,7 @@ def run(args) -> Result:
             sel = how == end
             if len(values) and sel.any():
                 ax.scatter(x[sel], values[sel], s=8, color=color, label=f"{label} ({sel.sum()})")
-        if ax is ax_ret and len(values):
+        if ax is ax_ret and len(values) and np.isfinite(values).all():
             avg, window = moving_average(values)
             if len(avg):
                 ax.plot(x[window - 1 :], avg, color="black", lw=1.2, label=f"mean of {window}")
@@ -109,9 +109,13 @@ def run(args) -> Result:
     ax_lhist.hist(lengths, bins=min(50, max(1, len(np.unique(lengths)))), color="tab:green")
     ax_lhist.set_title("episode lengths")
     ax_lhist.set_xlabel("steps")
-    if len(per_step):
-        ax_rhist.hist(per_step, bins=50, color="tab:purple")
-    ax_rhist.set_title(f"per-step {key!r}" if key else "reward histogram (no reward key)")
+    finite = per_step[np.isfinite(per_step)]  # NaN and inf have no bin: counted aside
+    if len(finite):
+        ax_rhist.hist(finite, bins=50, color="tab:purple")
+    title = f"per-step {key!r}" if key else "reward histogram (no reward key)"
+    if len(finite) < len(per_step):
+        title += f" ({len(per_step) - len(finite)} NaN/inf left out)"
+    ax_rhist.set_title(title)
 
     positions = np.unique(np.linspace(0, view.num_rows - 1, FRAMES_PER_KEY).astype(np.int64))
     for r, image in enumerate(image_keys, start=1):

@@ -32,13 +32,29 @@ def episode_batches(
     key where the episodes' rows are contiguous): ``(columns [steps, ...], {"length",
     "terminated", "truncated"})``; ``progress(k)`` after each batch of ``k`` episodes."""
     n, e = core.num_episodes, 0
+    order = column_order(core)
     while e < n:
         cols, table = core.episodes_from(e, batch_bytes=batch_bytes)
+        cols = {k: cols[k] for k in order if k in cols}
         k = len(table["length"])
         e += k
         if progress is not None:
             progress(k)
         yield cols, table
+
+
+def column_order(core: BufferCore) -> list[str]:
+    """The stored columns in the order the buffer's facade keeps them (a
+    ``ReplayBuffer``'s: its first episode's), else in stored order."""
+    keys = core.keys
+    if core.writable:
+        order = core.facade_state.get("columns")
+    else:  # a view: what the writers' commits say
+        saved = [(c.sampler or {}).get("facade", {}).get("columns") for _, c in core.segments()]
+        order = next((o for o in saved if o), None)
+    if not order:
+        return keys
+    return [k for k in order if k in keys] + [k for k in keys if k not in order]
 
 
 def dump(
@@ -95,6 +111,10 @@ def _write_episodes(core: BufferCore, path, existing: int, progress, **kw) -> No
         ram=RamPolicy(enabled=True, trajectories=None, max_bytes=DUMP_RAM_BYTES),
         **kw,
     )
+    if existing:
+        dst.keep_saved_state()  # appended rows: the target's stream and priorities stay
+    else:
+        dst.facade_state["columns"] = list(column_order(core))  # stable-worldmodel's order
     try:
         for cols, table in episode_batches(core, progress):
             ends = np.cumsum(table["length"])

@@ -87,6 +87,7 @@ def write_hdf5(
             f.close()
             raise
     else:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as RLinf exports and swm's writer do
         remove_leftovers(path)  # partial files of dumps killed midway
         target = stage_name(path, PARTIAL)
         # Our flock on it, kept until it is in place (through the close, the fsync and
@@ -193,7 +194,7 @@ def _put_in_place(built: Path, path: Path) -> None:
 
 
 def _create_columns(f, cols: dict[str, np.ndarray], compression, level: int):
-    columns = sorted(cols)
+    columns = list(cols)  # in the source's order (the first episode's, for swm buffers)
     names = [dataset_name(c) for c in columns]
     clash = {n for n in names if names.count(n) > 1} | set(names) & {*EPISODE_DATASETS}
     if clash:

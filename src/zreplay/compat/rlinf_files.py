@@ -219,10 +219,16 @@ def rlinf_files(
     return out
 
 
-def iter_rlinf(files: list[tuple[int, dict, Path]], allow_pickle: bool, progress=None):
+def iter_rlinf(
+    files: list[tuple[int, dict, Path]], allow_pickle: bool, progress=None, continues=False
+):
+    """The trajectories of RLinf files, prepared (ids and ``max_episode_length`` kept;
+    ``continues``: each one's lanes continue the previous one's episodes, as
+    ``add_trajectories(continues=)``)."""
     for tid, entry, path in files:
         item = prepare(load_rlinf_file(path, allow_pickle))
         item.trajectory_id = tid
+        item.continues = continues
         if "max_episode_length" in entry and not item.max_episode_length:
             item.max_episode_length = int(entry["max_episode_length"])
         if progress is not None:
@@ -268,6 +274,7 @@ def load_into(
     distributed: bool,
     allow_pickle: bool = False,
     progress=None,
+    continues=False,
 ) -> None:
     """RLinf's ``load_checkpoint``: fill the writable ``core`` with rank ``rank``'s block
     of the trajectories at ``src`` (an RLinf directory or a zreplay buffer location; the
@@ -295,7 +302,7 @@ def load_into(
         files = rlinf_files(src, ids[start:stop], index, fmt, allow_pickle)
         core.reseed(int(meta.get("seed", core.stream.seed)), rank if distributed else None)
         with core.replacing() as staging:  # all or nothing: a bad file leaves the buffer as it was
-            _add_batched(staging, iter_rlinf(files, allow_pickle, progress))
+            _add_batched(staging, iter_rlinf(files, allow_pickle, progress, continues))
             staging.reserve_trajectory_ids(
                 max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
             )

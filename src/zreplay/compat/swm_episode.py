@@ -126,6 +126,12 @@ def _coerce(value: Any, key: str) -> np.ndarray:
 def _per_step(key: str, value: Any) -> np.ndarray:
     if isinstance(value, (list, tuple)):
         steps = [_coerce(v, key) for v in value]
+        shapes = sorted({tuple(s.shape) for s in steps}, key=str)
+        if len(shapes) > 1:
+            raise SchemaError(
+                f"{WRITE}column {key!r}: its steps have shapes {shapes[:4]}; every step of "
+                "a column needs the same shape"
+            )
         arr = np.stack(steps) if steps else np.zeros((0,))
     else:
         arr = _coerce(value, key)

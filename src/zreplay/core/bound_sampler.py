@@ -65,6 +65,11 @@ class BoundSampler:
                 free_rows = max(free_rows - it.n_rows, 0)
         return keep
 
+    def admitted(self, items: list, keep: list[bool]) -> None:
+        """An add of ``items`` went through, keeping those ``keep`` says."""
+        for it, k in zip(items, keep, strict=True):
+            self.sampler.admitted(it, k)
+
     # -- priorities -----------------------------------------------------------------
 
     def update_priorities(self, space, index, priorities) -> int:

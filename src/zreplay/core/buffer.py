@@ -64,6 +64,7 @@ class BufferCore:
         self.facade_state = dict(engine.commit.sampler.get("facade", {})) if engine.writable else {}
         self.rate: RateGate | None = None
         self._state_error: TypeError | None = None  # the writer could not save state()
+        self._kept_state: dict | None = None  # keep_saved_state()
         # Set by close(): a wait on this core's behalf (a rate limit, a dataset waiting for
         # rows) ends at once (zreplay.core.waits).
         self.closing = threading.Event()
@@ -337,13 +338,16 @@ class BufferCore:
         for a stale one a full buffer dropped: ``Staleness(evict_stale=True)``).  With a
         rate limiter, first waits until the rows do not run ahead of the learners."""
         eng = self._writer()
+        eng.validate(items)  # a malformed batch is refused whole, whatever would be dropped
         if self.rate is not None:
             self.rate.before_insert(sum(it.n_rows for it in items))
         cap = eng.state.capacity
         free = None if cap is None else cap - eng.num_rows
         keep = self._bound.admit(items, free)
         ids = iter(add_checked(eng, [it for it, k in zip(items, keep, strict=True) if k]))
-        return [next(ids) if k else -1 for k in keep]
+        out = [next(ids) if k else -1 for k in keep]
+        self._bound.admitted(items, keep)
+        return out
 
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
@@ -447,7 +451,16 @@ class BufferCore:
         return self._bound.prioritized
 
     def state(self) -> dict:
+        if self._kept_state is not None:
+            return dict(self._kept_state)
         return {**self.stream.state(), **self._bound.state(), "facade": dict(self.facade_state)}
+
+    def keep_saved_state(self) -> None:
+        """Commit the state the segment was opened with, unchanged (random stream,
+        sampler, saved priorities, facade state), whatever this core draws: for a
+        writer that only appends rows to a buffer another facade owns (a dump with
+        ``mode="append"``)."""
+        self._kept_state = dict(self.engine.commit.sampler or {})
 
     def priorities_to_save(self, n_rows: int, explicit: bool):
         space = self.engine.snapshot().space  # the writer holds its lock while it asks

@@ -217,6 +217,13 @@ class SegmentWriter:
                     st.make_tier(items[0].n_rows)
             return self._add_batch(items)
 
+    def validate(self, items: list[Prepared]) -> None:
+        """The checks :meth:`add` makes before anything is written (a ``ValueError``
+        subclass on the first problem), made now: keys, dtypes, shapes, sizes."""
+        st = self.state
+        lanes_b = None if st.lanes is None else len(st.lanes.episode)
+        check_batch(items, st.schema, lanes_b, st.capacity)
+
     def _fix_schema(self, schema: Schema, first_rows: int) -> None:
         layouts, segment = fix_schema(
             self.root, self.seg_dir, schema, self._layout_overrides, self.durable

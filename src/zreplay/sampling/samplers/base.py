@@ -135,8 +135,13 @@ class Sampler:
     def drops(self, item) -> bool:
         """Whether a full buffer drops ``item`` (a trajectory about to be added, with
         ``columns`` and ``model_weights_id``) instead of evicting its oldest rows for it.
-        Built-ins keep everything except ``Staleness(evict_stale=True)``."""
+        Built-ins keep everything except ``Staleness(evict_stale=True)``.  Decides only:
+        :meth:`admitted` hears what the add then did."""
         return False
+
+    def admitted(self, item, kept: bool) -> None:
+        """An add went through with ``item`` in its batch: added (``kept``) or dropped
+        (``drops`` said so).  Nothing by default."""
 
     def config(self) -> dict:
         """Constructor arguments (JSON values)."""

@@ -12,7 +12,11 @@ Clips and n-step transitions are keyed by the row they start at (see
 :class:`~zreplay.sampling.samplers.base.Units`): draws are rows by priority, kept when the row
 starts a valid unit and redrawn otherwise (rejection, exact; after 8 rounds the rest
 are drawn from the valid start rows directly).  So a unit's probability is its start
-row's leaf over the leaves of all valid start rows.
+row's leaf over the leaves of all valid start rows.  With padding (``pad=``) the clips
+that start at or before an episode's first step all key its first row: together they
+are drawn with that row's probability, each with an equal share of it (so, at equal
+priorities, each padded clip is drawn less often than an unpadded one), and their
+weights are that row's; use ``pad=None`` where every clip must stand on its own.
 
 Importance weights: ``w = (leaf / min_leaf) ** -beta`` with ``min_leaf`` the smallest
 positive leaf of all live rows (all segments), i.e. ``(N * P) ** -beta`` divided by the

@@ -137,6 +137,7 @@ class Staleness(Sampler):
         self.evict_stale = bool(evict_stale)
         self.num_dropped = 0
         self._segs: dict[int, _Runs] = {}
+        self._newest: float | None = None  # the newest version seen (stored or added)
 
     @property
     def current_version(self) -> float | None:
@@ -199,7 +200,9 @@ class Staleness(Sampler):
         if seg.n_rows <= cur.high:
             return cur
         if self.version_of is None:
-            cur.append(cur.high, self._row_versions(space, seg, cur.high, seg.n_rows))
+            versions = self._row_versions(space, seg, cur.high, seg.n_rows)
+            cur.append(cur.high, versions)
+            self._saw(versions)
             return cur
         idx = seg.index
         for j in range(max(cur.next_traj, 0), idx.n):
@@ -207,6 +210,7 @@ class Staleness(Sampler):
             if b > cur.high:
                 v = float(self.version_of(idx.weights_id(j)))
                 cur.append(max(a, cur.high), np.full(b - max(a, cur.high), v))
+                self._saw(np.array([v]))
         cur.next_traj = idx.n
         return cur
 
@@ -234,25 +238,36 @@ class Staleness(Sampler):
 
     def is_stale(self, versions: np.ndarray, current: float | None = None) -> bool:
         """Whether every one of ``versions`` is stale against ``current`` (default: the
-        current version, or False when none was ever given)."""
+        current version, else the newest version seen in the buffer or its adds; False
+        when there is none yet)."""
         current = self.current_version if current is None else current
+        current = self._newest if current is None else current
         if current is None or not len(versions):
             return False
         return bool(current - np.max(versions) > self.max_staleness)
 
-    def drops(self, item) -> bool:
-        """``evict_stale``: a trajectory arriving stale at a full buffer is dropped (and
-        counted in ``num_dropped``) rather than pushing fresher trajectories out."""
-        if not self.evict_stale:
-            return False
+    def _versions_of(self, item) -> np.ndarray:
         if self.version_of is not None:
-            versions = np.array([float(self.version_of(item.model_weights_id))])
-        else:
-            col = item.columns.get(self.version_key)
-            versions = np.zeros(0) if col is None else np.asarray(col, np.float64).ravel()
-        stale = self.is_stale(versions)
-        self.num_dropped += int(stale)
-        return stale
+            return np.array([float(self.version_of(item.model_weights_id))])
+        col = item.columns.get(self.version_key)
+        return np.zeros(0) if col is None else np.asarray(col, np.float64).ravel()
+
+    def drops(self, item) -> bool:
+        """``evict_stale``: a trajectory arriving stale at a full buffer is dropped rather
+        than pushing fresher trajectories out (counted in ``num_dropped`` once the add
+        went through)."""
+        return self.evict_stale and self.is_stale(self._versions_of(item))
+
+    def admitted(self, item, kept: bool) -> None:
+        if not kept:
+            self.num_dropped += 1
+        elif self.current_version is None:
+            self._saw(self._versions_of(item))
+
+    def _saw(self, versions: np.ndarray) -> None:
+        if len(versions):
+            top = float(np.max(versions))
+            self._newest = top if self._newest is None else max(self._newest, top)
 
     # -- drawing --------------------------------------------------------------------
 
