@@ -296,3 +296,26 @@ def test_keys_disagreeing_on_t_name_the_odd_key_and_the_right_shape():
         buf.add_trajectories([two])  # no majority: both are named
     assert len(buf) == 0
     buf.close()
+
+
+@pytest.mark.parametrize("writer_id", ["c", "zarr.json", "a/b", "", "-x"])
+def test_an_unsafe_writer_id_is_named_as_such_before_anything_is_made(tmp_path, writer_id):
+    path = tmp_path / "b"
+    with pytest.raises(KeyNameError, match=r"writer_id .* is not a safe name") as err:
+        zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(path), writer_id=writer_id
+        )
+    assert "nest dicts" not in str(err.value)
+    assert not path.exists()
+
+
+def test_an_unsafe_writer_id_never_overwrites_a_buffer(tmp_path, bufpath):
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    b.add_trajectories([make_traj(0)])
+    b.close()
+    before = tree_state(bufpath)
+    with pytest.raises(KeyNameError):
+        zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=bufpath, writer_id="c", overwrite=True
+        )
+    assert tree_state(bufpath) == before

@@ -396,3 +396,30 @@ def test_plot_colours_endings_averages_returns_and_defaults_its_output(
     ret = figures[0].axes[titles.index("episode return (sum of 'reward')")]
     labels = ret.get_legend_handles_labels()[1]
     assert "terminated (4)" in labels and "mean of 2" in labels
+
+
+def test_hdf5_export_makes_its_directory(capsys, rlinf_buffer, tmp_path):
+    out = tmp_path / "new" / "dir" / "ep.h5"
+    status, _, err = run(capsys, "export", str(rlinf_buffer), str(out), "--format", "hdf5", "-q")
+    assert status == 0, err
+    assert zreplay.load_hdf5(out).num_episodes == zreplay.open(rlinf_buffer).num_episodes
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_plot_leaves_non_finite_rewards_out(capsys, tmp_path, bad):
+    path = tmp_path / "buf"
+    rewards = np.random.default_rng(0).random((20, 2)).astype(np.float32)
+    rewards[3, 1] = bad
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as b:
+        b.add_trajectories([{"obs": np.zeros((20, 2, 8, 8, 3), np.uint8), "rewards": rewards}])
+    png = tmp_path / "p.png"
+    status, _, err = run(capsys, "plot", str(path), "--out", str(png))
+    assert status == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_bad_dpi_is_a_usage_error(capsys, rlinf_buffer, tmp_path):
+    with pytest.raises(SystemExit) as done:  # argparse's usage error: status 2
+        main(["plot", str(rlinf_buffer), "--dpi", "0", "--out", str(tmp_path / "p.png")])
+    assert done.value.code == 2 and "--dpi" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()

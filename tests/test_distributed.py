@@ -133,3 +133,27 @@ def test_rank_shard_in_dataloader_workers_reads_the_same_rows_after_new_commits(
     assert shard[3]["actions"].shape == (6,) and shard[3]["actions"][0] == want[3]  # one row
     with pytest.raises(ValueError, match="outside"):
         zreplay.RankShard(view, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("even", [False, True])
+def test_rank_loader_gives_a_rank_with_no_share_an_empty_loader(tmp_path, even):
+    path = str(tmp_path / "b")
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    for i in range(3):
+        b.add_trajectories(
+            [{"uid": np.arange(8).reshape(4, 2) + 8 * i, "rewards": np.zeros((4, 2), np.float32)}]
+        )
+    b.close()
+    got = [
+        [
+            int(u)
+            for x in zreplay.rank_loader(path, rank=r, world_size=4, batch_size=2, even=even)
+            for u in x["uid"]
+        ]
+        for r in range(4)
+    ]
+    if even:  # every rank the same number of trajectories: none for anyone
+        assert got == [[], [], [], []]
+    else:
+        assert sorted(u for share in got for u in share) == list(range(24))
+        assert [] in got

@@ -74,3 +74,72 @@ def test_a_dropped_learner_view_says_it_stopped(tmp_path):
     from zreplay.store.progress import read_progress
 
     assert read_progress(locate(path), "L").closed
+
+
+def test_a_buffer_dropped_inside_its_own_call_closes_without_a_deadlock(tmp_path):
+    """A hook drops the last reference to its buffer during a sample: the finalizer
+    closed it on that thread, which held the writer's lock the close waited on."""
+    import threading
+
+    class Holder:
+        pass
+
+    h = Holder()
+
+    def hook(step, buffer, batch_size, history_len):
+        h.buf = None  # the program lets go of the buffer here
+        return np.zeros(batch_size, np.int64)
+
+    path = str(tmp_path / "b")
+    h.buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, sampler=hook)
+    h.buf.add_trajectories([make_traj(0)])
+    cores, got = [h.buf.core], []
+    t = threading.Thread(target=lambda: got.append(cores[0].sample(4)), daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "sample() blocked: the dropped buffer closed on its own lock"
+    cores.clear()
+    gc.collect()
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as again:
+        assert len(again) == 1  # closed by then, or waited for
+
+
+def test_a_dropped_prefetcher_lets_its_buffer_go(tmp_path):
+    path = str(tmp_path / "b")
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    buf.add_trajectories([make_traj(0)])
+    pf = buf.prefetch(4)
+    next(pf)
+    buf.add_trajectories([make_traj(1)])
+    del buf, pf
+    gc.collect()
+    import time
+
+    time.sleep(0.5)  # its thread stops within a tenth of a second, then lets go
+    gc.collect()
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as again:
+        assert len(again) == 2
+
+
+def test_a_torchrl_buffer_dropped_after_loading_a_full_ring_keeps_its_writers_cursor(tmp_path):
+    """Dropped (not closed) before its first extend, the storage lost the cursor the
+    restored writer had: the next extend overwrote recent rows, not the oldest."""
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    from zreplay.torchrl import ZarrStorage
+
+    def rows(start, n):
+        return TensorDict({"g": torch.arange(start, start + n)}, [n])
+
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(8), batch_size=4)
+    ref.extend(rows(0, 11))  # a full ring, next slot 3
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(8, tmp_path / "z"), batch_size=4)
+    rb.load_state_dict(ref.state_dict())
+    del rb
+    gc.collect()
+    again = TensorDictReplayBuffer(storage=ZarrStorage(8, tmp_path / "z"), batch_size=4)
+    for r in (ref, again):
+        r.extend(rows(100, 2))
+    assert again.storage[:]["g"].tolist() == ref.storage[:]["g"].tolist()
+    again.storage.close()

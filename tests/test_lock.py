@@ -227,3 +227,207 @@ def test_the_same_process_is_told_what_holds_its_segment(bufpath):
             zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
     finally:
         a.close()
+
+
+# -- forked children (what an adversarial pass found) ---------------------------------
+
+
+def _fork(child) -> int:
+    """Run ``child()`` in a forked child that then ends as multiprocessing's children
+    do (exit handlers run, then os._exit); returns its exit status."""
+    import atexit
+
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            child()
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - reported as the status
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_never_releases_its_parents_lock(bufpath):
+    """The child's copy of the buffer was closed by its finalizer or exit handler: it
+    deleted the parent's lock file, another process then opened the segment beside the
+    live parent, and the parent's next flush failed, losing what it had added."""
+    import gc
+
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    buf.add_trajectories([_traj(0)])
+    buf.flush()
+
+    def child():
+        global_buf = [buf]
+        global_buf.clear()
+        gc.collect()
+
+    assert _fork(child) == 0
+    lock = os.path.join(bufpath, "segments", "default", "zreplay", "writer.lock")
+    assert os.path.exists(lock)
+    got = subprocess.run(
+        [sys.executable, "-c", CONTENDER.format(path=bufpath)], capture_output=True, text=True
+    )
+    assert got.returncode == 3, got.stdout + got.stderr  # the parent still holds it
+    buf.add_trajectories([_traj(1)])
+    buf.close()
+    assert _obs_values(bufpath) == [0.0, 1.0]
+
+
+def test_a_forked_child_cannot_write_through_its_parents_buffer(bufpath):
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+
+    def child():
+        try:
+            buf.add_trajectories([_traj(5)])
+        except zreplay.WriteFailedError as e:
+            assert "forked" in str(e) and "another writer_id" in str(e)
+            return
+        raise AssertionError("a forked child wrote through its parent's buffer")
+
+    assert _fork(child) == 0
+    buf.add_trajectories([_traj(1)])
+    buf.close()
+    assert _obs_values(bufpath) == [1.0]
+
+
+def test_a_child_forked_while_a_thread_holds_the_guard_never_keeps_it(bufpath):
+    """A child forked while another thread was inside the lock's guard kept its flock
+    (an inherited fd) for its whole life: every open and close of the segment waited."""
+    import threading
+
+    stop, worst = threading.Event(), [0.0]
+
+    def loop():
+        while not stop.is_set():
+            t = time.monotonic()
+            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+            worst[0] = max(worst[0], time.monotonic() - t)
+
+    t = threading.Thread(target=loop)
+    t.start()
+    kids, deadline = [], time.monotonic() + 5
+    try:
+        while time.monotonic() < deadline and worst[0] < 3:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(4)
+                os._exit(0)
+            kids.append(pid)
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        t.join(60)
+        for k in kids:
+            os.kill(k, 9)
+            os.waitpid(k, 0)
+    assert worst[0] < 3, f"an open/close waited {worst[0]:.1f} s for a forked child"
+
+
+HOLDER_IN_COMMIT = textwrap.dedent(
+    """
+    import sys, time, numpy as np, zreplay
+    from zreplay.store import segment
+    path = sys.argv[1]
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    traj = lambda i: {{"obs": np.full((4, 2, 3), i, np.float32),
+                       "rewards": np.zeros((4, 2), np.float32)}}
+    buf.add_trajectories([traj(0)]); buf.flush()
+    write_rows, slow = segment.Segment.write_rows, [True]
+    def paused(self, *a, **k):
+        if slow and slow.pop():
+            print("in commit", flush=True); time.sleep({pause})
+        return write_rows(self, *a, **k)
+    segment.Segment.write_rows = paused
+    buf.add_trajectories([traj(1)])
+    try:
+        buf.flush(); print("flushed", flush=True)
+    except zreplay.WriterLockedError:
+        print("lost", flush=True)
+    sys.stdin.readline()
+    buf.add_trajectories([traj(2)])
+    try:
+        buf.flush(); print("flushed", flush=True)
+    except zreplay.WriterLockedError:
+        print("lost", flush=True)
+    buf.close()
+    """
+)
+
+
+def test_a_takeover_never_lands_in_the_middle_of_a_commit(bufpath):
+    """A writer paused between its lock check and its commit's writes (here: inside its
+    row writes) while another took the lock with break_lock=True wrote its rows over the
+    new writer's, or its stale commit record over the new writer's commits."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER_IN_COMMIT.format(pause=2.0), bufpath],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "in commit"
+        t0 = time.monotonic()
+        new = zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=bufpath, break_lock=True
+        )
+        assert time.monotonic() - t0 > 1.0  # it waited for the commit to finish ...
+        assert holder.stdout.readline().strip() == "flushed"  # ... which was the holder's
+        assert len(new) == 2
+        new.add_trajectories([_traj(9)])
+        new.flush()
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "lost"  # commits nothing more
+        new.close()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _obs_values(bufpath) == [0.0, 1.0, 9.0]
+    assert zreplay.verify(bufpath).ok
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0.001", "-5", "x"])
+def test_the_lease_is_a_bounded_number_of_seconds(bufpath, monkeypatch, value):
+    monkeypatch.setenv("ZREPLAY_LOCK_LEASE_S", value)
+    with pytest.raises(ValueError, match="ZREPLAY_LOCK_LEASE_S"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+
+
+def test_a_lock_released_while_a_contender_watched_its_lease_is_taken(tmp_path, monkeypatch):
+    """The contender was refused ('is being written by ... pass break_lock=True') by a
+    holder that had just released the lock."""
+    import threading
+
+    monkeypatch.setenv("ZREPLAY_LOCK_LEASE_S", "5")
+    seg = tmp_path / "seg"
+    (seg / "zreplay").mkdir(parents=True)
+    lock = seg / "zreplay" / "writer.lock"
+    holder = {"host": "elsewhere", "pid": 7, "token": "theirs", "time": 0}
+    holder.update(boot="another-kernel", pidns="pid:[1]", lease_s=5)  # only a lease tells
+    lock.write_text(json.dumps(holder))
+    threading.Timer(0.5, lock.unlink).start()  # it lets go while the contender watches
+    t0 = time.monotonic()
+    mine = lockmod.WriterLock(seg)
+    mine.acquire()
+    assert mine.held and time.monotonic() - t0 < 4
+    mine.release()
+
+
+def test_a_file_of_another_host_name_on_this_kernel_is_judged_by_its_flock(tmp_path):
+    """A container with its own host name (docker's default) on this machine: its dead
+    partial files were never removed, its live ones must not be."""
+    from zreplay.store import liveness
+
+    _, ids, _ = liveness.process_tag().rsplit("-", 2)
+    tag = f"other_host-{ids}-{2**22 + 11}"
+    f = tmp_path / "partial"
+    f.write_text("x")
+    held = liveness.hold(f)
+    assert not liveness.tag_is_dead(tag, f)  # alive: it holds its flock
+    held.release()
+    assert liveness.tag_is_dead(tag, f)
+    assert not liveness.tag_is_dead(f"other_host-{'0' * 16}-{2**22 + 11}", f)  # another kernel

@@ -201,3 +201,94 @@ def test_the_conversions_themselves():
     with pytest.raises(TypeError, match=r"state\['a'\]\[1\] is int64"):
         check_json({"a": [1, np.int64(2)]}, "state")
     assert issubclass(_NumpyState, Sampler)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"capacity": float("nan")},
+        {"capacity": 2.5},
+        {"capacity": torch.tensor(True)},
+        {"cache_size": float("inf")},
+        {"ram_budget_bytes": float("nan")},
+        {"staging_bytes": 2.5},
+        {"sample_window_size": 1.5},
+    ],
+    ids=lambda kw: f"{next(iter(kw))}={next(iter(kw.values()))}",
+)
+def test_sizes_that_are_not_whole_numbers_are_refused_at_construction(tmp_path, kw):
+    """capacity=nan half-published the first add and left len() at -1; others failed at
+    the first add, or silently meant something else (nan: unlimited, 2.5: 2)."""
+    with pytest.raises((TypeError, ValueError)):
+        trb(tmp_path / "b", **kw)
+
+
+def test_a_torchrl_storage_refuses_a_fractional_max_size(tmp_path):
+    from zreplay.torchrl import ZarrStorage
+
+    with pytest.raises(TypeError, match="max_size"):
+        ZarrStorage(8.7, tmp_path / "z")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"min_diff": float("nan"), "max_diff": 10.0},
+        {"publish_every_s": float("nan")},
+        {"publish_every_s": -1},
+    ],
+)
+def test_rate_limiters_refuse_numbers_that_are_no_bounds(kw):
+    """NaN bounds were written into the learner progress file (not JSON)."""
+    with pytest.raises(ValueError):
+        zreplay.RateLimiter(1.0, 1, **{"min_diff": None, "max_diff": None, **kw})
+    with pytest.raises(TypeError):
+        zreplay.MinSize(2.5)
+
+
+def test_a_trajectory_index_that_is_no_integer_is_an_error(tmp_path):
+    buf = trb(tmp_path / "b")
+    buf.add_trajectories([make_traj(0)])
+    for bad in (float("nan"), float("inf"), 0.5):
+        with pytest.raises(TypeError, match="trajectory must be an integer"):
+            buf.trajectory(bad)  # a bare StopIteration ended a map() over indices silently
+    buf.close()
+
+
+class _Cycle(Uniform):
+    def __init__(self):
+        self.box = []
+
+    def config(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "box": self.box}
+
+
+def test_a_sampler_state_that_contains_itself_never_holds_rows_back(tmp_path):
+    sampler = _Cycle()
+    buf = trb(tmp_path / "b", sampler=sampler)
+    sampler.box.append(sampler.box)  # a cycle: no JSON for it
+    buf.add_trajectories([make_traj(0)])
+    with pytest.raises(TypeError, match="contains itself"):
+        buf.flush()
+    assert zreplay.open(tmp_path / "b").num_trajectories == 1  # the rows went in
+    sampler.box.clear()
+    buf.close()
+
+
+def test_a_checkpoint_is_refused_when_the_sampler_state_cannot_be_saved(tmp_path):
+    """save_checkpoint() silently wrote the last saved state (step 0 for a buffer at
+    step 5)."""
+    sampler = _Drifting()
+    buf = trb(tmp_path / "b", sampler=sampler)
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()
+    sampler.level = np.int64(4)
+    with pytest.raises(TypeError, match="level"):
+        buf.save_checkpoint(str(tmp_path / "ck"))
+    assert not (tmp_path / "ck").exists()
+    sampler.level = 4
+    buf.save_checkpoint(str(tmp_path / "ck"))
+    buf.close()

@@ -145,3 +145,121 @@ def test_an_add_never_returns_once_the_writer_thread_is_gone(tmp_path):
         buf.add_trajectories([make_traj(1)])
     with pytest.raises(WriteFailedError, match="writer thread is gone"):
         buf.flush()
+
+
+def test_an_add_waiting_for_the_writer_hears_when_its_thread_dies(tmp_path, monkeypatch):
+    """An add waiting for room (uncommitted rows fill the ring) never woke up once the
+    writer thread was gone."""
+    import threading
+
+    from zreplay.engine.state import SegmentState
+
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(tmp_path / "b"), enable_cache=False, staging_bytes=0
+    )
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()
+    real = SegmentState.set_commit
+
+    def dies(self, commit, job=None):
+        real(self, commit, job)
+        if job is not None and threading.current_thread().name == "zreplay-writer":
+            raise SystemExit  # nothing handles this: the thread ends
+
+    monkeypatch.setattr(SegmentState, "set_commit", dies)
+    got = []
+
+    def add():
+        try:
+            for i in range(1, 8):  # soon more than the ring: the adds wait for commits
+                buf.add_trajectories([make_traj(i)])
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            got.append(e)
+
+    t = threading.Thread(target=add)
+    t.start()
+    t.join(15)
+    assert not t.is_alive(), "an add waited for a writer thread that is gone"
+    assert isinstance(got[0], WriteFailedError) and "writer thread is gone" in str(got[0])
+
+
+def test_priorities_whose_leaves_overflow_are_refused_at_the_call(tmp_path):
+    """update_priorities(idx, 1e200) with alpha=2: an infinite leaf was stored and saved;
+    every draw then took one row, and the reopened buffer could not sample at all."""
+    buf = trb(tmp_path / "b", sampler=Prioritized(alpha=2.0, eps=0.0, save_every_s=0.0))
+    buf.add_trajectories([make_traj(0)])
+    with pytest.raises(ValueError, match="overflow float64"):
+        buf.update_priorities(np.arange(18), 1e200)
+    np.testing.assert_array_equal(buf.priorities(np.arange(18)), 1.0)  # nothing changed
+    buf.close()
+
+
+def test_a_missing_chunk_of_the_named_copy_is_damage_not_priority_zero(tmp_path):
+    path = tmp_path / "b"
+    _two_saves(path).close()
+    named = _named(path)
+    chunk = Path(path) / "segments/default/priority" / str(named) / "c" / "0"
+    chunk.unlink()
+    report = zreplay.verify(path)
+    assert not report.ok and any("missing" in p for p in report.problems), report
+    with pytest.warns(UserWarning, match="saved priorities cannot be read"):
+        buf = trb(path)
+        np.testing.assert_array_equal(buf.priorities(np.arange(54)), np.ones(54))
+    buf.close()
+
+
+def test_a_file_where_the_spare_copy_belongs_never_stops_the_writer(tmp_path):
+    path = tmp_path / "b"
+    _two_saves(path).close()
+    spare = Path(path) / "segments/default/priority" / str(1 - _named(path))
+    import shutil
+
+    shutil.rmtree(spare)
+    spare.write_text("not a copy")
+    assert any("file stands" in w for w in zreplay.verify(path).warnings)
+    buf = trb(path)
+    buf.update_priorities(np.arange(54), 7.0)
+    buf.add_trajectories([make_traj(3)])
+    buf.close()  # every flush failed with FileExistsError, close too
+    with trb(path) as again:
+        assert len(again) == 4
+        np.testing.assert_array_equal(again.priorities(np.arange(54)), 7.0)
+
+
+def test_a_commit_in_place_despite_a_failed_directory_fsync_is_published(tmp_path, monkeypatch):
+    """The record was renamed into place, then the directory's fsync failed: the commit
+    was retried as unpublished, rewriting the priority copy the record on disk names."""
+    import zreplay.store.backend_local as backend_local
+    from zreplay.store.commit import read_commit
+    from zreplay.store.location import locate
+    from zreplay.store.priority import PriorityArrays
+
+    path = tmp_path / "b"
+    buf = trb(path)
+    buf.add_trajectories([make_traj(0)])
+    buf.update_priorities(np.arange(18), 2.0)
+    buf.flush()
+    seg = locate(path) / "segments" / "default"
+    real_fsync, real_write, armed, bad = backend_local.fsync_dir, PriorityArrays.write, [1], []
+
+    def fsync_fails_once(d):
+        if armed and str(d).endswith("zreplay") and read_commit(seg).n_traj == 2:
+            armed.pop()
+            raise OSError(5, "Input/output error (injected, after the rename)")
+        return real_fsync(d)
+
+    def write(self, slot, start, leaves):
+        if ((read_commit(seg).sampler or {}).get("priority") or {}).get("slot") == slot:
+            bad.append(slot)
+        return real_write(self, slot, start, leaves)
+
+    monkeypatch.setattr(backend_local, "fsync_dir", fsync_fails_once)
+    monkeypatch.setattr(PriorityArrays, "write", write)
+    buf.update_priorities(np.arange(18), 3.0)
+    buf.add_trajectories([make_traj(1)])
+    buf.flush()  # published, so no error
+    buf.flush()
+    buf.close()
+    assert not armed and not bad, f"the named copy {bad} was rewritten"
+    with trb(path) as again:
+        assert len(again) == 2

@@ -201,3 +201,33 @@ def test_export_refuses_weights_ids_that_are_paths(tmp_path):
             buf.export(str(tmp_path / "out" / "rl"), "pt")
     assert {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*")} == {"out"}
     assert not list(tmp_path.rglob("*escaped*"))
+
+
+def test_loading_rlinf_files_honours_continue_episodes(tmp_path):
+    """RLinf files do not record that episodes go on across trajectories; a buffer made
+    with continue_episodes=True joins them again on load and import (adversarial pass)."""
+    src = str(tmp_path / "src")
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=src, continue_episodes=True)
+    for i in range(3):
+        fl = np.zeros((5, 2), bool)
+        fl[-1] = i == 2  # each lane: one episode over three trajectories
+        b.add_trajectories(
+            [
+                {
+                    "obs": np.zeros((5, 2, 3), np.float32),
+                    "rewards": np.ones((5, 2), np.float32),
+                    "terminations": fl,
+                }
+            ]
+        )
+    b.export(tmp_path / "rl", format="pt")
+    b.close()
+    assert zreplay.open(src).episode_table()["length"].tolist() == [15, 15]
+    zreplay.import_rlinf(tmp_path / "rl", tmp_path / "cut")  # not asked: cut per trajectory
+    assert zreplay.open(tmp_path / "cut").num_episodes == 6
+    zreplay.import_rlinf(tmp_path / "rl", tmp_path / "joined", continue_episodes=True)
+    assert zreplay.open(tmp_path / "joined").episode_table()["length"].tolist() == [15, 15]
+    t = zreplay.TrajectoryReplayBuffer(continue_episodes=True)
+    t.load_checkpoint(str(tmp_path / "rl"))
+    assert t.core.num_episodes == 2
+    t.close()

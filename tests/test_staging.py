@@ -270,3 +270,46 @@ def test_a_torchrl_storage_honours_its_budgets(tmp_path):
     assert st.tier.capacity <= 100  # one extend, not 2 x 4096 rows
     assert s.core.stats()["rows_in_ram"] <= 64
     s.close()
+
+
+def test_an_add_that_waited_takes_the_ring_afresh(tmp_path):
+    """A batch larger than the ring grows it, and its commit gives it back; an add that
+    waited for that commit kept the old ring, so its rows went to the new ring's slots
+    as garbage (zeros, or bool chunks no reader could decode, on disk)."""
+    for trial in range(3):
+        path = tmp_path / f"b{trial}"
+        buf = zreplay.TrajectoryReplayBuffer(
+            auto_save=True,
+            auto_save_path=str(path),
+            sample_window_size=0,
+            ram_budget_bytes=4000,
+            staging_bytes=0,
+        )
+        buf.add_trajectories([make_traj(0, T=50, B=10), make_traj(1, T=2, B=1)])
+        buf.add_trajectories([make_traj(2, T=11, B=6)])  # waits for the big one's commit
+        np.testing.assert_array_equal(
+            buf.trajectory(-1)["actions"][..., 0],
+            20000 + np.arange(6)[None, :] * 100 + np.arange(11)[:, None],
+        )
+        buf.close()
+        view = zreplay.open(path)
+        np.testing.assert_array_equal(
+            view.trajectory(-1)["actions"][..., 0],
+            20000 + np.arange(6)[None, :] * 100 + np.arange(11)[:, None],
+        )
+        assert zreplay.verify(path).ok
+
+
+def test_the_ram_tier_never_holds_more_than_the_buffer_keeps(tmp_path):
+    """An 8-slot ZarrStorage (15 rows kept at most) sized its ring from ram_budget_bytes
+    alone: 87k rows."""
+    pytest.importorskip("torchrl")
+    from tensordict import TensorDict
+
+    from zreplay.torchrl import ZarrStorage
+
+    s = ZarrStorage(8, tmp_path / "t")
+    s.set(torch.arange(5), TensorDict({"x": torch.ones(5, 12)}, batch_size=[5]))
+    s.flush()
+    assert s.core.engine.state.tier.capacity <= 16
+    s.close()

@@ -203,3 +203,36 @@ def test_version_key_and_current_version_attribute():
     s.current_version = 30000
     assert set(codes_of(buf.sample(200)) // 10000) == {3}
     buf.close()
+
+
+def _versioned(v: float, dtype=torch.float32, obs_dim: int = 2) -> dict:
+    return {
+        "obs": torch.randn(50, 4, obs_dim).to(dtype),
+        "rewards": torch.randn(50, 4),
+        "versions": torch.full((50, 4, 1), float(v)),
+    }
+
+
+def test_evict_stale_judges_against_the_newest_version_when_none_was_given():
+    """Until a version is passed the newest in the buffer is current: a stale arrival at a
+    full buffer is dropped, not admitted over the fresh trajectories (adversarial pass)."""
+    s = Staleness(max_staleness=2, evict_stale=True)
+    buf = zreplay.TrajectoryReplayBuffer(sampler=s, capacity=400)
+    buf.add_trajectories([_versioned(10), _versioned(10)])  # full: 400 rows of version 10
+    assert buf.add_trajectories([_versioned(0)]) == [-1]
+    assert s.num_dropped == 1 and buf.total_samples == 400
+    assert set(np_(buf.sample(500)["versions"]).ravel()) == {10.0}
+    buf.close()
+
+
+def test_evict_stale_validates_before_dropping_and_counts_only_added_batches():
+    s = Staleness(max_staleness=2, evict_stale=True)
+    buf = zreplay.TrajectoryReplayBuffer(sampler=s, capacity=400)
+    buf.add_trajectories([_versioned(10), _versioned(10)])
+    buf.sample(8, version=10)
+    with pytest.raises(zreplay.errors.SchemaError):  # stale and of the wrong dtype
+        buf.add_trajectories([_versioned(0, torch.float64)])
+    with pytest.raises(zreplay.errors.SchemaError):  # the whole batch is refused
+        buf.add_trajectories([_versioned(0), _versioned(10, obs_dim=3)])
+    assert s.num_dropped == 0 and buf.total_samples == 400
+    buf.close()

@@ -460,3 +460,71 @@ def test_a_dump_killed_midway_leaves_a_partial_file_the_next_dump_removes(tmp_pa
     b.close()
     assert [n for n in os.listdir(tmp_path) if n.startswith(".e.h5.")] == []
     assert len(list(zreplay.iter_hdf5(out))) == 2
+
+
+def test_a_key_filter_returning_none_skips_the_episode():
+    """stable-worldmodel's write_episode skips an episode whose filter returns None."""
+    b = zreplay.ReplayBuffer(100, key_filter=lambda ep: ep if len(ep["r"]) > 2 else None)
+    b.write_episode({"r": np.zeros(2)})
+    b.write_episode({"r": np.zeros(5)})
+    assert b.num_episodes == 1 and b.num_steps_stored == 5
+    b.close()
+
+
+def test_a_ragged_step_list_names_its_column():
+    b = zreplay.ReplayBuffer(10)
+    with pytest.raises(SchemaError, match="'obs'"):
+        b.write_episode({"ok": np.zeros((2, 3)), "obs": [np.zeros(2), np.zeros(3)]})
+    assert b.num_episodes == 0
+    b.close()
+
+
+def _three_columns(fill=0) -> dict:
+    return {
+        "pixels": np.full((4, 2, 2), fill, np.uint8),
+        "action": np.zeros((4, 2), np.float32),
+        "reward": np.zeros(4, np.float32),
+    }
+
+
+def test_dumps_keep_the_first_episodes_column_order(tmp_path):
+    rb = zreplay.ReplayBuffer(100)
+    rb.write_episode(_three_columns())
+    rb.dump(tmp_path / "e.h5")
+    rb.dump(tmp_path / "z", format="zarr")
+    want = rb.column_names
+    assert want == ["pixels", "action", "reward"]
+    assert zreplay.load_hdf5(tmp_path / "e.h5").column_names == want
+    assert list(next(zreplay.iter_hdf5(tmp_path / "e.h5"))) == want
+    assert zreplay.ReplayBuffer(100, path=tmp_path / "z").column_names == want
+    rb.close()
+
+
+def test_a_zarr_dump_appended_to_a_buffer_keeps_that_buffers_state(tmp_path):
+    from zreplay.samplers import Prioritized
+
+    path = tmp_path / "rb"
+    rb = zreplay.ReplayBuffer(1000, path=path, seed=7, sampler=Prioritized())
+    for i in range(3):
+        rb.write_episode(_three_columns(i))
+    for _ in range(5):
+        batch = rb.sample(4)
+    rb.update_priorities(batch["index"], np.full(4, 9.0))
+    before = (rb.step, rb.column_names, rb.priorities(batch["index"]).tolist())
+    rb.close()
+    other = zreplay.ReplayBuffer(100)
+    other.write_episode(_three_columns(9))
+    other.dump(path, format="zarr", mode="append")
+    other.close()
+    rb = zreplay.ReplayBuffer(1000, path=path, sampler=Prioritized())
+    assert rb.num_episodes == 4
+    assert (rb.step, rb.column_names, rb.priorities(batch["index"]).tolist()) == before
+    rb.close()
+    t_path = tmp_path / "trb"  # a TrajectoryReplayBuffer keeps its seed too
+    t = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(t_path), seed=1234)
+    t.add_trajectories([{k: np.stack([v, v], 1) for k, v in _three_columns().items()}])
+    t.close()
+    zreplay.dump(zreplay.open(path), t_path, format="zarr", mode="append")
+    t = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(t_path))
+    assert t.seed == 1234 and len(t) == 1 + 4
+    t.close()

@@ -446,3 +446,42 @@ def test_a_guessed_next_slot_is_not_exported_as_known(tmp_path):
     rb.load_state_dict(ref.state_dict())  # now the writer says where it is
     assert rb.storage.state_dict()["_next_slot"] == 3
     rb.storage.close()
+
+
+def test_a_view_of_zarr_storage_cuts_episodes_at_next_done(tmp_path):
+    """TorchRL marks an episode's end with ("next", "done"); one extend holding eight
+    episodes must read as eight episodes, so clips and n-step windows never cross one."""
+    n = 400
+    td = TensorDict(
+        {
+            "episode": torch.arange(n) // 50,
+            "t": torch.arange(n),
+            "pixels": torch.zeros(n, 4, dtype=torch.uint8),
+            ("next", "reward"): torch.ones(n, 1),
+            ("next", "done"): (torch.arange(n) % 50 == 49).unsqueeze(-1),
+        },
+        batch_size=[n],
+    )
+    storage = ZarrStorage(10_000, path=str(tmp_path / "replay"))
+    TensorDictReplayBuffer(storage=storage, batch_size=8).extend(td)
+    storage.close()
+    view = zreplay.open(tmp_path / "replay", seed=0)
+    assert view.num_episodes == 8
+    clips = view.sample_clips(1000, history_len=8)
+    assert (clips["episode"].min(1) == clips["episode"].max(1)).all()
+    ns = view.sample_nstep(1000, n=5, gamma=1.0, reward_key="next/reward", obs_key="pixels")
+    late = ns["t"] % 50 > 45  # fewer than five steps left in its episode
+    assert late.any() and (ns["n_steps"][late] < 5).all()
+
+
+def test_an_episode_of_zarr_storage_goes_on_across_extends(tmp_path):
+    storage = ZarrStorage(1000, path=str(tmp_path / "replay"))
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=8)
+    for lo, hi in ((0, 30), (30, 50), (50, 60)):  # one episode of 50 steps, then 10 more
+        t = torch.arange(lo, hi)
+        rb.extend(
+            TensorDict({"t": t, ("next", "done"): (t == 49).unsqueeze(-1)}, batch_size=[hi - lo])
+        )
+    storage.close()
+    table = zreplay.open(tmp_path / "replay").episode_table()
+    assert table["length"].tolist() == [50, 10]

@@ -272,3 +272,114 @@ def test_absurd_recorded_sizes_are_errors_not_aborts(pristine, tmp_path, damage)
     out = json.loads(done.stdout)
     assert out["view"] != "opened" and out["writer"] != "opened", out
     assert out["verify"], out
+
+
+# -- what damage can make an index or a commit record say (an adversarial pass) --------
+
+
+def _edit_commit(root: Path, **fields) -> None:
+    f = root / "segments" / "default" / "zreplay" / "commit.json"
+    c = json.loads(f.read_text())
+    c.update(fields)
+    f.write_text(json.dumps(c))
+
+
+def _edit_index(root: Path, name: str, at: int, value) -> None:
+    import zarr
+
+    a = zarr.open_array(root / "segments" / "default" / name, mode="r+")
+    a[at] = value
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "reclaimed_below past the visible rows",  # the next writer deleted every shard
+        "next trajectory id rewound",  # ids were handed out again
+        "next episode id rewound",  # episodes of different trajectories merged
+        "low_traj without low_row",  # a trajectory silently hidden
+        "another segment's record",
+        "a trajectory of other than T * B rows",  # a numpy reshape error in readers
+        "an episode piece outside its trajectory",  # episode() returned garbage
+        "a repeated trajectory id",
+    ],
+)
+def test_damage_the_index_or_commit_can_show_is_reported_not_acted_on(written, damage):
+    if damage == "reclaimed_below past the visible rows":
+        _edit_commit(written, reclaimed_below=10**9)
+    elif damage == "next trajectory id rewound":
+        _edit_commit(written, next_trajectory_id=1)
+    elif damage == "next episode id rewound":
+        _edit_commit(written, next_episode=1)
+    elif damage == "low_traj without low_row":
+        _edit_commit(written, low_traj=1)
+    elif damage == "another segment's record":
+        _edit_commit(written, writer_id="other")
+    elif damage == "a trajectory of other than T * B rows":
+        _edit_index(written, "traj/T", 1, 11)
+    elif damage == "an episode piece outside its trajectory":
+        _edit_index(written, "episodes/start", 2, 1000)
+    else:
+        _edit_index(written, "traj/trajectory_id", 2, 1)
+
+    def files(root):  # data, indexes and the commit record; locks may come and go
+        return {
+            k: v
+            for k, v in tree_state(root).items()
+            if "lock" not in k and "/" in k and not k.endswith("/zreplay")
+        }
+
+    before = files(written)
+    report = zreplay.verify(written)
+    assert not report.ok, f"{damage}: verify said OK"
+    with pytest.raises(CorruptBufferError):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(written))
+    with pytest.raises(CorruptBufferError):
+        zreplay.open(written)
+    assert files(written) == before  # nothing acted on it
+
+
+def test_rows_without_a_commit_record_are_a_warning(written):
+    (written / "segments" / "default" / "zreplay" / "commit.json").unlink()
+    report = zreplay.verify(written)
+    assert report.ok and any("no commit record" in w for w in report.warnings), report
+
+
+def test_verify_beside_a_live_writer_reports_no_damage(tmp_path):
+    """Rows evicted (and their shards deleted) or priorities saved again while verify
+    read them were reported as damage (about 2% of runs beside a busy writer)."""
+    import threading
+
+    from zreplay.samplers import Prioritized
+
+    path = tmp_path / "b"
+    lay = {k: {"chunk_rows": 4, "shard_rows": 8} for k in ("rewards",)}
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True,
+        auto_save_path=str(path),
+        capacity=60,
+        layout=lay,
+        sampler=Prioritized(save_every_s=0.0),
+    )
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()
+    stop = threading.Event()
+
+    def write():
+        i = 1
+        while not stop.is_set():
+            buf.add_trajectories([make_traj(i % 50)])
+            buf.update_priorities(buf.sample(8)["index"], float(i % 7 + 1))
+            buf.flush()
+            i += 1
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        reports = [zreplay.verify(path) for _ in range(30)]
+    finally:
+        stop.set()
+        t.join(30)
+        buf.close()
+    bad = [str(r) for r in reports if not r.ok]
+    assert not bad, bad[0]

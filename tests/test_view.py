@@ -129,3 +129,24 @@ def test_zarr_fallback_reads_never_fail_while_the_writer_replaces_shards(tmp_pat
         t.join()
         rb.close()
     assert reads > 50
+
+
+def test_views_and_clip_datasets_keep_rlinf_actions_dense_under_frameskip(bufpath):
+    """The buffer, its view and ClipDataset agree: "actions" (RLinf's name) is an action
+    column, kept dense between strided frames (adversarial pass)."""
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, seed=0)
+    b.add_trajectories(
+        [
+            {
+                "actions": np.arange(40, dtype=np.float32).reshape(10, 1, 4),
+                "rewards": np.zeros((10, 1), np.float32),
+            }
+        ]
+    )
+    own = b.sample_clips(2, history_len=2, frameskip=3)["actions"]
+    b.close()
+    view = zreplay.open(bufpath, seed=0).sample_clips(2, history_len=2, frameskip=3)["actions"]
+    item = zreplay.ClipDataset(bufpath, history_len=2, frameskip=3)[0]["actions"]
+    assert tuple(own.shape) == (2, 2, 3 * 4)
+    assert tuple(view.shape) == tuple(own.shape) and tuple(item.shape) == (2, 3 * 4)
+    assert np.asarray(item)[0].tolist() == list(range(12))  # three steps' actions in a row

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError, WriterLockedError
 from ..numbers import as_int, check_json
-from ..schema import Schema
+from ..schema import Schema, check_key_component
 from ..store.checkpoint import write_snapshot
 from ..store.commit import Commit
 from ..store.guard import check_target
@@ -96,6 +96,11 @@ class SegmentWriter:
         storage_options: Mapping | None = None,
         staging_bytes: int | None = None,
     ):
+        check_key_component(writer_id, "segments")  # before anything is made or removed
+        if capacity is not None:
+            capacity = as_int(capacity, "capacity (rows)", minimum=1)
+        if staging_bytes is not None:
+            staging_bytes = as_int(staging_bytes, "staging_bytes", minimum=0)
         self.temporary = path is None
         if self.temporary:
             path = tempfile.mkdtemp(prefix="zreplay-")
@@ -105,10 +110,6 @@ class SegmentWriter:
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
         self.writer_id = writer_id
-        if capacity is not None:
-            capacity = as_int(capacity, "capacity (rows)", minimum=1)
-        if staging_bytes is not None:
-            staging_bytes = as_int(staging_bytes, "staging_bytes", minimum=0)
         self.ram = ram or RamPolicy()
         self.durable, self._layout_overrides = durable, dict(layout or {})
         self._source: Callable[[], StateSource | None] = lambda: None

@@ -98,9 +98,10 @@ class Backend(ABC):
         :func:`zreplay.store.commit.remove_orphans`."""
 
     @abstractmethod
-    def guard(self, loc) -> contextlib.AbstractContextManager:
+    def guard(self, loc, timeout: float | None = None) -> contextlib.AbstractContextManager:
         """An exclusive cross-process guard named after ``loc`` (a flock beside it), or a
-        no-op where the store has none."""
+        no-op where the store has none; ``TimeoutError`` if it cannot be had within
+        ``timeout`` seconds (None: wait as long as it takes)."""
 
     def hold(self, loc) -> Any:
         """Keep an ``flock`` on the file ``loc`` for as long as this process lives (or

@@ -185,7 +185,7 @@ class FsspecBackend(Backend):
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         return []  # object stores publish whole objects: no temp files are ever left
 
-    def guard(self, loc) -> contextlib.AbstractContextManager:
+    def guard(self, loc, timeout: float | None = None) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
     def staged_tree(self, dest) -> contextlib.AbstractContextManager:

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
@@ -55,6 +56,23 @@ def _write_synced(path: Path, data: bytes, flags: int = 0, sync: bool = True) ->
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _flock_within(fd: int, timeout: float | None) -> None:
+    """An exclusive flock on ``fd``, waiting at most ``timeout`` seconds (None: as long
+    as it takes); ``TimeoutError`` after that.  No flock here (some network
+    filesystems): nothing to wait for."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the guard was held for more than {timeout:g} s") from None
+            time.sleep(0.01)
+        except OSError:
+            return
 
 
 def fsync_dir(path: Path) -> None:
@@ -203,17 +221,14 @@ class LocalBackend(Backend):
         return removed
 
     @contextlib.contextmanager
-    def guard(self, loc) -> Iterator[None]:
+    def guard(self, loc, timeout: float | None = None) -> Iterator[None]:
         try:
             fd = liveness.open_tracked(loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT)
         except OSError:
             yield  # read-only or odd filesystem: go on without the guard
             return
         with liveness.tracked(fd):  # closed at the end (releasing it), and in a fork
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:
-                pass  # no flock here (some network filesystems)
+            _flock_within(fd, timeout)
             yield
 
     def hold(self, loc):

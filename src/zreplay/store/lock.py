@@ -146,7 +146,7 @@ class WriterLock:
             raise self._locked(legacy)
         took_over = False
         for _ in range(8):
-            with self.path.backend.guard(self.path):
+            with self._contender_guard():
                 if self._create():
                     if not took_over or self._kept_after_takeover():
                         return
@@ -172,7 +172,7 @@ class WriterLock:
                 raise self._locked(info)
             if verdict == UNKNOWN:
                 continue  # released or taken meanwhile: judge the lock as it is now
-            with self.path.backend.guard(self.path):
+            with self._contender_guard():
                 now, beat = self.holder(), self._read_beat()
                 unchanged = beat is None or beat[0] != info.get("token") or beat == watched
                 if now is not None and now.get("token") == info.get("token") and unchanged:
@@ -209,6 +209,23 @@ class WriterLock:
         self._beat_due = time.monotonic() + self.lease_s / 6
         _RENEWER.add(self)
         return True
+
+    @contextlib.contextmanager
+    def _contender_guard(self) -> Iterator[None]:
+        """The lock's guard, for judging and taking it: waited for at most a lease (a
+        holder inside a commit keeps it: see :meth:`fenced`)."""
+        try:
+            with self.path.backend.guard(self.path, timeout=self.lease_s):
+                yield
+        except TimeoutError:
+            info = self.holder() or {}
+            raise WriterLockedError(
+                f"segment {self.path.parent.parent}: its writer (pid {info.get('pid')} on "
+                f"host {info.get('host')!r}) has been in the middle of a commit for more than "
+                f"{self.lease_s:g} s, so it is alive (stopped, or stuck in I/O?); it cannot be "
+                "taken over in the middle of a commit, break_lock=True included. Retry once "
+                "that process ended or went on"
+            ) from None
 
     def _remove(self, info: dict) -> bool:
         """Remove the lock file of ``info``'s holder (judged gone) and its beat, if the
