@@ -358,18 +358,25 @@ HOLDER_IN_COMMIT = textwrap.dedent(
 )
 
 
-def test_a_takeover_never_lands_in_the_middle_of_a_commit(bufpath):
-    """A writer paused between its lock check and its commit's writes (here: inside its
-    row writes) while another took the lock with break_lock=True wrote its rows over the
-    new writer's, or its stale commit record over the new writer's commits."""
+def _holder_in_commit(path, pause: float) -> subprocess.Popen:
+    """A writer process that has committed trajectory 0 and is now paused ``pause`` s
+    inside its next commit's row writes."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER_IN_COMMIT.format(pause=2.0), bufpath],
+        [sys.executable, "-c", HOLDER_IN_COMMIT.format(pause=pause), path],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert holder.stdout.readline().strip() == "in commit"
+    return holder
+
+
+def test_a_takeover_never_lands_in_the_middle_of_a_commit(bufpath):
+    """A writer paused between its lock check and its commit's writes (here: inside its
+    row writes) while another took the lock with break_lock=True wrote its rows over the
+    new writer's, or its stale commit record over the new writer's commits."""
+    holder = _holder_in_commit(bufpath, pause=2.0)
     try:
-        assert holder.stdout.readline().strip() == "in commit"
         t0 = time.monotonic()
         new = zreplay.TrajectoryReplayBuffer(
             auto_save=True, auto_save_path=bufpath, break_lock=True
@@ -431,3 +438,23 @@ def test_a_file_of_another_host_name_on_this_kernel_is_judged_by_its_flock(tmp_p
     held.release()
     assert liveness.tag_is_dead(tag, f)
     assert not liveness.tag_is_dead(f"other_host-{'0' * 16}-{2**22 + 11}", f)  # another kernel
+
+
+def test_a_contender_gives_up_on_a_commit_longer_than_a_lease(bufpath, monkeypatch):
+    """The guard a commit holds is waited for at most one lease; then the contender says
+    the holder is in the middle of a commit instead of waiting for ever."""
+    monkeypatch.setenv("ZREPLAY_LOCK_LEASE_S", "1")
+    holder = _holder_in_commit(bufpath, pause=5.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(zreplay.WriterLockedError, match="in the middle of a commit"):
+            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, break_lock=True)
+        assert time.monotonic() - t0 > 0.9  # it waited a lease for the guard
+        assert holder.stdout.readline().strip() == "flushed"  # the holder's commit stood
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "flushed"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _obs_values(bufpath) == [0.0, 1.0, 2.0]

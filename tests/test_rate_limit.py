@@ -302,25 +302,31 @@ def test_leaving_a_prefetch_block_ends_a_rate_limited_wait_at_once(loc):
     w.close()
 
 
-def test_closing_a_buffer_ends_a_wait_of_another_thread(loc):
-    empty_buffer(loc)
-    view = zreplay.open(loc[0], rate_limiter=MinSize(ROWS))  # waits forever: no rows
+def _closing_ends_the_wait(wait, close, within: float) -> None:
+    """``wait()`` blocks on another thread; ``close()`` ends it with BufferClosedError
+    within ``within`` seconds."""
     got = []
 
-    def learner():
+    def waiter():
         try:
-            view.sample(4)
+            got.append(wait())
         except BaseException as e:  # noqa: BLE001 - inspected below
             got.append(e)
 
-    t = threading.Thread(target=learner)
+    t = threading.Thread(target=waiter)
     t.start()
     time.sleep(0.3)
     t0 = time.monotonic()
-    view.close()
-    t.join(2.0)
-    assert not t.is_alive() and time.monotonic() - t0 < 2.0
+    close()
+    t.join(within)
+    assert not t.is_alive() and time.monotonic() - t0 < within
     assert isinstance(got[0], zreplay.BufferClosedError), got
+
+
+def test_closing_a_buffer_ends_a_wait_of_another_thread(loc):
+    empty_buffer(loc)
+    view = zreplay.open(loc[0], rate_limiter=MinSize(ROWS))  # waits forever: no rows
+    _closing_ends_the_wait(lambda: view.sample(4), view.close, within=2.0)
 
 
 def test_closing_a_dataset_iterator_ends_its_wait_for_rows(loc):
@@ -386,19 +392,4 @@ def test_a_learner_starts_over_on_a_buffer_made_again_at_its_path(loc):
 def test_a_dataset_waiting_for_rows_ends_when_its_buffer_is_closed(loc):
     w = writer(loc, sample_window_size=0)
     ds = zreplay.ReplayDataset(w, batch_size=4, min_size=5, poll_s=60.0)
-    got = []
-
-    def consume():
-        try:
-            got.append(next(iter(ds)))
-        except BaseException as e:  # noqa: BLE001 - inspected below
-            got.append(e)
-
-    t = threading.Thread(target=consume)
-    t.start()
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    w.close()
-    t.join(5.0)
-    assert not t.is_alive() and time.monotonic() - t0 < 5.0
-    assert isinstance(got[0], zreplay.BufferClosedError), got
+    _closing_ends_the_wait(lambda: next(iter(ds)), w.close, within=5.0)

@@ -29,6 +29,16 @@ def _filled(path, first: int, n: int = 4) -> None:
         buf.add_trajectories([make_traj(first + i) for i in range(n)])
 
 
+def _replace(path, other, how) -> None:
+    """Give the buffer at ``path`` other contents (trajectories 50..53) by ``how``."""
+    if how == "load_checkpoint":
+        with trb(path) as buf:
+            buf.load_checkpoint(str(other))
+    else:
+        with trb(path, overwrite=True) as buf:
+            buf.add_trajectories([make_traj(50 + i) for i in range(4)])
+
+
 @pytest.mark.parametrize("how", ["load_checkpoint", "overwrite"])
 def test_a_view_never_pairs_old_cached_columns_with_new_rows(tmp_path, how):
     path, other = tmp_path / "b", tmp_path / "other"
@@ -37,12 +47,7 @@ def test_a_view_never_pairs_old_cached_columns_with_new_rows(tmp_path, how):
     view = zreplay.open(path)
     codes = check_rows(view.sample(256))  # fills the column cache of the small keys
     assert set(codes // 10000) <= {0, 1, 2, 3}
-    if how == "load_checkpoint":
-        with trb(path) as buf:
-            buf.load_checkpoint(str(other))
-    else:
-        with trb(path, overwrite=True) as buf:
-            buf.add_trajectories([make_traj(50 + i) for i in range(4)])
+    _replace(path, other, how)
     view.refresh()
     for _ in range(5):
         codes = check_rows(view.sample(256))  # every field of a row from one transition
@@ -149,12 +154,7 @@ def test_a_view_that_did_not_refresh_never_reads_the_new_files_as_its_rows(tmp_p
     _filled(other, 50)
     view = zreplay.open(path, column_cache_bytes=None if cache else 0)
     check_rows(view.sample(256))
-    if how == "load_checkpoint":
-        with trb(path) as buf:
-            buf.load_checkpoint(str(other))
-    else:
-        with trb(path, overwrite=True) as buf:
-            buf.add_trajectories([make_traj(50 + i) for i in range(4)])
+    _replace(path, other, how)
     old, new = {0, 1, 2, 3}, {50, 51, 52, 53}
     for _ in range(3):  # no refresh(): its snapshot (from RAM), or the new one, never both
         got = set(check_rows(view.sample(256)) // 10000)
