@@ -14,11 +14,12 @@ Public names:
   ``PrioritizedClips``, ``Staleness`` (``sampler=`` of every buffer and view).
 * :class:`MinSize`, :class:`SampleToInsertRatio`: Reverb-style rate limiters between the
   writers and learners of a shared buffer (``rate_limiter=``).
-* :mod:`zreplay.errors`: the exception hierarchy.
+* :mod:`zreplay.errors`: the exceptions (also importable from ``zreplay``).
 * :mod:`zreplay.core`: the buffer core the facades are built on (for new facades).
 """
 
-from . import errors, samplers
+from . import errors as errors
+from . import samplers as samplers
 from .api.episode_buffer import ReplayBuffer
 from .api.imports import import_rlinf, load_hdf5
 from .api.torch_data import ClipDataset, RankShard, ReplayDataset, rank_loader
@@ -29,52 +30,38 @@ from .compat.hdf5 import iter_hdf5
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
 from .core.rate import MinSize, RateLimiter, SampleToInsertRatio
-from .errors import (
-    BufferClosedError,
-    CapacityError,
-    CorruptBufferError,
-    DestinationError,
-    EmptyBufferError,
-    EmptyTrajectoryError,
-    FormatError,
-    KeyNameError,
-    PickleRefusedError,
-    RateLimitTimeout,
-    SchemaError,
-    WriteFailedError,
-    WriterLockedError,
-)
+
+# The exceptions live in zreplay.errors; their old import paths (``from zreplay import
+# CorruptBufferError``) keep working, outside __all__.
+from .errors import BufferClosedError as BufferClosedError
+from .errors import CapacityError as CapacityError
+from .errors import CorruptBufferError as CorruptBufferError
+from .errors import DestinationError as DestinationError
+from .errors import EmptyBufferError as EmptyBufferError
+from .errors import EmptyTrajectoryError as EmptyTrajectoryError
+from .errors import FormatError as FormatError
+from .errors import KeyNameError as KeyNameError
+from .errors import PickleRefusedError as PickleRefusedError
+from .errors import RateLimitTimeout as RateLimitTimeout
+from .errors import SchemaError as SchemaError
+from .errors import WriteFailedError as WriteFailedError
+from .errors import WriterLockedError as WriterLockedError
 from .store.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BufferClosedError",
     "BufferView",
     "ClipDataset",
-    "CapacityError",
-    "CorruptBufferError",
-    "DestinationError",
-    "EmptyBufferError",
-    "EmptyTrajectoryError",
-    "FormatError",
-    "KeyNameError",
     "MinSize",
-    "PickleRefusedError",
     "RateLimiter",
-    "RateLimitTimeout",
     "RankShard",
     "ReplayBuffer",
     "ReplayDataset",
     "SampleToInsertRatio",
-    "SchemaError",
     "Trajectory",
     "TrajectoryReplayBuffer",
     "VerifyReport",
-    "WriteFailedError",
-    "WriterLockedError",
-    "errors",
-    "samplers",
     "classic_filter",
     "dump",
     "import_rlinf",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..numbers import as_array, check_json
-from ..sampling.samplers.base import Context, Drawn, Sampler, Units, claim
+from ..sampling.samplers.base import Context, Drawn, PrioritySampler, Sampler, Units
 
 
 class BoundSampler:
@@ -30,8 +30,14 @@ class BoundSampler:
         # Its state is saved with every commit: refuse what JSON cannot hold now, on
         # the caller's line, not in the background writer later.
         check_json(sampler.state_dict(), f"{type(sampler).__name__}.state_dict()")
-        claim(sampler, core)
+        if sampler.prioritized and not isinstance(sampler, PrioritySampler):
+            raise TypeError(
+                f"{type(sampler).__name__} sets prioritized = True; a sampler with priorities "
+                "subclasses zreplay.samplers.base.PrioritySampler (what a buffer calls on it)"
+            )
+        sampler.claim(core)
         self.sampler = sampler
+        self.prio: PrioritySampler | None = sampler if sampler.prioritized else None
         # Weakly: the facade owns the core (which owns this), and must stay collectable
         # so that dropping it commits and releases its writer (BufferCore.close_when_dropped).
         self._owner = weakref.ref(owner)
@@ -81,8 +87,8 @@ class BoundSampler:
     def priorities_to_save(self, space, n_rows: int, explicit: bool):
         """``(meta, leaves)`` to save with a commit of ``n_rows`` rows, or None: nothing
         changed, or a background commit within ``save_every_s`` of the last save."""
-        s = self.sampler
-        if not s.prioritized:
+        s = self.prio
+        if s is None:
             return None
         s.sync(space)
         now = time.monotonic()
@@ -96,7 +102,8 @@ class BoundSampler:
 
     def save_failed(self) -> None:
         """The commit carrying the last snapshot was not published: take it again."""
-        self.sampler.mark_changed(0)
+        if self.prio is not None:
+            self.prio.mark_changed(0)
 
     # -- state ----------------------------------------------------------------------
 
@@ -113,12 +120,12 @@ class BoundSampler:
     def full_state(self, space) -> dict:
         """JSON state plus the priorities as arrays (``ReplayBuffer.state_dict``)."""
         out = self.state()
-        if self.sampler.prioritized:
-            self.sampler.sync(space)
-            out["priorities"] = self.sampler.priorities_state()
+        if self.prio is not None:
+            self.prio.sync(space)
+            out["priorities"] = self.prio.priorities_state()
         return out
 
     def load_full_state(self, state: Mapping, space: Callable[[], Any]) -> None:
         self.load_state(state)
-        if self.sampler.prioritized and state.get("priorities") is not None:
-            self.sampler.load_priorities_state(state["priorities"], space())
+        if self.prio is not None and state.get("priorities") is not None:
+            self.prio.load_priorities_state(state["priorities"], space())

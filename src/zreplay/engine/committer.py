@@ -9,12 +9,7 @@ changes its state (only then may the RAM tier reuse those rows' slots).  After a
 that evicted rows it deletes the shards holding only evicted rows, once no in-process
 disk read needs them.
 
-The owner is duck-typed (no import of the writer): it offers ``cond`` (its condition),
-``commit``, ``segment``, ``layouts``, ``seg_dir``, ``durable``, ``priority_arrays()``,
-``check_lock(fresh)`` (``WriterLockedError`` once another writer took its lock over),
-``fenced()`` (a block of writes only its lock's holder may make),
-``next_job(explicit)``, ``committed(commit, job)`` / ``job_failed(job, error)`` (called
-with ``cond`` held) and ``lock_lost(error)``.
+What the committer needs from its owner (the writer) is :class:`CommitOwner`.
 
 The thread never dies silently: whatever building or writing a commit raises is kept
 (``error``) and reported to the next ``flush()`` or add, which retry; a lost lock stops
@@ -28,7 +23,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,6 +53,39 @@ class Job:
     segment: object
     keys: list[str]
     priorities: tuple[int, int, np.ndarray] | None = None  # (slot, first row, leaves)
+
+
+class CommitOwner(Protocol):
+    """What a :class:`Committer` needs from the writer it commits for."""
+
+    cond: threading.Condition  # guards the owner's state and the committer's counters
+    commit: Commit  # the last commit published
+    segment: Any  # its SegmentStore (None before the first rows)
+    layouts: dict[str, Any]  # key -> ArrayLayout (shard sizes, for reclaiming)
+    seg_dir: Any  # where commit.json is published
+    durable: bool  # fsync what a commit names before publishing it
+
+    def priority_arrays(self) -> Any:
+        """The segment's priority copies (``write(slot, low, leaves)``)."""
+
+    def check_lock(self, fresh: bool) -> None:
+        """``WriterLockedError`` once another writer took this one's lock over."""
+
+    def fenced(self) -> contextlib.AbstractContextManager:
+        """A block of writes only the lock's holder may make (no takeover lands in it)."""
+
+    def next_job(self, explicit: bool) -> Job:
+        """The next commit to write (``explicit``: a flush asked for it)."""
+
+    def committed(self, commit: Commit, job: Job | None) -> None:
+        """``commit`` is published (called with ``cond`` held); only now may the RAM tier
+        reuse the rows it covers."""
+
+    def job_failed(self, job: Job, error: BaseException) -> None:
+        """``job`` was not published (called with ``cond`` held)."""
+
+    def lock_lost(self, error: BaseException) -> None:
+        """The lock was taken over: the writer stops for good."""
 
 
 class StateSource(Protocol):
@@ -187,7 +215,7 @@ def build_job(
 
 
 class Committer:
-    def __init__(self, owner):
+    def __init__(self, owner: CommitOwner):
         self.owner = owner
         self.cond = owner.cond
         self.want = self.done = 0  # commit generations asked for / finished

@@ -34,7 +34,16 @@ from ...index.rowspace import RowSpace, SegmentRows
 Extra = dict[str, np.ndarray]
 Drawn = tuple[np.ndarray, Extra]
 
-__all__ = ["Context", "Drawn", "Extra", "RowSpace", "Sampler", "SegmentRows", "Units"]
+__all__ = [
+    "Context",
+    "Drawn",
+    "Extra",
+    "PrioritySampler",
+    "RowSpace",
+    "Sampler",
+    "SegmentRows",
+    "Units",
+]
 
 
 @dataclass
@@ -112,13 +121,14 @@ class Context:
 class Sampler:
     """Base class of the built-in samplers; see the module docstring for the contract.
 
-    Subclasses set ``prioritized = True`` when their batches carry ``index``/``weight``
-    and they accept :meth:`update_priorities`; ``clips`` (a ClipSpec) when row entry
-    points should return clips instead of rows.
+    Samplers whose batches carry ``index``/``weight`` and that accept
+    :meth:`update_priorities` subclass :class:`PrioritySampler` (``prioritized = True``);
+    ``clips`` (a ClipSpec) is set when row entry points should return clips, not rows.
     """
 
     prioritized = False
     clips = None
+    _owner: weakref.ref | None = None  # the buffer or view a prioritized sampler serves
 
     def draw_rows(self, ctx: Context, n: int) -> Drawn:
         raise NotImplementedError
@@ -131,6 +141,26 @@ class Sampler:
             f"{type(self).__name__} has no priorities; construct the buffer with "
             "sampler=zreplay.samplers.Prioritized() to use update_priorities"
         )
+
+    def priorities(self, space: RowSpace, index) -> np.ndarray:
+        raise TypeError(
+            f"{type(self).__name__} has no priorities; construct the buffer with "
+            "sampler=zreplay.samplers.Prioritized() to read them"
+        )
+
+    def claim(self, owner: object) -> None:
+        """Bind a stateful (prioritized) sampler to one buffer or view: its priorities
+        are those of one set of rows, so a second owner is refused while the first
+        lives.  Stateless samplers serve any number of buffers."""
+        if not self.prioritized:
+            return
+        current = self._owner() if self._owner is not None else None
+        if current is not None and current is not owner and not getattr(current, "closed", False):
+            raise ValueError(
+                f"this {type(self).__name__} already samples {current!r}; give each buffer "
+                "or view its own sampler instance"
+            )
+        self._owner = weakref.ref(owner)
 
     def drops(self, item) -> bool:
         """Whether a full buffer drops ``item`` (a trajectory about to be added, with
@@ -166,19 +196,45 @@ class Sampler:
         return f"{type(self).__name__}({args})"
 
 
-def claim(sampler: Sampler, owner: object) -> None:
-    """Bind a stateful (prioritized) sampler to one buffer or view: its priorities are
-    those of one set of rows, so a second owner is refused while the first lives."""
-    if not sampler.prioritized:
-        return
-    ref = getattr(sampler, "_owner", None)
-    current = ref() if ref is not None else None
-    if current is not None and current is not owner and not getattr(current, "closed", False):
-        raise ValueError(
-            f"this {type(sampler).__name__} already samples {current!r}; give each buffer "
-            "or view its own sampler instance"
-        )
-    sampler._owner = weakref.ref(owner)
+class PrioritySampler(Sampler):
+    """A sampler with priorities (``prioritized = True``): batches carry ``index`` and
+    ``weight``, :meth:`update_priorities` changes what is drawn next, and writable buffers
+    save the priorities with their commits.  What a buffer calls beyond :class:`Sampler`:
+
+    * ``sync(space)`` before any use: follow the rows ``space`` holds now (new rows get
+      the initial priority, evicted rows leave);
+    * ``priorities(space, index)`` / ``update_priorities(space, index, values)``;
+    * ``snapshot(key, stop_row)`` -> ``(meta, leaves)`` or None: what a commit of segment
+      ``key`` up to ``stop_row`` saves (marks it saved); ``mark_changed(key)`` when that
+      commit was not published after all; at most every ``save_every_s`` seconds in the
+      background (always on ``flush``/``close``);
+    * ``priorities_state()`` / ``load_priorities_state(state, space)``: every segment's
+      priorities for ``state_dict``/``torch.save`` and back.
+    """
+
+    prioritized = True
+    save_every_s: float = 10.0
+
+    def sync(self, space: RowSpace) -> None:
+        raise NotImplementedError
+
+    def priorities(self, space: RowSpace, index) -> np.ndarray:
+        raise NotImplementedError
+
+    def update_priorities(self, space: RowSpace, index, priorities) -> int:
+        raise NotImplementedError
+
+    def snapshot(self, key: int, stop_row: int) -> tuple[dict, np.ndarray] | None:
+        raise NotImplementedError
+
+    def mark_changed(self, key: int) -> None:
+        raise NotImplementedError
+
+    def priorities_state(self) -> dict:
+        raise NotImplementedError
+
+    def load_priorities_state(self, state: dict, space: RowSpace) -> None:
+        raise NotImplementedError
 
 
 def require_rows(space: RowSpace) -> None:

@@ -43,7 +43,7 @@ import numpy as np
 from ...errors import CorruptBufferError, EmptyBufferError, warn_caller
 from ..clips import ClipSpec
 from ..prioritized_state import PrioritizedState
-from .base import Context, Drawn, RowSpace, Sampler, SegmentRows, Units, draw_weighted
+from .base import Context, Drawn, PrioritySampler, RowSpace, SegmentRows, Units, draw_weighted
 
 SEGMENT_SHIFT = 40
 _ROW_MASK = (1 << SEGMENT_SHIFT) - 1
@@ -77,7 +77,7 @@ class _Segment:
     drawn: bool = False
 
 
-class Prioritized(Sampler):
+class Prioritized(PrioritySampler):
     """Prioritized replay over rows (see the module docstring).
 
     Args:
