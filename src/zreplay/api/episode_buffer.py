@@ -27,7 +27,6 @@ import numpy as np
 import torch.utils.data
 
 from ..compat.dumps import dump
-from ..compat.swm_dataset import SwmDatasetMethods
 from ..compat.swm_episode import (
     EPISODE_DATA_KEY,
     ReplicaCore,
@@ -51,7 +50,7 @@ DEFAULT_RAM_BYTES = 1 << 30
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
 
-class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
+class ReplayBuffer(torch.utils.data.Dataset):
     """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
 
     Args (stable-worldmodel's):
@@ -403,3 +402,42 @@ class ReplayBuffer(SwmDatasetMethods, torch.utils.data.Dataset):
             f"{self.max_steps}, history_len={self.history_len}, frameskip={self.frameskip}, "
             f"columns=[{', '.join(self.column_names) or '-'}], path={self.path})"
         )
+
+    # -- stable-worldmodel's Dataset methods (load_episode/load_chunk for World.evaluate and
+    # its video helpers; like its own ReplayBuffer: numpy, every step, no transform) -----
+
+    def _load_slice(self, ep_idx: int, start: int, end: int) -> dict[str, Any]:
+        """Steps ``[start, end)`` of stored episode ``ep_idx`` (oldest = 0) as
+        ``{column: [end - start, ...]}`` numpy arrays: every step (no frameskip stride,
+        no action reshape, no transform), as stable-worldmodel's buffer."""
+        if not 0 <= ep_idx < self.num_episodes:
+            raise IndexError(ep_idx)
+        return self._ordered(self.core.episode(int(ep_idx), None, int(start), int(end)))
+
+    def load_episode(self, episode_idx: int) -> dict[str, Any]:
+        """Every step of stored episode ``episode_idx`` (``[L, ...]`` per column)."""
+        return self._load_slice(episode_idx, 0, self.lengths[episode_idx])
+
+    def load_chunk(self, episodes_idx, start, end) -> list[dict[str, Any]]:
+        """``_load_slice(e, s, t)`` for each ``(e, s, t)``, its action columns reshaped to
+        ``((t - s) // frameskip, -1)`` (stable-worldmodel's ``Dataset.load_chunk``)."""
+        chunk = []
+        for ep, s, e in zip(episodes_idx, start, end, strict=False):  # swm: plain zip
+            steps = self._load_slice(ep, s, e)
+            for key in self.spec.action_keys:
+                if key in steps:
+                    steps[key] = steps[key].reshape((e - s) // self.frameskip, -1)
+            chunk.append(steps)
+        return chunk
+
+    def get_col_data(self, col: str) -> np.ndarray:
+        raise NotImplementedError  # as stable-worldmodel's ReplayBuffer
+
+    def get_row_data(self, row_idx) -> dict:
+        raise NotImplementedError
+
+    def get_dim(self, col: str) -> int:
+        raise NotImplementedError
+
+    def merge_col(self, source, target: str, dim: int = -1) -> None:
+        raise NotImplementedError
