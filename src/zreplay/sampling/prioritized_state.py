@@ -126,7 +126,7 @@ class PrioritizedState:
             rows, values = rows[-self.capacity :], values[-self.capacity :]
         self.high += k
         self.low = max(self.low, self.high - self.capacity)
-        self.tree._set(rows % self.capacity, values)
+        self.tree.set_unchecked(rows % self.capacity, values)
 
     def evict_below(self, row: int) -> None:
         """Evict every live row ``< row``: their leaves become 0 and later updates to them
@@ -138,7 +138,7 @@ class PrioritizedState:
             return
         gone = np.arange(self.low, row, dtype=np.int64) % self.capacity
         self.low = row
-        self.tree._set(gone, np.zeros(gone.size))
+        self.tree.set_unchecked(gone, np.zeros(gone.size))
 
     # -- sampling -------------------------------------------------------------------
 
@@ -160,7 +160,7 @@ class PrioritizedState:
             raise EmptyBufferError("no live row with a positive priority to sample")
         b = self.beta_at(self.sample_calls) if beta is None else float(beta)
         self.sample_calls += 1
-        leaf, value = self.tree._sample(rng, n, stratified)
+        leaf, value = self.tree.sample_with_values(rng, n, stratified)
         rows = leaf - self.low
         rows %= self.capacity
         rows += self.low
@@ -181,7 +181,7 @@ class PrioritizedState:
             return 0
         values = self._leaves(p)
         self.max_priority = max(self.max_priority, float(p.max()))
-        self.tree._set(rows % self.capacity, values)
+        self.tree.set_unchecked(rows % self.capacity, values)
         return rows.size
 
     def _leaves(self, p: np.ndarray) -> np.ndarray:

@@ -106,10 +106,11 @@ class SumTree:
         within one call, the *last* occurrence wins, as in a sequential loop.
         """
         idx = _as_leaf_index(leaf_idx, self._capacity)
-        self._set(idx, check_values(values, idx.size, "leaf values"))
+        self.set_unchecked(idx, check_values(values, idx.size, "leaf values"))
 
-    def _set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """``update`` without validation: ``idx`` int64 in range, values finite >= 0."""
+    def set_unchecked(self, idx: np.ndarray, values: np.ndarray) -> None:
+        """``update`` without validation, for callers that checked already: ``idx`` int64 in
+        range, values finite >= 0."""
         k = idx.size
         if k == 0:
             return
@@ -248,9 +249,12 @@ class SumTree:
         ``stratified=True`` draws one mass uniformly in each of ``n`` equal slices of
         ``[0, total)`` (lower variance; the result comes out in leaf order).
         """
-        return self._sample(rng, n, stratified)[0]
+        return self.sample_with_values(rng, n, stratified)[0]
 
-    def _sample(self, rng: np.random.Generator, n: int, stratified: bool):
+    def sample_with_values(
+        self, rng: np.random.Generator, n: int, stratified: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`sample`, with the drawn leaves' values (``(leaf int64[n], value float64[n])``)."""
         total = self._sum[1]
         if stratified:
             u = (np.arange(n) + rng.random(n)) * (total / max(n, 1))
