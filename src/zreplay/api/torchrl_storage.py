@@ -5,7 +5,7 @@ writer overwrites; this storage shows the same slots (same ``len``, ``storage[in
 ``_is_full``, last cursor, samples under the same seed) over an append-only zreplay
 segment: every extend is appended, a slot shows the newest row written to it, and whole
 old trajectories are evicted on disk once every row in them has been overwritten
-(:mod:`zreplay.api.torchrl_columns`).  So rows are compressed, committed atomically,
+(the ring: :mod:`zreplay.api.torchrl_columns`).  So rows are compressed, committed atomically,
 readable by ``zreplay.open`` while training runs, and a storage constructed on an existing
 ``path`` resumes: same ``len``, same rows, and the writer's cursor where it was.
 
@@ -14,33 +14,32 @@ A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping
+from copy import copy
 from pathlib import Path
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from tensordict._td import _SubTensorDict
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, RamPolicy, RandomStream
+from ..engine.reader import segment_commits
 from ..errors import AppendOnlyError, FormatError, SchemaError
 from ..numbers import as_int
 from ..schema import Schema
-from .torchrl_checkpoint import (
-    TorchRLFiles,
-    import_rows,
-    load_state_dict_into,
-    slot_rows,
-    state_dict_of,
-)
+from ..store.location import locate
+from ..store.root import is_buffer
+from .batches import torch_dtype
 from .torchrl_columns import (
     OwnCheckpoints,
     Ring,
-    SlotColumns,
     build_td,
     check_schema,
+    lazy_source,
     pieces,
     show_slots,
     slot_index,
@@ -49,6 +48,7 @@ from .torchrl_columns import (
 
 DEFAULT_RAM_BYTES = 1 << 30
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
+CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
 KIND = "torchrl"
 
 
@@ -140,7 +140,8 @@ class ZarrStorage(TensorStorage):
         self._ring = Ring(self.max_size, start, int(saved.get("shift", 0)))
         self._ring_guessed = bool(saved.get("guessed", False))
         self._batches = saved.get("batches")
-        self._slot_columns = SlotColumns(self)
+        self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
+        self._source: tuple | None = None  # ((len, epoch), lazy structure of the slots)
         self._epoch = getattr(self, "_epoch", 0) + 1
         self.core.facade_state = {
             "kind": KIND,
@@ -269,8 +270,8 @@ class ZarrStorage(TensorStorage):
         is; a restored writer does (``cursor``): re-append the ring once, from there."""
         if self._ring_guessed and cursor is not None:
             if int(cursor) % self.max_size != self._ring.next_slot(self._W):
-                rows = slot_rows(self, np.arange(self.max_size))
-                import_rows(self, rows, self.max_size, int(cursor), sync=False)
+                rows = self._slot_rows(np.arange(self.max_size))
+                self._import_rows(rows, self.max_size, int(cursor), sync=False)
 
     def _writer_cursor(self) -> int | None:
         """The cursor of an attached writer that was restored or has written (a fresh
@@ -312,7 +313,8 @@ class ZarrStorage(TensorStorage):
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
         m = min(n, self.max_size)
-        self._slot_columns.appended(want[-m:], {k: v[-m:] for k, v in cols.items()})
+        for key, col in self._small.items():  # the slots just written, no duplicates
+            col[want[-m:]] = torch.from_numpy(cols[key][-m:])
 
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
@@ -342,8 +344,53 @@ class ZarrStorage(TensorStorage):
         return self.get(index)
 
     def _view(self, index):
-        view = _SubTensorDict(self._slot_columns.source(len(self), self._epoch), index)
+        view = _SubTensorDict(self._lazy_slots(len(self)), index)
         return view if self.device.type == "cpu" else view.to(self.device)
+
+    def _lazy_slots(self, L: int):
+        """The structure of the ``L`` slots with no data (rebuilt when ``len`` or the
+        contents change); its columns are read on access by :meth:`_column_reader`."""
+        if self._source is None or self._source[0] != (L, self._epoch):
+            specs = self.core.schema.specs
+            types = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in specs.items()}
+            reader = self._column_reader(L, self._epoch)
+            self._source = ((L, self._epoch), lazy_source(types, self._batches, L, reader))
+        return self._source[1]
+
+    def _small_column(self, key: str) -> torch.Tensor:
+        """Small column ``key`` (trajectory ids, done flags: at most 16 bytes a row, which
+        SliceSampler reads whole on every sample), ``[max_size, ...]`` in slot order
+        (valid below len), kept in RAM and updated by every append."""
+        col = self._small.get(key)
+        if col is None:
+            spec, L = self.core.schema.specs[key], len(self)
+            col = torch.zeros((self.max_size, *spec.row_shape), dtype=torch_dtype(spec.dtype))
+            if L:
+                g = self._ring.rows_of(np.arange(L), self._W)
+                col[:L] = torch.from_numpy(self.core.rows(g, [key])[key])
+            self._small[key] = col
+        return col
+
+    def _column_reader(self, L: int, epoch: int):
+        specs = self.core.schema.specs
+        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
+
+        def read(key: str, idx) -> torch.Tensor:
+            if self._epoch != epoch:
+                raise RuntimeError(
+                    "the storage was emptied or loaded since this view was taken; index "
+                    "the storage again"
+                )
+            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
+                idx = idx[0]
+            if key in small:
+                col = self._small_column(key)[:L]  # a slice of it is a view: no copy
+                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
+            slots = slot_index(idx, L)
+            got = self.core.rows(self._ring.rows_of(slots.reshape(-1), self._W), [key])[key]
+            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
+
+        return read
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -354,13 +401,26 @@ class ZarrStorage(TensorStorage):
         holds every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files
         instead."""
         self._settle_guess(self._writer_cursor())
-        return state_dict_of(self)
+        if not self.initialized:
+            return {"_storage": {}, "initialized": False, "_len": 0}
+        td = self._slot_rows(np.arange(self.max_size))
+        out = {"_storage": td.state_dict(), "initialized": True, "_len": len(self)}
+        if not self._ring_guessed:  # a guess is not exported as if it were known
+            out["_next_slot"] = self._ring.next_slot(self._W)
+        return out
 
     def load_state_dict(self, state_dict: Mapping) -> None:
         """Replace the contents with a ``state_dict()`` of this class or of TorchRL's
         tensor storages (a full ring's next slot, which theirs lack, is taken from the
         restored writer's first extend)."""
-        load_state_dict_into(self, state_dict)
+        n = int(state_dict["_len"])
+        rows = None
+        if state_dict.get("initialized") and n:
+            # A copy keeps the OrderedDict's _metadata (batch sizes) that dict() drops.
+            rows = TensorDict().load_state_dict(copy(state_dict["_storage"]), strict=False)
+            if rows.batch_dims == 0:
+                rows.auto_batch_size_(batch_dims=1)
+        self._import_rows(rows, n, state_dict.get("_next_slot"))
 
     def dumps(self, path) -> None:
         """A copy-free snapshot (a zreplay buffer directory: hard links, or server-side
@@ -371,7 +431,115 @@ class ZarrStorage(TensorStorage):
     def loads(self, path) -> None:
         """Replace the contents with a checkpoint: this class's (:meth:`dumps`) or a
         ``LazyTensorStorage``/``LazyMemmapStorage`` one (``rb.dumps`` of TorchRL)."""
-        TorchRLFiles.load(self, path)
+        options = self.core.storage_options
+        if is_buffer(path, options):
+            self._load_own_checkpoint(locate(path, options))
+            return
+        p = Path(path)
+        meta_file = p / "storage_metadata.json"
+        if not meta_file.is_file():
+            raise FormatError(
+                f"{path} is neither a ZarrStorage checkpoint nor a TorchRL storage "
+                "checkpoint (no storage_metadata.json)"
+            )
+        meta = json.loads(meta_file.read_text())
+        if meta.get("is_pytree"):
+            raise FormatError(f"{path}: TorchRL pytree storages cannot be loaded; TensorDicts can")
+        n = int(meta["len"])
+        rows = TensorDict.load_memmap(p) if n else None
+        writer = p.parent / "writer" / "metadata.json"
+        cursor = json.loads(writer.read_text()).get("cursor") if writer.is_file() else None
+        self._import_rows(rows, n, cursor)
+
+    def _import_rows(
+        self, rows: TensorDictBase | None, n: int, next_slot: int | None, sync: bool = True
+    ) -> None:
+        """Replace the contents with the first ``n`` slots of ``rows`` (a TorchRL
+        ring of ``max_size`` slots; ``None``: nothing) whose writer's next slot is
+        ``next_slot`` (``None``: ``n % max_size``); ``sync``: move attached writers there.
+
+        The rows are appended oldest first: slots ``0 .. n-1`` of a ring that is not
+        full, else slots ``c .. max_size-1, 0 .. c-1`` where ``c`` is the writer's next
+        slot, with the ring's ``shift`` set to ``c``; every slot then shows what it showed
+        in TorchRL and the next extend lands at ``c``, where TorchRL's restored writer
+        puts it."""
+        M = self.max_size
+        if rows is not None and (rows.batch_dims == 0 or rows.shape[0] != M):
+            size = rows.shape[0] if rows.batch_dims else 0
+            raise ValueError(
+                f"the checkpoint holds a ring of {size} slots; this ZarrStorage has "
+                f"max_size={M} (construct it with max_size={size})"
+            )
+        if not 0 <= n <= M:
+            raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
+        full = n == M
+        c = (n if next_slot is None else int(next_slot)) % M if full else 0
+        if rows is None or not n:
+            self.core.facade_state.update(shift=0, guessed=False)
+            self.core.clear()  # empty: the ring starts where the rows go on
+        else:
+            order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
+            cols, batches = td_columns(rows[order])
+            ring = {"kind": KIND, "max_size": M, "shift": c, "batches": batches}
+            # Until the restored writer's first extend says where its cursor is (ZarrStorage).
+            ring["guessed"] = full and next_slot is None
+            state = self.core.state()  # read when the block ends: the ring goes in below
+            try:
+                with self.core.replacing(state) as staging:  # all or nothing
+                    staging.add(pieces(cols, n, self._piece))
+                    ring["start"] = staging.row_range[1] - n  # rows go on from the old ones
+                    state["facade"] = ring
+            except BaseException:
+                if not self.core.closed:
+                    self._open_ring()  # the ring of what the segment holds now, old or new
+                raise
+            self.core.facade_state = ring
+        self._open_ring()
+        self._bump_mutation_revision()
+        if sync:
+            self._sync_writers()
+
+    def _slot_rows(self, slots: np.ndarray) -> TensorDict:
+        """Rows of ``slots`` (zeros for slots past ``len``) as a TensorDict ``[len(slots)]``."""
+        L, schema = len(self), self.core.schema
+        live = slots < L
+        got = self.core.rows(self._ring.rows_of(slots[live], self._W))
+        flat = {}
+        for k, spec in schema.specs.items():
+            col = np.zeros((len(slots), *spec.row_shape), spec.dtype)
+            col[live] = got[k]
+            flat[k] = col
+        return build_td(flat, (len(slots),), self._batches, self.device)
+
+    def _load_own_checkpoint(self, src) -> None:
+        """Take over a :meth:`dumps` of a ZarrStorage (hard links / server-side copies)."""
+        # Every committed segment, empty ones too (a storage never extended, or emptied,
+        # dumps one with nothing visible; a reader's segments() would leave it out).
+        segs = segment_commits(src, self.core.storage_options)
+        found = [(w, c) for w, c in segs if (c.sampler or {}).get("facade", {}).get("kind")]
+        if len(segs) != 1 or len(found) != 1:
+            raise FormatError(f"{src} is not a ZarrStorage checkpoint (one segment written by it)")
+        wid, commit = found[0]
+        if commit.n_traj == commit.low_traj:
+            self._import_rows(None, 0, None)
+            return
+        state = dict(commit.sampler)
+        facade = dict(state["facade"])
+        if facade.get("max_size") != self.max_size:
+            raise ValueError(
+                f"{src} is a ZarrStorage of max_size={facade.get('max_size')}; this one has "
+                f"max_size={self.max_size}"
+            )
+        try:
+            self.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
+        except BaseException:
+            if not self.core.closed:
+                self._open_ring()  # the ring of what the segment holds now, old or new
+            raise
+        self._open_ring(facade)
+        self.core.flush()
+        self._bump_mutation_revision()
+        self._sync_writers()
 
     # -- lifecycle ------------------------------------------------------------------
 
