@@ -181,3 +181,60 @@ def test_the_readme_maps_every_module_and_nothing_else():
     }
     assert not listed - on_disk, f"the README names files that do not exist: {listed - on_disk}"
     assert not on_disk - listed, f"modules missing from the README's map: {on_disk - listed}"
+
+
+def _private_names_defined(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, module globals and attributes
+    it assigns on ``self``/``cls``."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            own.add(node.attr)
+    return {n for n in own if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reaches(sources: dict[str, str]) -> list[str]:
+    """Uses of another zreplay module's private names: ``obj._name`` (``obj`` not
+    ``self``/``cls``) where ``_name`` is defined by another module and not by this one,
+    and ``from zreplay... import _name``."""
+    trees = {m: ast.parse(src) for m, src in sources.items()}
+    own = {m: _private_names_defined(t) for m, t in trees.items()}
+    everywhere = set().union(*own.values())
+    found = []
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in everywhere - own[m]:
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{m}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (
+                node.level or "zreplay" in (node.module or "")
+            ):
+                found += [
+                    f"{m}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    sources = {m: p.read_text() for m, p in modules().items()}
+    assert not private_reaches(sources), "\n".join(private_reaches(sources))
+
+
+def test_the_private_reach_check_can_fail():
+    sources = {
+        "zreplay.a": "class A:\n    def __init__(self):\n        self._ring = 1\n",
+        "zreplay.b": "from .a import _helper\ndef f(storage):\n    return storage._ring\n",
+    }
+    got = private_reaches(sources)
+    assert any("storage._ring" in g for g in got) and any("_helper" in g for g in got), got

@@ -208,16 +208,16 @@ class ZarrStorage(TensorStorage):
         if self._ring_guessed:
             return
         for w in self._writers():
-            if not only_fresh or w._write_count == 0:
-                w._cursor = self._ring.next_slot(self._W)
-                w._write_count = min(self._W - self._ring.start, 2**31 - 1)
+            if not only_fresh or _writer_position(w)[1] == 0:
+                count = min(self._W - self._ring.start, 2**31 - 1)
+                _place_writer(w, self._ring.next_slot(self._W), count)
 
     def _follow(self, writer) -> None:
         """Have ``writer``'s ``load_state_dict`` (which TorchRL's ``rb.load_state_dict``
         calls right after the storage's) settle a guessed next slot at once, from the
         cursor it restores: nothing of the guess is left for a storage dropped before
         its first extend to lose."""
-        if getattr(writer, "_zreplay_follows", None) is not None:
+        if writer in _FOLLOWED:
             return
         load, storage = writer.load_state_dict, weakref.ref(self)
 
@@ -225,10 +225,10 @@ class ZarrStorage(TensorStorage):
             load(state_dict)
             s = storage()
             if s is not None and s._ring_guessed and s.__dict__.get("core") is not None:
-                s._settle_guess(int(writer._cursor))
+                s._settle_guess(_writer_position(writer)[0])
 
         writer.load_state_dict = load_state_dict
-        writer._zreplay_follows = True
+        _FOLLOWED.add(writer)
 
     def _writers(self) -> list:
         out = []
@@ -259,8 +259,8 @@ class ZarrStorage(TensorStorage):
             self._append(cur, data, n)
         except BaseException:
             for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
-                w._cursor = self._ring.next_slot(self._W)
-                w._write_count = max(0, w._write_count - cur.numel())
+                count = max(0, _writer_position(w)[1] - cur.numel())
+                _place_writer(w, self._ring.next_slot(self._W), count)
             raise
         self._set_last_cursor(cursor)
         self._bump_mutation_revision()
@@ -277,8 +277,9 @@ class ZarrStorage(TensorStorage):
         """The cursor of an attached writer that was restored or has written (a fresh
         one knows nothing the storage does not)."""
         for w in self._writers():
-            if w._write_count:
-                return int(w._cursor)
+            cursor, count = _writer_position(w)
+            if count:
+                return cursor
         return None
 
     def _append(self, cursor: torch.Tensor, data: TensorDictBase, n: int) -> None:
@@ -571,6 +572,21 @@ class ZarrStorage(TensorStorage):
             f"ZarrStorage(path={self.core.path}, len={len(self)}, max_size={self.max_size}, "
             f"keys={keys})"
         )
+
+
+# TorchRL's round-robin writers keep their position in private fields and have no public
+# setter; these two functions are the only code that touches them.
+_FOLLOWED: weakref.WeakSet = weakref.WeakSet()  # writers whose load_state_dict we follow
+
+
+def _writer_position(writer) -> tuple[int, int]:
+    """``(cursor, write_count)`` of a TorchRL writer."""
+    return int(writer._cursor), int(writer._write_count)
+
+
+def _place_writer(writer, cursor: int, write_count: int) -> None:
+    writer._cursor = cursor
+    writer._write_count = write_count
 
 
 def _rows(data) -> TensorDictBase:

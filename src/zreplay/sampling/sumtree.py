@@ -199,9 +199,9 @@ class SumTree:
         mass = np.asarray(u, np.float64).reshape(-1)
         if np.isnan(mass).any():
             raise ValueError("find() got NaN prefix masses")
-        return self._find(mass)[0]
+        return self._locate_masses(mass)[0]
 
-    def _find(self, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _locate_masses(self, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(leaf_idx, leaf_value)`` for prefix masses ``mass: float64[n]`` (not modified)."""
         if not self._sum[1] > 0.0:
             raise EmptyBufferError("cannot search a SumTree whose leaves are all 0")
@@ -260,4 +260,4 @@ class SumTree:
             u = (np.arange(n) + rng.random(n)) * (total / max(n, 1))
         else:
             u = rng.random(n) * total
-        return self._find(u)
+        return self._locate_masses(u)
