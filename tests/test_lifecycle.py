@@ -5,6 +5,7 @@ notebook cell again after ``del buf`` (or reassigning the name) reopens the path
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
 import torch
@@ -70,10 +71,72 @@ def test_a_dropped_learner_view_says_it_stopped(tmp_path):
     view.sample(4)
     del view
     gc.collect()
+    _wait_stopped(path, None, "L")
+
+
+def _wait_stopped(path, options, learner: str, within_s: float = 20.0) -> None:
+    """The learner's progress says it stopped, within ``within_s`` (a dropped view
+    closes on a thread of its own)."""
     from zreplay.store.location import locate
     from zreplay.store.progress import read_progress
 
-    assert read_progress(locate(path), "L").closed
+    deadline = time.monotonic() + within_s
+    while not read_progress(locate(path, options), learner).closed:
+        assert time.monotonic() < deadline, f"learner {learner} never said it stopped"
+        time.sleep(0.05)
+
+
+def test_a_learner_view_collected_on_the_s3_event_loop_closes_without_a_hang(s3, url):
+    """The garbage collector may run a dropped view's finalizer on the S3 client's own
+    event-loop thread; closing there published the learner's progress through that
+    loop and waited on itself, and every later S3 request of the process hung."""
+    import threading
+
+    from zreplay.store.objectio import shared_loop
+
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=s3
+    ) as buf:
+        buf.add_trajectories([make_traj(0)])
+    held = [zreplay.open(url, storage_options=s3, rate_limiter=zreplay.MinSize(1), learner_id="L")]
+    held[0].sample(4)
+
+    async def drop_here():  # runs on the loop's thread: the collection happens there
+        held.clear()
+        gc.collect()
+
+    t = threading.Thread(target=lambda: shared_loop().run(drop_here()), daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "the S3 event loop hung closing a view collected on it"
+    _wait_stopped(url, s3, "L")
+    with zreplay.open(url, storage_options=s3) as again:  # S3 requests still go through
+        assert again.sample(2)["rewards"].shape[0] == 2
+
+
+def test_a_blocking_s3_request_on_the_loops_own_thread_fails_instead_of_hanging(s3):
+    from zreplay.store.objectio import LoopReentryError, shared_loop
+
+    loop = shared_loop()
+
+    async def inner():
+        return 1
+
+    async def nested():
+        return loop.run(inner())
+
+    got = []
+
+    def call():
+        try:
+            loop.run(nested())
+        except LoopReentryError as e:
+            got.append(e)
+
+    t = __import__("threading").Thread(target=call, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive() and got, "a request on the loop's own thread waited on itself"
 
 
 def test_a_buffer_dropped_inside_its_own_call_closes_without_a_deadlock(tmp_path):

@@ -475,17 +475,17 @@ class BufferCore:
 
 
 def _close_dropped(core: BufferCore) -> None:
-    """A facade was collected: close its core.  A writer closes on a thread of its own:
-    the collection may run on any thread, its own committer or one inside its lock
-    included, where closing would wait on itself.  Until it has let go of its lock, a
-    new writer of the segment in this process waits for it (``WriterLock.releasing``),
-    so ``del buf`` then opening the path again works as if close() had been called."""
+    """A facade was collected: close its core on a thread of its own.  The collection
+    may run on any thread, where closing could wait on itself: the writer's committer,
+    a thread inside its lock, or the S3 client's event loop (a view's close tells the
+    store a learner stopped: an S3 request that loop would have to serve).  Until a
+    writer has let go of its lock, a new writer of the segment in this process waits
+    for it (``WriterLock.releasing``), so ``del buf`` then opening the path again works
+    as if close() had been called."""
     if core.closed:
         return
-    if not core.writable:
-        _close_quietly(core)  # a view: only says a learner stopped
-        return
-    core.engine.closing_soon()
+    if core.writable:
+        core.engine.closing_soon()
     threading.Thread(target=_close_quietly, args=(core,), name="zreplay-close").start()
 
 

@@ -34,15 +34,28 @@ Request = tuple[str, tuple[int, int | None] | None]
 CONCURRENCY = 64
 
 
+class LoopReentryError(RuntimeError):
+    """A blocking S3 request made on the S3 event loop's own thread."""
+
+
 class _Loop:
     """One asyncio loop in a daemon thread (per process)."""
 
     def __init__(self):
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="zreplay-s3", daemon=True).start()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="zreplay-s3", daemon=True)
+        self.thread.start()
 
     def run(self, coro):
+        if threading.current_thread() is self.thread:
+            # Code run on the loop's own thread (a finalizer the garbage collector ran
+            # there) would wait for a request the loop can never serve: fail instead.
+            coro.close()
+            raise LoopReentryError(
+                "a blocking S3 request was made on zreplay's S3 event-loop thread, which "
+                "would wait on itself; make it from another thread"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 
@@ -50,7 +63,9 @@ _LOOP: _Loop | None = None
 _LOOP_LOCK = threading.Lock()
 
 
-def _loop() -> _Loop:
+def shared_loop() -> _Loop:
+    """This process's one event loop for S3 requests (started on first use; a forked
+    child starts its own)."""
     global _LOOP
     with _LOOP_LOCK:
         if _LOOP is None or _LOOP.pid != os.getpid():
@@ -222,7 +237,9 @@ class ObstoreClient(ObjectClient):
     def _run(self, fn, key: str):
         """Run ``fn()`` (a coroutine function: obstore's calls need a running loop)."""
         try:
-            return _loop().run(fn())
+            return shared_loop().run(fn())
+        except LoopReentryError:
+            raise
         except Exception as e:  # noqa: BLE001 - obstore raises its own exception types
             raise _obstore_error(e, key) from e
 
