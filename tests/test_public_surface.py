@@ -85,3 +85,50 @@ def test_one_prioritized_sampler_serves_one_buffer():
         TrajectoryReplayBuffer(sampler=s)
     a.close()
     TrajectoryReplayBuffer(sampler=s).close()  # the first is closed: free again
+
+
+def _facades(tmp_path):
+    from zreplay.torchrl import ZarrStorage
+
+    return {
+        "TrajectoryReplayBuffer": lambda p, **kw: TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=p, **kw
+        ),
+        "ReplayBuffer": lambda p, **kw: zreplay.ReplayBuffer(1000, path=p, **kw),
+        "ZarrStorage": lambda p, **kw: ZarrStorage(100, p, **kw),
+    }
+
+
+def test_every_writable_facade_takes_the_same_store_options(tmp_path):
+    """Declared once (zreplay.StoreOptions), reaching each facade the same way: a name
+    that is not one is refused naming them all; each one given reaches the store."""
+    from zreplay.store.location import locate
+    from zreplay.store.progress import read_progress
+
+    for name, make in _facades(tmp_path).items():
+        with pytest.raises(TypeError, match="StoreOptions") as e:
+            make(str(tmp_path / f"{name}-bad"), rate_limitter=None)
+        assert "rate_limitter" in str(e.value) and "learner_id" in str(e.value)
+        assert not (tmp_path / f"{name}-bad").exists()  # refused before anything is made
+        path = str(tmp_path / name)
+        buf = make(
+            path,
+            writer_id="w2",
+            durable=False,
+            ram_budget_bytes=1 << 20,
+            staging_bytes=1 << 20,
+            rate_limiter=zreplay.MinSize(1),
+            learner_id="L",
+            storage_options=None,
+            layout=None,
+        )
+        buf.close()
+        assert (tmp_path / name / "segments" / "w2").is_dir(), name
+        assert read_progress(locate(path), "L") is not None, name
+        first = make(path, writer_id="w2")
+        try:
+            with pytest.raises(zreplay.errors.WriterLockedError):
+                make(path, writer_id="w2")  # one writer per segment, whichever facade
+        finally:
+            first.close()
+        make(path, writer_id="w2", overwrite=True, break_lock=False).close()

@@ -14,6 +14,8 @@ Public names:
   ``PrioritizedClips``, ``Staleness`` (``sampler=`` of every buffer and view).
 * :class:`MinSize`, :class:`SampleToInsertRatio`: Reverb-style rate limiters between the
   writers and learners of a shared buffer (``rate_limiter=``).
+* :class:`StoreOptions`: the store options every writable buffer takes (``writer_id``,
+  ``durable``, ``overwrite``, ``storage_options``, ``rate_limiter``, ...).
 * :mod:`zreplay.errors`: the exceptions (also importable from ``zreplay``).
 * :mod:`zreplay.core`: the buffer core the facades are built on (for new facades).
 """
@@ -29,6 +31,7 @@ from .compat.dumps import dump
 from .compat.hdf5 import iter_hdf5
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
+from .core.options import StoreOptions
 from .core.rate import MinSize, RateLimiter, SampleToInsertRatio
 
 # The exceptions live in zreplay.errors; their old import paths (``from zreplay import
@@ -59,6 +62,7 @@ __all__ = [
     "ReplayBuffer",
     "ReplayDataset",
     "SampleToInsertRatio",
+    "StoreOptions",
     "Trajectory",
     "TrajectoryReplayBuffer",
     "VerifyReport",

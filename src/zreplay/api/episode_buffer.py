@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch.utils.data
@@ -40,13 +40,13 @@ from ..compat.swm_episode import (
     warn_episode_data,
 )
 from ..core import BufferCore, RamPolicy, RandomStream
+from ..core.options import StoreOptions, store_options
 from ..errors import EmptyBufferError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
 from ..schema import flatten, unflatten
 
-DEFAULT_RAM_BYTES = 1 << 30
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
 
@@ -74,13 +74,10 @@ class ReplayBuffer(torch.utils.data.Dataset):
             frame is real), padded frames zeroed or repeated, ``is_pad`` marks them.
         action_keys: columns kept dense under frameskip (default ``("action",)``).
         seed: seed of the private random generator (saved with the buffer).
-        ram_budget_bytes: cap on the committed recent steps kept decoded in RAM (the rest
-            reads from disk).
-        staging_bytes: RAM for written steps waiting for the background writer beyond
-            ``ram_budget_bytes`` (default 256 MiB, at most 1/16 of RAM; then writes wait).
-        overwrite: start fresh even if ``path`` holds a buffer.
-        durable: fsync before each commit is published.
-        storage_options: fsspec/s3fs options for an ``s3://`` path (``endpoint_url``...).
+        **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
+            ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
+            ``storage_options``, ``ram_budget_bytes`` (default 1 GiB of recent steps),
+            ``staging_bytes``, ``rate_limiter``, ``learner_id``).
     """
 
     def __init__(
@@ -96,15 +93,10 @@ class ReplayBuffer(torch.utils.data.Dataset):
         pad: str | None = None,
         action_keys: Iterable[str] = ("action",),
         seed: int | None = None,
-        ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
-        staging_bytes: int | None = None,
-        layout: Mapping[str, Mapping] | None = None,
-        overwrite: bool = False,
-        writer_id: str = "default",
-        durable: bool = True,
-        break_lock: bool = False,
-        storage_options: Mapping | None = None,
+        **store: Unpack[StoreOptions],
     ):
+        opts = store_options("ReplayBuffer", store)
+        ram_budget_bytes = opts.pop("ram_budget_bytes")
         for name, value in (("max_steps", max_steps), ("history_len", history_len)):
             positive(name, value)
         positive("frameskip", frameskip)
@@ -120,8 +112,6 @@ class ReplayBuffer(torch.utils.data.Dataset):
         self._warned_episode_data = False
         self._pid = os.getpid()
         self._replica = None
-        opts = dict(writer_id=writer_id, staging_bytes=staging_bytes, layout=layout)
-        opts.update(durable=durable, overwrite=overwrite, break_lock=break_lock)
         self.core = BufferCore.writer(
             path,
             sampler=sampler,
@@ -129,7 +119,6 @@ class ReplayBuffer(torch.utils.data.Dataset):
             owner=self,
             capacity=self.max_steps,
             ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
-            storage_options=storage_options,
             **opts,
         )
         self.path = self.core.path

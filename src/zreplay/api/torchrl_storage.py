@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Mapping
 from copy import copy
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from tensordict._td import _SubTensorDict
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, RamPolicy, RandomStream
+from ..core.options import StoreOptions, store_options
 from ..engine.reader import segment_commits
 from ..errors import AppendOnlyError, FormatError, SchemaError
 from ..numbers import as_int
@@ -46,7 +48,6 @@ from .torchrl_columns import (
     td_columns,
 )
 
-DEFAULT_RAM_BYTES = 1 << 30
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
 CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
 KIND = "torchrl"
@@ -68,13 +69,10 @@ class ZarrStorage(TensorStorage):
             (``max_size`` must be the one it was written with).  ``None``: a private
             temporary store removed on :meth:`close`.
         device: where returned TensorDicts live (rows are stored on disk and in RAM).
-        ram_budget_bytes: cap on the newest committed rows kept decoded in RAM (older
-            ones are read from disk).
-        staging_bytes: RAM for extended rows waiting for the background writer (default
-            256 MiB, at most 1/16 of RAM; see :class:`~zreplay.TrajectoryReplayBuffer`).
-        overwrite: start afresh even if ``path`` holds a buffer.
-        layout, durable, writer_id, break_lock, storage_options: as for
-            :class:`~zreplay.TrajectoryReplayBuffer`.
+        **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
+            ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
+            ``storage_options``, ``ram_budget_bytes`` (default 1 GiB of the newest rows),
+            ``staging_bytes``, ``rate_limiter``, ``learner_id``).
     """
 
     supports_conditional_update = False
@@ -86,15 +84,10 @@ class ZarrStorage(TensorStorage):
         path: str | Path | None = None,
         *,
         device: torch.device | str = "cpu",
-        ram_budget_bytes: int | None = DEFAULT_RAM_BYTES,
-        staging_bytes: int | None = None,
-        layout: Mapping[str, Mapping] | None = None,
-        overwrite: bool = False,
-        writer_id: str = "default",
-        durable: bool = True,
-        break_lock: bool = False,
-        storage_options: Mapping | None = None,
+        **store: Unpack[StoreOptions],
     ):
+        opts = store_options("ZarrStorage", store)
+        ram_budget_bytes = opts.pop("ram_budget_bytes")
         max_size = as_int(max_size, "max_size (rows)", minimum=1)
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
         super().__init__(storage=None, max_size=max_size, device=device)
@@ -104,16 +97,10 @@ class ZarrStorage(TensorStorage):
             path,
             stream=RandomStream(tag=KIND),
             owner=self,
-            writer_id=writer_id,
             # Rows stay until every row of their trajectory is overwritten (see module).
             capacity=M + self._piece - 1,
             ram=RamPolicy(enabled=True, trajectories=None, max_bytes=ram_budget_bytes),
-            staging_bytes=staging_bytes,
-            layout=layout,
-            durable=durable,
-            overwrite=overwrite,
-            break_lock=break_lock,
-            storage_options=storage_options,
+            **opts,
         )
         try:
             self._open_ring()

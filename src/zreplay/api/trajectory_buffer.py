@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -23,7 +23,8 @@ import torch
 from ..compat.dumps import dump
 from ..compat.rlinf_files import check_trajectory_format, export_rlinf, load_into
 from ..compat.rlinf_trajectory import prepare_all
-from ..core import BufferCore, RamPolicy, RandomStream, RateLimiter
+from ..core import BufferCore, RamPolicy, RandomStream
+from ..core.options import StoreOptions, store_options
 from ..errors import DeviceUnavailableError
 from ..numbers import as_int
 from ..sampling.clips import ClipSpec
@@ -56,29 +57,16 @@ class TrajectoryReplayBuffer:
 
     Args (zreplay's):
         capacity: maximum rows kept; the oldest whole trajectories are evicted (FIFO).
-        ram_budget_bytes: cap on the committed rows the RAM tier keeps decoded, in bytes.
-        staging_bytes: RAM for added rows waiting for the background writer beyond the
-            RAM tier (default 256 MiB, at most 1/16 of RAM): adds wait for the writer only
-            once the uncommitted rows fill the RAM tier plus this budget.  The RAM tier's
-            ring is the larger of ``ram_budget_bytes`` and room for two of the largest
-            trajectories (one, if ``staging_bytes`` holds less); a batch larger than
-            that is held whole until it is committed, then the memory is given back.
-        layout: per-key chunk/shard/codec overrides, e.g.
-            ``{"curr_obs/main_images": {"codec": "zstd", "level": 3}}``.
-        overwrite: start fresh even if ``auto_save_path`` holds a buffer.
-        writer_id: name of this writer's segment (one writer per segment).
-        durable: fsync before publishing each commit (power-loss safety).
-        break_lock: take over a writer lock left by a dead writer on another host.
         continue_episodes: default of ``add_trajectories(continues=)`` (lanes continue
             the episodes the same lanes of the previous trajectory left running).
-        storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ...) for ``s3://``.
         sampler: a :mod:`zreplay.samplers` sampler (``Uniform``, ``Window``, ``Recency``,
             ``Prioritized``, ``PrioritizedClips``, ``Staleness``) or a hook ``fn(step,
             buffer, batch_size, history_len)`` returning rows ``[0, total_samples)``; its
             state (priorities too) is saved with the buffer and restored on reopening.
-        rate_limiter: ``zreplay.MinSize`` / ``zreplay.SampleToInsertRatio``: adds wait while
-            this writer runs ahead of the learners that declared themselves, and (with
-            ``learner_id``, declaring this buffer a learner too) samples wait as a learner's.
+        **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
+            ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
+            ``storage_options``, ``ram_budget_bytes``, ``staging_bytes``,
+            ``rate_limiter``, ``learner_id``).
 
     Pickled (e.g. passed to a Ray task) it becomes a read-only :func:`zreplay.open` view
     of the same location: a segment has one writer, which stays here.
@@ -95,19 +83,12 @@ class TrajectoryReplayBuffer:
         trajectory_format: str = "pt",
         *,
         capacity: int | None = None,
-        ram_budget_bytes: int | None = None,
-        staging_bytes: int | None = None,
-        layout: Mapping[str, Mapping] | None = None,
-        overwrite: bool = False,
-        writer_id: str = "default",
-        durable: bool = True,
-        break_lock: bool = False,
         continue_episodes: bool = False,
-        storage_options: Mapping | None = None,
         sampler: Sampler | Any | None = None,
-        rate_limiter: RateLimiter | None = None,
-        learner_id: str | None = None,
+        **store: Unpack[StoreOptions],
     ):
+        opts = store_options("TrajectoryReplayBuffer", store, ram_budget_bytes=None)
+        ram_budget_bytes = opts.pop("ram_budget_bytes")
         if auto_save and not auto_save_path:
             raise ValueError("auto_save=True needs auto_save_path (the buffer directory)")
         check_trajectory_format(trajectory_format)
@@ -125,17 +106,15 @@ class TrajectoryReplayBuffer:
         self.cache_size = cache_size
         self.continue_episodes = continue_episodes
         ram = RamPolicy(enabled=enable_cache, trajectories=cache_size, max_bytes=ram_budget_bytes)
-        opts = dict(writer_id=writer_id, capacity=capacity, ram=ram, layout=layout)
-        opts.update(durable=durable, overwrite=overwrite, break_lock=break_lock)
-        opts.update(staging_bytes=staging_bytes, storage_options=storage_options)
         self.core = BufferCore.writer(
             auto_save_path if auto_save else None,
             sampler=Window(self._window) if sampler is None else sampler,
             stream=RandomStream(seed),
             owner=self,
+            capacity=capacity,
+            ram=ram,
             **opts,
         )
-        self.core.set_rate_limiter(rate_limiter, learner_id)
 
     def __reduce__(self):
         # The writer stays in this process: the other side gets a view of what it committed.

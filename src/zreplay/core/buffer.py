@@ -79,16 +79,30 @@ class BufferCore:
 
     @classmethod
     def writer(
-        cls, path, *, sampler=None, stream: RandomStream | None = None, owner=None, **options
+        cls,
+        path,
+        *,
+        sampler=None,
+        stream: RandomStream | None = None,
+        owner=None,
+        rate_limiter: RateLimiter | None = None,
+        learner_id: str | None = None,
+        **options,
     ) -> BufferCore:
         """A writable core on segment ``options["writer_id"]`` of the buffer at ``path``
         (``None``: a private temporary store); ``options`` are
         :class:`~zreplay.engine.writer.SegmentWriter`'s (capacity, ram, layout, durable,
-        overwrite, break_lock, storage_options).  Resumes the stream and sampler state
-        saved with the segment's last commit."""
+        overwrite, break_lock, storage_options, staging_bytes).  Resumes the stream and
+        sampler state saved with the segment's last commit; ``rate_limiter`` and
+        ``learner_id``: :meth:`set_rate_limiter`."""
         core = cls(new_writer(path, options), sampler, stream or RandomStream(), owner)
-        core.load_state(core.engine.commit.sampler)
-        core.engine.attach(core)
+        try:
+            core.load_state(core.engine.commit.sampler)
+            core.engine.attach(core)
+            core.set_rate_limiter(rate_limiter, learner_id)
+        except BaseException:
+            core.close()
+            raise
         if owner is not None:
             core.close_when_dropped(owner)
         return core
