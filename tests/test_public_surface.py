@@ -132,3 +132,36 @@ def test_every_writable_facade_takes_the_same_store_options(tmp_path):
         finally:
             first.close()
         make(path, writer_id="w2", overwrite=True, break_lock=False).close()
+
+
+def test_a_writer_crosses_a_process_boundary_one_way(tmp_path):
+    """Pickled, every facade goes through BufferCore.handoff: what was added is
+    committed first and the other side reopens the store read-only, or the pickle is
+    refused with a HandoffError (a TypeError) that says what to pass instead."""
+    import pickle
+
+    from conftest import make_traj
+
+    from zreplay.errors import HandoffError
+
+    buf = TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "t"))
+    buf.add_trajectories([make_traj(0)])  # not flushed: pickling commits it
+    view = pickle.loads(pickle.dumps(buf))
+    assert type(view).__name__ == "BufferView" and view.num_trajectories == 1
+    view.close()
+    buf.close()
+    with TrajectoryReplayBuffer() as tmp, pytest.raises(HandoffError, match="auto_save_path"):
+        pickle.dumps(tmp)
+    from zreplay.torchrl import ZarrStorage
+
+    storage = ZarrStorage(10, str(tmp_path / "z"))
+    with pytest.raises(HandoffError, match="zreplay.open"):
+        pickle.dumps(storage)
+    storage.close()
+    rb = zreplay.ReplayBuffer(100, path=str(tmp_path / "e"))
+    rb.write_episode({"obs": np.zeros((5, 2), np.float32), "action": np.zeros((5, 1))})
+    replica = pickle.loads(pickle.dumps(rb))  # a DataLoader worker's copy
+    assert len(replica) == len(rb) == 5 and replica[0]["obs"].shape == (1, 2)
+    with pytest.raises(RuntimeError, match="read-only replica"):
+        replica.write_episode({"obs": np.zeros((5, 2), np.float32)})
+    rb.close()

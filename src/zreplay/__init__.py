@@ -43,6 +43,7 @@ from .errors import DestinationError as DestinationError
 from .errors import EmptyBufferError as EmptyBufferError
 from .errors import EmptyTrajectoryError as EmptyTrajectoryError
 from .errors import FormatError as FormatError
+from .errors import HandoffError as HandoffError
 from .errors import KeyNameError as KeyNameError
 from .errors import PickleRefusedError as PickleRefusedError
 from .errors import RateLimitTimeout as RateLimitTimeout

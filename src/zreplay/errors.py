@@ -44,6 +44,12 @@ class CapacityError(ZReplayError, ValueError):
     writer needs to stage it)."""
 
 
+class HandoffError(ZReplayError, TypeError):
+    """A buffer cannot cross a process boundary as it is (pickling, a Ray task, a spawned
+    DataLoader worker): a private temporary store, or a TorchRL storage.  The message
+    says what to pass instead."""
+
+
 class PickleRefusedError(ZReplayError, ValueError):
     """Loading an arbitrary pickle was refused; pass ``allow_pickle=True`` if the source is trusted."""
 

@@ -371,8 +371,11 @@ class ReplayBuffer(torch.utils.data.Dataset):
         return False
 
     def __getstate__(self) -> dict:
-        # Pickled for spawn-started workers: a read-only replica by path.
-        self.flush()
+        # Pickled for spawn-started DataLoader workers: stable-worldmodel's Dataset API
+        # over a read-only replica that reopens the store by path.  A temporary store
+        # goes too: the workers live no longer than this process.
+        if not self.core.closed:
+            self.core.handoff("ReplayBuffer", "a read-only replica", allow_temporary=True)
         skip = ("core", "_replica")
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_pid"] = -1

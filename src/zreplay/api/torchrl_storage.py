@@ -30,7 +30,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..engine.reader import segment_commits
-from ..errors import AppendOnlyError, FormatError, SchemaError
+from ..errors import AppendOnlyError, FormatError, HandoffError, SchemaError
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
@@ -547,7 +547,7 @@ class ZarrStorage(TensorStorage):
         self.core.close()
 
     def __getstate__(self):
-        raise TypeError(
+        raise HandoffError(
             f"ZarrStorage holds the writer lock of {self.core.path} and cannot be pickled "
             "(shared or multi-process TorchRL buffers are not supported); read it from "
             "other processes with zreplay.open(path)"

@@ -118,13 +118,10 @@ class TrajectoryReplayBuffer:
 
     def __reduce__(self):
         # The writer stays in this process: the other side gets a view of what it committed.
-        if self.core.temporary:
-            raise TypeError(
-                "an auto_save=False buffer is private to its process; pickle one with an auto_save_path"
-            )
-        self.flush()
-        sampler, options = self.sampler.unbound_copy(), self.core.storage_options
-        return (BufferView, (str(self.path), None, sampler, options))
+        h = self.core.handoff(
+            "TrajectoryReplayBuffer", "a zreplay.open view", "auto_save=True, auto_save_path"
+        )
+        return (BufferView, (h.path, None, h.sampler, h.storage_options))
 
     @property
     def seed(self) -> int:

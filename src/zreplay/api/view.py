@@ -79,11 +79,12 @@ class BufferView:
     # rate limiter stay in the process that declared it.
 
     def __getstate__(self) -> dict:
+        h = self.core.handoff("BufferView", "a view")
         return {
-            "path": str(self.path),
+            "path": h.path,
             "seed": self._seed,
-            "sampler": self.core.sampler.unbound_copy(),
-            "options": self.core.storage_options,
+            "sampler": h.sampler,
+            "options": h.storage_options,
             "caches": self._caches,
         }
 

@@ -19,6 +19,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..engine import replace
 from ..engine.prepared import Prepared
 from ..engine.reader import BufferReader
 from ..engine.writer import SegmentWriter
-from ..errors import EmptyBufferError, ReadOnlyError
+from ..errors import EmptyBufferError, HandoffError, ReadOnlyError
 from ..index.episodes import EpisodeView
 from ..numbers import as_int, as_optional_float
 from ..sampling import plans
@@ -131,6 +132,25 @@ class BufferCore:
     def temporary(self) -> bool:
         """A private temporary store (deleted on close)."""
         return self.writable and self.engine.temporary
+
+    def handoff(
+        self, facade: str, to: str, path_arg: str = "path", allow_temporary: bool = False
+    ) -> Handoff:
+        """What every facade pickles as, the one way a buffer crosses a process boundary:
+        its location, storage options and sampler configuration, no data, for the other
+        side to reopen read-only (``to`` names what it gets there).  A writer commits
+        everything added first, so the other side sees it.  A private temporary store is
+        refused (:class:`~zreplay.errors.HandoffError`, naming ``path_arg``) unless
+        ``allow_temporary`` (DataLoader workers, which die with this process)."""
+        if self.writable and self.temporary and not allow_temporary:
+            raise HandoffError(
+                f"a {facade} on a private temporary store cannot be handed to another "
+                f"process (it would get {to}); construct it with {path_arg}= (a "
+                "directory or s3:// URL)"
+            )
+        if self.writable:
+            self.flush()
+        return Handoff(str(self.path), self.storage_options, self.sampler.unbound_copy())
 
     @property
     def storage_options(self) -> dict:
@@ -486,6 +506,15 @@ class BufferCore:
     def state_failed(self, error: TypeError) -> None:
         log.error("zreplay: the sampler state was not saved with a commit: %s", error)
         self._state_error = error
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A buffer as it crosses a process boundary (:meth:`BufferCore.handoff`)."""
+
+    path: str
+    storage_options: Mapping | None
+    sampler: Sampler
 
 
 def _close_dropped(core: BufferCore) -> None:
