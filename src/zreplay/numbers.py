@@ -52,6 +52,8 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     """``value`` (a Python int, numpy integer, or 0-d array/tensor of an integer dtype)
     as a Python ``int``; ``TypeError`` for anything else (bools and floats included),
     ``ValueError`` below ``minimum``."""
+    if type(value) is int and (minimum is None or value >= minimum):
+        return value  # the common case, on every sample: no further checks needed
     v = _scalar(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {_describe(value)}")

@@ -288,6 +288,10 @@ def _fill(pending: PendingGather, members, sel, hit, gather_one) -> None:
 def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
     tier = part.tier
     if tier is not None:
+        if part.tier_lo <= part.low_row:  # the tier holds every visible row: no test
+            slots = tier.slots(rows, part.n_rows)
+            _fill(pending, members, sel, None, lambda k, out: tier.gather(k, slots, out=out))
+            return
         in_tier = rows >= part.tier_lo
         if in_tier.all():
             slots = tier.slots(rows)
