@@ -1,4 +1,4 @@
-"""The buffer core as a public API: what a new facade builds on (README "The buffer core")."""
+"""The buffer core as a public API: what a new facade builds on (CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,28 @@ from zreplay.errors import ReadOnlyError
 from zreplay.samplers import Prioritized
 from zreplay.sampling.clips import ClipSpec
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONTRIBUTING = Path(__file__).resolve().parents[1] / "CONTRIBUTING.md"
 
 
-def _facade_snippet() -> str:
-    text = README.read_text().split("### The buffer core: writing a new facade", 1)[1]
+def _snippet(section: str) -> str:
+    text = CONTRIBUTING.read_text().split(f"## {section}\n", 1)[1]
     return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
-def test_the_readme_facade_snippet_runs_as_pasted(capsys):
-    exec(compile(_facade_snippet(), "README.md", "exec"), {})
-    assert capsys.readouterr().out.strip() == "{'obs': (4, 3), 'reward': (4,)}"
+@pytest.mark.parametrize(
+    "section, printed",
+    [
+        ("A sampler", ["[3.]"]),
+        ("A place to store buffers", ["8 (3, 3)"]),
+        ("A facade", ["{'obs': (4, 3), 'reward': (4,)}", "20"]),
+    ],
+)
+def test_the_extension_examples_print_what_they_say(
+    section, printed, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_snippet(section), "CONTRIBUTING.md", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out.split("\n")[: len(printed)] == printed
 
 
 def test_writer_core_adds_samples_and_reads_trajectories(tmp_path):

@@ -1,4 +1,4 @@
-"""Every code block of README.md runs as pasted.
+"""Every code block of README.md (and of CONTRIBUTING.md) runs as pasted.
 
 Each fenced block is one test: ``python`` blocks run as a script (``python block.py``) and
 ``bash`` blocks with ``bash -e``, each in a fresh directory, in a fresh process, with this
@@ -34,6 +34,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = [README, ROOT / "CONTRIBUTING.md"]
 TIMEOUT_S = 600
 MARK = re.compile(r"<!--\s*readme-test:\s*(needs|skip|not-code)\s*=\s*(.*?)\s*-->", re.S)
 
@@ -44,14 +45,16 @@ class Block:
     lang: str
     code: str
     marks: dict[str, str]
+    doc: str = "README"
 
     @property
     def id(self) -> str:
         first = next((x for x in self.code.splitlines() if x.strip()), "")[:40]
-        return f"L{self.line}:{self.lang or 'plain'}:{first}"
+        where = "" if self.doc == "README" else f"{self.doc}:"
+        return f"{where}L{self.line}:{self.lang or 'plain'}:{first}"
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(text: str, doc: str = "README") -> list[Block]:
     """The fenced blocks of ``text`` with the readme-test comments just above them."""
     out, lines, i = [], text.splitlines(), 0
     while i < len(lines):
@@ -69,7 +72,7 @@ def blocks(text: str) -> list[Block]:
             above.insert(0, lines[k])
             k -= 1
         marks = {key: value for key, value in MARK.findall("\n".join(above))}
-        out.append(Block(i + 1, lang.lower(), code + "\n", marks))
+        out.append(Block(i + 1, lang.lower(), code + "\n", marks, doc))
         i = j + 1
     return out
 
@@ -214,24 +217,24 @@ def run(argv: list[str], cwd: Path, extra_env: dict | None = None) -> subprocess
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
-ALL = blocks(README.read_text())
+ALL = [b for d in DOCS for b in blocks(d.read_text(), d.stem)]
 
 
 def test_the_readme_has_blocks_and_every_need_is_known():
     assert len(ALL) >= 10
     for b in ALL:
         for name in filter(None, b.marks.get("needs", "").replace(" ", "").split(",")):
-            assert name in NEEDS, f"README line {b.line}: unknown need {name!r} (see NEEDS)"
+            assert name in NEEDS, f"{b.doc} line {b.line}: unknown need {name!r} (see NEEDS)"
 
 
 @pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
 def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
     if "skip" in block.marks:
-        pytest.skip(f"README line {block.line}: {block.marks['skip']}")
+        pytest.skip(f"{block.doc} line {block.line}: {block.marks['skip']}")
     if "not-code" in block.marks:
-        pytest.skip(f"README line {block.line} is not a program: {block.marks['not-code']}")
+        pytest.skip(f"{block.doc} line {block.line} is not a program: {block.marks['not-code']}")
     assert block.lang in ("python", "bash"), (
-        f"README line {block.line}: a ```{block.lang or ''} block; give it a language (python "
+        f"{block.doc} line {block.line}: a ```{block.lang or ''} block; give it a language (python "
         "or bash) or a <!-- readme-test: skip=... / not-code=... --> comment"
     )
     needs = [n for n in block.marks.get("needs", "").replace(" ", "").split(",") if n]
@@ -242,7 +245,7 @@ def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
     env = request.getfixturevalue("s3_env") if "s3" in needs else {}
     if block.lang == "python":
         script = tmp_path / "block.py"
-        script.write_text(setup + "\n# --- the README block, as pasted ---\n" + block.code)
+        script.write_text(setup + f"\n# --- the {block.doc} block, as pasted ---\n" + block.code)
         got = run([sys.executable, str(script)], tmp_path, env)
     else:
         if setup:
@@ -251,7 +254,7 @@ def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
             assert made.returncode == 0, made.stderr[-4000:]
         got = run(["bash", "-e", "-c", block.code], tmp_path, env)
     assert got.returncode == 0, (
-        f"README block at line {block.line} failed (exit {got.returncode}); make it run as "
+        f"{block.doc} block at line {block.line} failed (exit {got.returncode}); make it run as "
         f"pasted or declare what it needs (see {Path(__file__).name})\n"
         f"--- stdout ---\n{got.stdout[-3000:]}\n--- stderr ---\n{got.stderr[-6000:]}"
     )
