@@ -16,7 +16,11 @@ compared with any older commit:
 
     (a) ``sample(256)`` from the RAM tier of a ``TrajectoryReplayBuffer`` (state vectors:
         obs f32[64], actions f32[8], rewards f32[1], dones bool[1]; trajectories
-        [T=1000, B=10], every row in the RAM tier)
+        [T=1000, B=10], every row in the RAM tier); beside it, in the same child, the
+        floor it is judged against: a numpy gather of 256 uniform rows of the same
+        columns held as plain arrays, handed out as tensors (``rng.integers``, one fancy
+        index per key, ``torch.from_numpy``); the table's last lines give each side's
+        RAM-tier sample over that floor
     (b) ``sample(256)`` from disk: the image dataset reopened with ``enable_cache=False``
         (page cache warm), rows read through TensorStore
     (c) ``zreplay.open(path).sample(256)`` on the image dataset
@@ -128,7 +132,7 @@ CONFIGS = {
 
 # Child processes, in the order a round runs them; each measures the figures listed.
 WORKLOADS = {
-    "state": ("add_state", "fill_state", "sample_ram"),
+    "state": ("add_state", "fill_state", "sample_ram", "numpy_gather"),
     "image_fill": ("add_image", "fill_image"),
     "read": ("sample_disk", "view_sample", "view_clips"),
     "prio": ("prio_iter",),
@@ -140,6 +144,7 @@ def figure_labels(cfg: dict) -> dict[str, str]:
     image_rows = cfg["image_traj"] * IMG_T * IMG_B
     return {
         "sample_ram": f"(a) `sample(256)` RAM tier, {state_rows:,} state rows",
+        "numpy_gather": f"(a) floor: numpy gather of 256 rows of the same {state_rows:,}",
         "sample_disk": f"(b) `sample(256)` disk (`enable_cache=False`), {image_rows:,} image rows",
         "view_sample": f"(c) `zreplay.open(p).sample(256)`, {image_rows:,} image rows",
         "add_image": f"(d) `add_trajectories` [{IMG_T},{IMG_B}] image traj (warm ring)",
@@ -156,6 +161,7 @@ def figure_labels(cfg: dict) -> dict[str, str]:
 
 FIGURE_ORDER = (
     "sample_ram",
+    "numpy_gather",
     "sample_disk",
     "view_sample",
     "add_image",
@@ -300,6 +306,25 @@ def _buffer(zreplay, path: Path, cache_size: int, seed: int, **kw):
     )
 
 
+def _numpy_gather(pool: list[dict], n_rows: int, repeats: int) -> dict:
+    """The floor for (a): 256 uniform rows of the same columns as plain arrays (the
+    pool's trajectories flattened to rows, cycled up to ``n_rows``), as tensors."""
+    import torch
+
+    cols = {}
+    for key in pool[0]:
+        rows = [tr[key].reshape(-1, *tr[key].shape[2:]) for tr in pool]
+        reps = -(-n_rows // sum(len(r) for r in rows))
+        cols[key] = np.ascontiguousarray(np.concatenate(rows * reps)[:n_rows])
+    rng = np.random.default_rng(0)
+
+    def gather():
+        idx = rng.integers(0, n_rows, SAMPLE_N)
+        return {k: torch.from_numpy(v[idx]) for k, v in cols.items()}
+
+    return repeat(gather, repeats, warmup=5)
+
+
 def child_state(zreplay, job: dict) -> dict:
     cfg, scratch = job["cfg"], Path(job["scratch"]) / "state"
     pool = load_pool(Path(job["pool"]), "state")
@@ -318,6 +343,7 @@ def child_state(zreplay, job: dict) -> dict:
     }
     # Before the warm adds: once the ring wraps, the oldest rows are on disk only.
     out["sample_ram"] = repeat(lambda: buf.sample(SAMPLE_N), cfg["ram_repeats"], warmup=5)
+    out["numpy_gather"] = _numpy_gather(pool, st.get("total_samples"), cfg["ram_repeats"])
     out["add_state"] = _warm_adds(buf, pool, cfg["warm_adds"])
     buf.close()
     shutil.rmtree(scratch, ignore_errors=True)
@@ -733,6 +759,13 @@ def main(argv=None) -> int:
         f"processes use > {QUIET_CORES} cores):"
     )
     print("\n".join(round_ratio_lines(summary, labels)))
+    for side in ("old", "new"):
+        ram, floor = (summary.get(f, {}).get(side) for f in ("sample_ram", "numpy_gather"))
+        if ram and floor:
+            print(
+                f"{side}: RAM-tier sample(256) / numpy gather of the same rows = "
+                f"{ram['median_s'] / floor['median_s']:.2f}x"
+            )
     print(
         f"total {total:.1f}s; load average (1 min) {load_start[0]:.2f} at start, "
         f"{os.getloadavg()[0]:.2f} at end; CPU used by other processes: "
