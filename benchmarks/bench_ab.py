@@ -91,7 +91,7 @@ from benchlib import (
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "ab.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "ab.json"
 SAMPLE_N = 256
 POOL = 4  # distinct trajectories per kind, generated once and cycled
 IMG_T, IMG_B, H, W = 50, 8, 64, 64

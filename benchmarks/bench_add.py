@@ -56,7 +56,7 @@ from benchlib import (  # noqa: E402
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "add.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "add.json"
 SECTIONS = ("ingest", "sac", "codecs")
 CONFIGS = {
     "default": {"traj": 60, "rounds": 3, "sac_adds": 30},

@@ -76,7 +76,7 @@ from benchlib import (  # noqa: E402  (numpy-only module: children start fast)
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "clips.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "clips.json"
 L = 32  # slice_len / history_len
 SLICES = 32  # 32 x 32 = 1024 steps per batch
 BIG_SLICES = 256  # 256 x 32 = 8192 steps

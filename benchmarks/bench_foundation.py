@@ -45,7 +45,7 @@ import zreplay
 from zreplay import TrajectoryReplayBuffer
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "foundation.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "foundation.json"
 
 # RLinf-like embodied workload: T chunk steps x B envs.
 T, B, H, W = 50, 8, 64, 64

@@ -75,7 +75,7 @@ from benchlib import (  # noqa: E402
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "io.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "io.json"
 RLINF_PINS = ("rlinf==0.3.0", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3")
 IMG_T, IMG_B, H, W = 50, 8, 64, 64
 POOL = 4

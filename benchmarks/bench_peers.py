@@ -66,7 +66,7 @@ from benchlib import (
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "peers.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "peers.json"
 SAMPLE_N = 256
 EXTRA_PACKAGES = ("torchrl", "tensordict", "h5py", "ale-py", "gymnasium", "psutil")
 

@@ -61,7 +61,7 @@ from benchlib import (  # noqa: E402  (numpy-only module)
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "priority.json"
+DEFAULT_OUT = HERE / "results" / "latest" / "priority.json"
 BATCH = 256
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 SYSTEMS = ("zreplay", "buffer", "cpprb", "numpy")

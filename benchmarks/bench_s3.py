@@ -253,7 +253,7 @@ def main() -> None:
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--latency-ms", type=float, nargs="*", default=[0, 20])
     ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--out", default=str(HERE / "results" / "s3.json"))
+    ap.add_argument("--out", default=str(HERE / "results" / "latest" / "s3.json"))
     args = ap.parse_args()
     if args.serve:
         serve(args.serve[0], float(args.serve[1]))

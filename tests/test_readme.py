@@ -258,3 +258,13 @@ def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
         f"pasted or declare what it needs (see {Path(__file__).name})\n"
         f"--- stdout ---\n{got.stdout[-3000:]}\n--- stderr ---\n{got.stderr[-6000:]}"
     )
+
+
+def test_no_document_points_outside_the_repository():
+    """The project carries its own design: nothing it ships points into ../shared."""
+    found = [
+        f"{p.relative_to(ROOT)}"
+        for p in [*DOCS, ROOT / "FORMAT.md", *sorted((ROOT / "src").rglob("*.py"))]
+        if "../shared" in p.read_text()
+    ]
+    assert not found, found
