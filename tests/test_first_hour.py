@@ -143,3 +143,32 @@ def test_reprs_say_what_is_inside(tmp_path):
         "ReplayBuffer(episodes=1, steps=4/100, history_len=2, frameskip=1, columns=[obs]"
     )
     rb.close()
+
+
+def test_forked_dataloader_workers_warn_once_from_the_users_line(tmp_path):
+    """Under the default fork context every worker reads through zarr-python; the
+    warning that says so comes once per program (not once per worker), attributed to a
+    line outside zreplay rather than to zreplay's own store module."""
+    script = tmp_path / "fork_loader.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import numpy as np, torch, zreplay
+            path = {str(tmp_path / "buf")!r}
+            with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as b:
+                b.add_trajectories([{{"obs": np.zeros((8, 4, 3), np.float32),
+                                      "rewards": np.ones((8, 4), np.float32)}}])
+            view = zreplay.open(path)
+            loader = torch.utils.data.DataLoader(
+                view, batch_size=4, num_workers=3, multiprocessing_context="fork")
+            assert sum(len(x["obs"]) for x in loader) == 32
+            """
+        )
+    )
+    got = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    lines = [x for x in got.stderr.splitlines() if "reading in a forked process" in x]
+    assert len(lines) == 1, got.stderr[-3000:]
+    assert "zreplay/store" not in lines[0] and "zreplay/" not in lines[0].split(":")[0], lines[0]

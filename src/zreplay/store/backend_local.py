@@ -17,15 +17,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import mmap
 import os
 import shutil
 import time
 import uuid
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
-from ..errors import ZReplayError
+from ..errors import ZReplayError, warn_caller
 from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
@@ -102,7 +102,10 @@ def _all_chunks_stored(array_dir: Path) -> bool:
         return False  # opening reports a missing or damaged zarr.json
 
 
-_WARNED_FORK = False
+# One byte of memory shared with every process forked from this one (and theirs): the
+# zarr-python warning below is printed by the first forked reader of a program, not once
+# per DataLoader worker.
+_FORK_WARNED = mmap.mmap(-1, 1)
 
 
 class LocalBackend(Backend):
@@ -333,20 +336,18 @@ def _link_file(src: str, dst: str, counts: list) -> int:
 
 
 def _check_forked(writable: bool) -> None:
-    global _WARNED_FORK
     if writable:
         raise ZReplayError(
             "a buffer cannot be written from a forked child process (TensorStore does "
             "not survive fork); start writer processes with the 'spawn' or "
             "'forkserver' multiprocessing context"
         )
-    if not _WARNED_FORK:
-        _WARNED_FORK = True
-        warnings.warn(
+    if not _FORK_WARNED[0]:
+        _FORK_WARNED[0] = 1
+        warn_caller(
             "zreplay: reading in a forked process through zarr-python (slower); pass "
             "multiprocessing_context='spawn' or 'forkserver' to DataLoader for "
-            "TensorStore-speed reads in workers",
-            stacklevel=6,
+            "TensorStore-speed reads in workers"
         )
 
 
