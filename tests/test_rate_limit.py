@@ -393,3 +393,19 @@ def test_a_dataset_waiting_for_rows_ends_when_its_buffer_is_closed(loc):
     w = writer(loc, sample_window_size=0)
     ds = zreplay.ReplayDataset(w, batch_size=4, min_size=5, poll_s=60.0)
     _closing_ends_the_wait(lambda: next(iter(ds)), w.close, within=5.0)
+
+
+def test_an_episode_buffer_given_a_learner_id_is_writer_and_learner(tmp_path):
+    """ReplayBuffer takes the store options TrajectoryReplayBuffer does: with both a
+    rate limiter and a learner id its samples wait as a learner's, and give up."""
+    limiter = zreplay.SampleToInsertRatio(
+        samples_per_insert=1.0, min_size_to_sample=1, error_buffer=20, timeout_s=0.3
+    )
+    rb = zreplay.ReplayBuffer(1000, path=str(tmp_path / "b"), rate_limiter=limiter, learner_id="L")
+    rb.write_episode({"obs": np.zeros((20, 2), np.float32), "action": np.zeros((20, 1))})
+    rb.flush()
+    rb.sample(10)  # within bounds
+    with pytest.raises(zreplay.RateLimitTimeout):
+        for _ in range(20):
+            rb.sample(10)
+    rb.close()
