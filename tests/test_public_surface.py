@@ -165,3 +165,17 @@ def test_a_writer_crosses_a_process_boundary_one_way(tmp_path):
     with pytest.raises(RuntimeError, match="read-only replica"):
         replica.write_episode({"obs": np.zeros((5, 2), np.float32)})
     rb.close()
+
+
+def test_a_refused_sampler_leaves_nothing_behind(tmp_path):
+    """A sampler the buffer cannot use is refused before the writer is made: no store on
+    disk, no lock held (the path opens at once afterwards)."""
+    s = zreplay.samplers.Prioritized()
+    first = TrajectoryReplayBuffer(sampler=s)
+    for bad, error in ((_Untyped(), TypeError), (s, ValueError)):
+        path = tmp_path / type(bad).__name__
+        with pytest.raises(error):
+            TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), sampler=bad)
+        assert not path.exists()
+    first.close()
+    TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "_Untyped")).close()

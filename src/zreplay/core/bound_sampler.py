@@ -26,15 +26,23 @@ class BoundSampler:
     """``sampler`` drawing for one buffer: ``core`` claims a stateful sampler (one
     buffer per prioritized sampler); ``owner`` is what a hook receives as ``buffer``."""
 
-    def __init__(self, sampler: Sampler, core: Any, owner: Any):
-        # Its state is saved with every commit: refuse what JSON cannot hold now, on
-        # the caller's line, not in the background writer later.
+    @staticmethod
+    def check(sampler: Sampler) -> None:
+        """Refuse a sampler a buffer could not use, before the buffer makes anything: a
+        state JSON cannot hold (it is saved with every commit), priorities claimed without
+        the :class:`PrioritySampler` contract, a prioritized sampler serving another
+        live buffer."""
         check_json(sampler.state_dict(), f"{type(sampler).__name__}.state_dict()")
         if sampler.prioritized and not isinstance(sampler, PrioritySampler):
             raise TypeError(
                 f"{type(sampler).__name__} sets prioritized = True; a sampler with priorities "
                 "subclasses zreplay.samplers.base.PrioritySampler (what a buffer calls on it)"
             )
+        if sampler.prioritized:
+            sampler.check_unclaimed()
+
+    def __init__(self, sampler: Sampler, core: Any, owner: Any):
+        self.check(sampler)
         sampler.claim(core)
         self.sampler = sampler
         self.prio: PrioritySampler | None = sampler if sampler.prioritized else None

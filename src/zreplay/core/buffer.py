@@ -96,7 +96,14 @@ class BufferCore:
         overwrite, break_lock, storage_options, staging_bytes).  Resumes the stream and
         sampler state saved with the segment's last commit; ``rate_limiter`` and
         ``learner_id``: :meth:`set_rate_limiter`."""
-        core = cls(new_writer(path, options), sampler, stream or RandomStream(), owner)
+        sampler = as_sampler(sampler)
+        BoundSampler.check(sampler)  # before anything is made on disk
+        engine = new_writer(path, options)
+        try:
+            core = cls(engine, sampler, stream or RandomStream(), owner)
+        except BaseException:
+            engine.close()
+            raise
         try:
             core.load_state(core.engine.commit.sampler)
             core.engine.attach(core)
@@ -115,6 +122,8 @@ class BufferCore:
         """A read-only core over every segment of the buffer at ``path``; ``options``
         are :class:`~zreplay.engine.reader.BufferReader`'s (storage_options,
         column_cache_bytes, chunk_cache_bytes)."""
+        sampler = as_sampler(sampler)
+        BoundSampler.check(sampler)  # before the store is opened
         core = cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
         if owner is not None:
             core.close_when_dropped(owner)  # a learner's progress file says it stopped

@@ -154,13 +154,18 @@ class Sampler:
         lives.  Stateless samplers serve any number of buffers."""
         if not self.prioritized:
             return
+        self.check_unclaimed(owner)
+        self._owner = weakref.ref(owner)
+
+    def check_unclaimed(self, owner: object = None) -> None:
+        """``ValueError`` if a prioritized sampler serves a live buffer or view other than
+        ``owner`` (buffers check before they make anything)."""
         current = self._owner() if self._owner is not None else None
         if current is not None and current is not owner and not getattr(current, "closed", False):
             raise ValueError(
                 f"this {type(self).__name__} already samples {current!r}; give each buffer "
                 "or view its own sampler instance"
             )
-        self._owner = weakref.ref(owner)
 
     def drops(self, item) -> bool:
         """Whether a full buffer drops ``item`` (a trajectory about to be added, with
