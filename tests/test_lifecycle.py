@@ -206,3 +206,55 @@ def test_a_torchrl_buffer_dropped_after_loading_a_full_ring_keeps_its_writers_cu
         r.extend(rows(100, 2))
     assert again.storage[:]["g"].tolist() == ref.storage[:]["g"].tolist()
     again.storage.close()
+
+
+def test_a_learner_view_left_open_at_exit_publishes_its_count_and_stop(tmp_path):
+    """The program ends with a learner view open: its finalizer runs at exit, when no
+    thread it starts would be waited for, so the view closes there and then."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from zreplay.store.location import locate
+    from zreplay.store.progress import read_progress
+
+    path = str(tmp_path / "b")
+    child = textwrap.dedent(
+        f"""
+        import torch, zreplay
+        w = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r})
+        w.add_trajectories([{{"obs": torch.zeros(50, 4, 3), "rewards": torch.zeros(50, 4)}}])
+        w.close()
+        lim = zreplay.SampleToInsertRatio(1.0, min_size_to_sample=1, error_buffer=1e9,
+                                          publish_every_s=1e9)
+        v = zreplay.open({path!r}, rate_limiter=lim, learner_id="L")
+        v.sample(5)
+        """
+    )
+    for _ in range(3):
+        got = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+        assert got.returncode == 0, got.stderr[-2000:]
+        p = read_progress(locate(path), "L")
+        assert p.closed, "the learner's stop was lost at exit"
+    assert p.samples == 15  # three runs of 5, each resumed from the last
+
+
+def test_a_dropped_learner_view_has_published_its_count_before_a_reopen(tmp_path):
+    """Dropped, a learner view closes at once (not on a thread that could publish after
+    a reopened view with the same learner id declared itself)."""
+    from zreplay.store.location import locate
+    from zreplay.store.progress import read_progress
+
+    path = str(tmp_path / "b")
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
+        buf.add_trajectories([make_traj(0)])
+    lim = zreplay.SampleToInsertRatio(1.0, min_size_to_sample=1, error_buffer=1e9)
+    view = zreplay.open(path, rate_limiter=lim, learner_id="L")
+    view.sample(7)
+    del view
+    gc.collect()
+    assert read_progress(locate(path), "L").closed  # no wait needed
+    again = zreplay.open(path, rate_limiter=lim, learner_id="L")
+    again.sample(3)
+    again.close()
+    assert read_progress(locate(path), "L").samples == 10

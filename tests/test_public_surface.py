@@ -111,6 +111,7 @@ def test_every_writable_facade_takes_the_same_store_options(tmp_path):
         assert "rate_limitter" in str(e.value) and "learner_id" in str(e.value)
         assert not (tmp_path / f"{name}-bad").exists()  # refused before anything is made
         path = str(tmp_path / name)
+        learner = {} if name == "ZarrStorage" else {"learner_id": "L"}  # see below
         buf = make(
             path,
             writer_id="w2",
@@ -118,13 +119,14 @@ def test_every_writable_facade_takes_the_same_store_options(tmp_path):
             ram_budget_bytes=1 << 20,
             staging_bytes=1 << 20,
             rate_limiter=zreplay.MinSize(1),
-            learner_id="L",
             storage_options=None,
             layout=None,
+            **learner,
         )
         buf.close()
         assert (tmp_path / name / "segments" / "w2").is_dir(), name
-        assert read_progress(locate(path), "L") is not None, name
+        if learner:
+            assert read_progress(locate(path), "L") is not None, name
         first = make(path, writer_id="w2")
         try:
             with pytest.raises(zreplay.errors.WriterLockedError):
@@ -179,3 +181,60 @@ def test_a_refused_sampler_leaves_nothing_behind(tmp_path):
         assert not path.exists()
     first.close()
     TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "_Untyped")).close()
+
+
+def test_bad_rate_options_are_refused_before_an_overwrite_removes_anything(tmp_path):
+    path = str(tmp_path / "e")
+    with zreplay.ReplayBuffer(100, path=path) as rb:
+        rb.write_episode({"obs": np.zeros((5, 2), np.float32), "action": np.zeros((5, 1))})
+    rb.close()
+    for bad, error in (
+        ({"rate_limiter": zreplay.MinSize(1), "learner_id": "a/b"}, zreplay.errors.KeyNameError),
+        ({"rate_limiter": "fast"}, TypeError),
+        ({"learner_id": 3}, TypeError),
+    ):
+        with pytest.raises(error):
+            zreplay.ReplayBuffer(100, path=path, overwrite=True, **bad)
+        with pytest.raises(error):
+            zreplay.ReplayBuffer(100, path=str(tmp_path / "fresh"), **bad)
+        assert not (tmp_path / "fresh").exists()
+    with zreplay.ReplayBuffer(100, path=path) as rb:
+        assert rb.num_episodes == 1  # nothing was removed
+    rb.close()
+
+
+def test_a_torchrl_storage_refuses_to_be_a_learner(tmp_path):
+    """TorchRL's samplers draw its batches, which a rate limiter never counts: declared
+    a learner, its own extends would wait on a count that never moves."""
+    from zreplay.torchrl import ZarrStorage
+
+    with pytest.raises(ValueError, match="cannot be a learner"):
+        ZarrStorage(10, str(tmp_path / "z"), rate_limiter=zreplay.MinSize(1), learner_id="L")
+    assert not (tmp_path / "z").exists()
+
+
+class _NoConfig(Sampler):
+    """A custom sampler whose constructor takes an argument but which keeps the base
+    config(): it cannot be rebuilt elsewhere, and a ReplayBuffer's workers never need it."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def draw_rows(self, ctx, n):
+        return ctx.rng.integers(ctx.space.lo, ctx.space.hi, n), {}
+
+    def draw_units(self, ctx, units, n):
+        return ctx.rng.integers(0, units.total, n), {}
+
+
+def test_a_replay_buffer_pickles_for_its_workers_whatever_its_sampler_and_store(
+    tmp_path, shared_location
+):
+    import pickle
+
+    path, so = shared_location
+    rb = zreplay.ReplayBuffer(100, path=path, sampler=_NoConfig(3), storage_options=so)
+    rb.write_episode({"obs": np.zeros((5, 2), np.float32), "action": np.zeros((5, 1))})
+    replica = pickle.loads(pickle.dumps(rb))  # S3: the replica reaches the store too
+    assert len(replica) == 5 and replica[0]["obs"].shape == (1, 2)
+    rb.close()

@@ -352,9 +352,11 @@ class ReplayBuffer(torch.utils.data.Dataset):
     def _worker_dataset(self):
         if self._replica is None or self._replica[0] != os.getpid():
             from .torch_data import ClipDataset
+            from .view import BufferView
 
+            options = self.__dict__.get("_storage_options")  # reaches the store (S3)
             ds = ClipDataset(
-                self.path,
+                BufferView(self.path, storage_options=options),
                 self.spec.history_len,
                 frameskip=self.spec.frameskip,
                 pad=self.spec.pad,
@@ -374,11 +376,17 @@ class ReplayBuffer(torch.utils.data.Dataset):
         # Pickled for spawn-started DataLoader workers: stable-worldmodel's Dataset API
         # over a read-only replica that reopens the store by path.  A temporary store
         # goes too: the workers live no longer than this process.
-        if not self.core.closed:
-            self.core.handoff("ReplayBuffer", "a read-only replica", allow_temporary=True)
         skip = ("core", "_replica")
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_pid"] = -1
+        if not self.core.closed:
+            h = self.core.handoff(
+                "ReplayBuffer", "a read-only replica", allow_temporary=True, sampler=False
+            )
+            state["_storage_options"] = h.storage_options
+            state["path"] = h.path  # a location string (an S3 path's client is no pickle)
+        else:
+            state["path"] = str(self.path)
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -72,7 +72,8 @@ class ZarrStorage(TensorStorage):
         **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
             ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
             ``storage_options``, ``ram_budget_bytes`` (default 1 GiB of the newest rows),
-            ``staging_bytes``, ``rate_limiter``, ``learner_id``).
+            ``staging_bytes``, ``rate_limiter``; ``learner_id`` is refused: TorchRL's
+            samplers draw its batches, which a rate limiter does not count).
     """
 
     supports_conditional_update = False
@@ -87,6 +88,13 @@ class ZarrStorage(TensorStorage):
         **store: Unpack[StoreOptions],
     ):
         opts = store_options("ZarrStorage", store)
+        if opts["learner_id"] is not None:
+            raise ValueError(
+                "ZarrStorage cannot be a learner: TorchRL's samplers draw its batches, which "
+                "a rate limiter does not see (its extends would wait on a count that never "
+                "moves); declare the learner where the batches are counted, e.g. "
+                "zreplay.open(path, rate_limiter=..., learner_id=...)"
+            )
         ram_budget_bytes = opts.pop("ram_budget_bytes")
         max_size = as_int(max_size, "max_size (rows)", minimum=1)
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized

@@ -35,6 +35,7 @@ from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
+from ..store.objectio import on_loop_thread
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer
 from .rate import RateGate, RateLimiter
@@ -143,14 +144,21 @@ class BufferCore:
         return self.writable and self.engine.temporary
 
     def handoff(
-        self, facade: str, to: str, path_arg: str = "path", allow_temporary: bool = False
+        self,
+        facade: str,
+        to: str,
+        path_arg: str = "path",
+        allow_temporary: bool = False,
+        sampler: bool = True,
     ) -> Handoff:
         """What every facade pickles as, the one way a buffer crosses a process boundary:
         its location, storage options and sampler configuration, no data, for the other
         side to reopen read-only (``to`` names what it gets there).  A writer commits
         everything added first, so the other side sees it.  A private temporary store is
         refused (:class:`~zreplay.errors.HandoffError`, naming ``path_arg``) unless
-        ``allow_temporary`` (DataLoader workers, which die with this process)."""
+        ``allow_temporary`` (DataLoader workers, which die with this process).
+        ``sampler=False``: the other side does not sample (no copy of the sampler is
+        made; ``Handoff.sampler`` is None)."""
         if self.writable and self.temporary and not allow_temporary:
             raise HandoffError(
                 f"a {facade} on a private temporary store cannot be handed to another "
@@ -159,7 +167,8 @@ class BufferCore:
             )
         if self.writable:
             self.flush()
-        return Handoff(str(self.path), self.storage_options, self.sampler.unbound_copy())
+        copy = self.sampler.unbound_copy() if sampler else None
+        return Handoff(str(self.path), self.storage_options, copy)
 
     @property
     def storage_options(self) -> dict:
@@ -523,18 +532,23 @@ class Handoff:
 
     path: str
     storage_options: Mapping | None
-    sampler: Sampler
+    sampler: Sampler | None
 
 
 def _close_dropped(core: BufferCore) -> None:
-    """A facade was collected: close its core on a thread of its own.  The collection
-    may run on any thread, where closing could wait on itself: the writer's committer,
-    a thread inside its lock, or the S3 client's event loop (a view's close tells the
-    store a learner stopped: an S3 request that loop would have to serve).  Until a
-    writer has let go of its lock, a new writer of the segment in this process waits
-    for it (``WriterLock.releasing``), so ``del buf`` then opening the path again works
-    as if close() had been called."""
+    """A facade was collected: close its core.  A writer closes on a thread of its own:
+    the collection may run on any thread, where closing could wait on itself (the
+    writer's committer, a thread inside its lock).  Until it has let go of its lock, a new
+    writer of the segment in this process waits for it (``WriterLock.releasing``), so
+    ``del buf`` then opening the path again works as if close() had been called.  A view
+    closes at once, except when collected on the S3 client's event-loop thread: its
+    close tells the store a learner stopped, a request that loop would have to serve."""
     if core.closed:
+        return
+    if not core.writable and not on_loop_thread():
+        # A view holds no lock: closed here and now (a learner's "stopped" is published
+        # before the program goes on, and before it exits).
+        _close_quietly(core)
         return
     if core.writable:
         core.engine.closing_soon()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
+from ..schema import check_key_component
 from .rate import RateLimiter
 
 DEFAULT_RAM_BYTES = 1 << 30  # the RAM tier of a persistent buffer
@@ -82,11 +83,23 @@ def store_options(facade: str, given: Mapping[str, Any], **defaults: Any) -> dic
     """Every store option for ``facade`` (its class name, for the error): ``given``
     over the facade's own ``defaults`` (as documented above) over :data:`DEFAULTS`;
     ``TypeError`` for a name that is not a store option, as Python's own for an
-    unexpected keyword argument, with the names there are."""
+    unexpected keyword argument, with the names there are; a ``rate_limiter`` that is
+    not one and an unsafe ``learner_id`` are refused here too, before anything is
+    made (or, with ``overwrite=True``, removed)."""
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
         raise TypeError(
             f"{facade}() got an unexpected keyword argument {unknown[0]!r}; its store "
             f"options (zreplay.StoreOptions) are {', '.join(DEFAULTS)}"
         )
+    limiter, learner = given.get("rate_limiter"), given.get("learner_id")
+    if limiter is not None and not isinstance(limiter, RateLimiter):
+        raise TypeError(
+            f"rate_limiter must be a zreplay rate limiter (zreplay.MinSize, "
+            f"zreplay.SampleToInsertRatio), got {type(limiter).__name__}"
+        )
+    if learner is not None:
+        if not isinstance(learner, str):
+            raise TypeError(f"learner_id must be a str, got {type(learner).__name__}")
+        check_key_component(learner, "learners")
     return {**DEFAULTS, **defaults, **given}
