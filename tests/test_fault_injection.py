@@ -49,6 +49,8 @@ from zreplay.errors import ZReplayError
 from zreplay.samplers import Prioritized
 from zreplay.store.location import locate
 
+pytestmark = pytest.mark.slow  # a sweep: run by `python -m pytest -m slow` (.ci/run)
+
 SMALL = {"chunk_rows": 4, "shard_rows": 8}  # many shards: eviction reclaims files
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pytest
 from conftest import check_rows, codes_of, make_traj, processes
 from faultlib import CRASH_STATUS, Faults
 from hypothesis import HealthCheck, settings
@@ -37,6 +38,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import zreplay
 from zreplay.errors import BufferClosedError, EmptyBufferError, FormatError, ZReplayError
 from zreplay.store.root import is_buffer
+
+pytestmark = pytest.mark.slow  # a sweep: run by `python -m pytest -m slow` (.ci/run)
 
 STEPS: collections.Counter = collections.Counter()  # rule -> steps run (reported at the end)
 READS: collections.Counter = collections.Counter()  # bystander -> reads checked
