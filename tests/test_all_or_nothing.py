@@ -417,6 +417,7 @@ print("done")  # exit with the iterator (and its prefetch thread) still alive
 """
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_a_half_consumed_replay_dataset_does_not_abort_the_process_at_exit(tmp_path):
     """Defect 12: the prefetch thread was still inside a TensorStore read when native
     libraries shut down (``terminate called without an active exception``, status 134,

@@ -247,6 +247,7 @@ def check_visible(path: str, flushed: int, capacity: int | None, added: int) -> 
     return last
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
     rng = np.random.default_rng(0)
     plan = [(b, m) for b, modes in CRASH_PLAN.items() for m, n in modes.items() for _ in range(n)]
@@ -396,6 +397,7 @@ def _soak_reader(path: str, seed: int, seconds: float) -> dict:
     }
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_four_writer_and_two_reader_processes_agree(tmp_path):
     path = str(tmp_path / "soak")
     writers = [(_soak_writer, (path, w, SOAK_SECONDS)) for w in range(4)]

@@ -45,6 +45,7 @@ def run(run_dir: Path, *args: str) -> tuple[int, dict[str, list[dict]], str]:
     return proc.returncode, tagged, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_kill_halfway_then_resume(tmp_path):
     run_dir = tmp_path / "dqn"
 
@@ -96,6 +97,7 @@ def test_kill_halfway_then_resume(tmp_path):
         rb.close()
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_killed_before_first_checkpoint_starts_fresh_on_the_kept_buffer(tmp_path):
     run_dir = tmp_path / "dqn"
     rc, out, log = run(run_dir, "--total-steps", "800", "--kill-at", "400", "--seed", "1")

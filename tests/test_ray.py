@@ -83,6 +83,7 @@ def tid_of(traj: dict) -> int:
     return int(np.asarray(traj["actions"]).flat[0]) // 10000
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 @pytest.mark.usefixtures("ray_local")
 def test_actors_write_segments_a_learner_samples_the_union(shared_location):
     path, opts = shared_location
@@ -143,6 +144,7 @@ def _wait_dead(pid: int, timeout: float = 30.0) -> None:
     raise AssertionError(f"actor process {pid} still alive")
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 @pytest.mark.usefixtures("ray_local")
 def test_an_actor_killed_mid_write_loses_nothing_it_flushed(shared_location):
     path, opts = shared_location
@@ -176,6 +178,7 @@ def test_an_actor_killed_mid_write_loses_nothing_it_flushed(shared_location):
     assert zreplay.open(path, storage_options=opts).num_trajectories == len(got) + 1
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 @pytest.mark.usefixtures("ray_local")
 def test_the_rlinf_shaped_example_runs(tmp_path):
     """examples/ray_actors.py end to end (tiny shapes) on this Ray cluster: two rollout

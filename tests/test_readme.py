@@ -14,7 +14,9 @@ above its fence (invisible on GitHub), what it needs or why it cannot run here:
   AWS environment variables, as a user's MinIO or AWS account would;
 * ``<!-- readme-test: skip=REASON -->``: not run, reported as skipped with REASON (a
   block that installs packages, runs for minutes, or runs this suite);
-* ``<!-- readme-test: not-code=REASON -->``: a listing, not a program (skipped, said so).
+* ``<!-- readme-test: not-code=REASON -->``: a listing, not a program (skipped, said so);
+* ``<!-- readme-test: slow=REASON -->``: runs, but with the slow tests (``python -m pytest
+  -m slow``, which ``.ci/run`` runs too), not in the README's quick test command.
 
 A block with no comment runs as pasted; a block in another language, or with no
 language, fails until it gets one of these comments: nothing is skipped silently.
@@ -36,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, ROOT / "CONTRIBUTING.md"]
 TIMEOUT_S = 600
-MARK = re.compile(r"<!--\s*readme-test:\s*(needs|skip|not-code)\s*=\s*(.*?)\s*-->", re.S)
+MARK = re.compile(r"<!--\s*readme-test:\s*(needs|skip|not-code|slow)\s*=\s*(.*?)\s*-->", re.S)
 
 
 @dataclass
@@ -227,7 +229,11 @@ def test_the_readme_has_blocks_and_every_need_is_known():
             assert name in NEEDS, f"{b.doc} line {b.line}: unknown need {name!r} (see NEEDS)"
 
 
-@pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=[pytest.mark.slow] if "slow" in b.marks else []) for b in ALL],
+    ids=[b.id for b in ALL],
+)
 def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
     if "skip" in block.marks:
         pytest.skip(f"{block.doc} line {block.line}: {block.marks['skip']}")

@@ -73,6 +73,7 @@ def test_create_append_reopen_sample_checkpoint(url, s3, tmp_path):
     assert report.trajectories == 3 and report.rows_checked > 0
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_writer_processes_share_a_bucket_and_a_reader_refreshes(url, s3):
     view = None
     ctx = mp.get_context("spawn")
@@ -151,6 +152,7 @@ def test_episode_buffer_and_damage_reported(url, s3):
     assert not report.ok and "'obs'" in report.problems[0]
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_command_line_reads_a_bucket_through_the_aws_environment(url, s3):
     import json
     import os
@@ -315,6 +317,7 @@ def test_s3_index_cache_follows_commits_while_the_newest_rows_are_sampled(
     assert index_gets < 20 * 5, index_gets
 
 
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
 def test_s3_reader_samples_newest_rows_while_a_writer_commits(url, s3):
     """A writer commits as fast as it can while a view refreshes and reads the newest rows:
     shards (and chunks still filling up) are replaced between a reader's index GET and

@@ -231,7 +231,7 @@ def test_a_held_writer_writes_only_rows_added(shared_location, written):
         seg = zarr.open_group(os.path.join(path, "segments", "default"), mode="r")
         for i in range(2, 6):
             got = seg["data/actions"][i * rows : (i + 1) * rows]
-            own = make_traj(i).actions.numpy().reshape(rows, -1)
+            own = make_traj(i).actions.numpy().swapaxes(0, 1).reshape(rows, -1)  # env-major
             assert not np.any(got) or np.array_equal(got, own), f"trajectory {i}"
 
 

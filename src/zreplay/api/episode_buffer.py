@@ -384,8 +384,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
                 "ReplayBuffer", "a read-only replica", allow_temporary=True, sampler=False
             )
             state["_storage_options"] = h.storage_options
-            state["path"] = h.path  # a location string (an S3 path's client is no pickle)
-        else:
+        if not self.path.backend.is_local:  # an object-store path holds its client
             state["path"] = str(self.path)
         return state
 
