@@ -46,6 +46,7 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
 from ..schema import flatten, unflatten
+from .view import BufferView
 
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
@@ -352,7 +353,6 @@ class ReplayBuffer(torch.utils.data.Dataset):
     def _worker_dataset(self):
         if self._replica is None or self._replica[0] != os.getpid():
             from .torch_data import ClipDataset
-            from .view import BufferView
 
             options = self.__dict__.get("_storage_options")  # reaches the store (S3)
             ds = ClipDataset(

@@ -288,18 +288,15 @@ def _fill(pending: PendingGather, members, sel, hit, gather_one) -> None:
 def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
     tier = part.tier
     if tier is not None:
-        if part.tier_lo <= part.low_row:  # the tier holds every visible row: no test
+        # When the tier holds every visible row, no row needs testing.
+        in_tier = None if part.tier_lo <= part.low_row else rows >= part.tier_lo
+        if in_tier is None or in_tier.all():
             slots = tier.slots(rows, part.n_rows)
-            _fill(pending, members, sel, None, lambda k, out: tier.gather(k, slots, out=out))
-            return
-        in_tier = rows >= part.tier_lo
-        if in_tier.all():
-            slots = tier.slots(rows)
             _fill(pending, members, sel, None, lambda k, out: tier.gather(k, slots, out=out))
             return
         if in_tier.any():
             hit = np.flatnonzero(in_tier)
-            slots = tier.slots(rows[hit])
+            slots = tier.slots(rows[hit], part.n_rows)
             _fill(pending, members, sel, hit, lambda k, out: tier.gather(k, slots, out=out))
             miss = np.flatnonzero(~in_tier)
             sel, rows = (miss if sel is None else sel[miss]), rows[miss]
