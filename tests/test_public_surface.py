@@ -201,6 +201,8 @@ def test_bad_rate_options_are_refused_before_an_overwrite_removes_anything(tmp_p
     with zreplay.ReplayBuffer(100, path=path) as rb:
         assert rb.num_episodes == 1  # nothing was removed
     rb.close()
+    with pytest.raises(TypeError, match="rate_limiter"):  # views check them the same way
+        zreplay.open(path, rate_limiter="fast")
 
 
 def test_a_torchrl_storage_refuses_to_be_a_learner(tmp_path):

@@ -38,7 +38,7 @@ from ..sampling.samplers import Sampler, as_sampler
 from ..store.objectio import on_loop_thread
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer
-from .rate import RateGate, RateLimiter
+from .rate import RateGate, RateLimiter, check_rate_options
 from .records import BATCH_BYTES, TrajectoryRecord, read_episodes, read_rows, read_trajectories
 from .staging import staged_replacement
 from .stream import RandomStream
@@ -232,6 +232,7 @@ class BufferCore:
         """Rate-limit this core's samples (and a writer's adds) with ``limiter`` (see
         :mod:`zreplay.core.rate`); ``learner_id`` declares it a learner that publishes
         its sample count (resumed from its progress file)."""
+        check_rate_options(limiter, learner_id)
         self.rate = None if limiter is None else RateGate(limiter, self, learner_id)
 
     def update_priorities(self, indices, priorities) -> int:

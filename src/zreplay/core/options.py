@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from ..schema import check_key_component
-from .rate import RateLimiter
+from .rate import RateLimiter, check_rate_options
 
 DEFAULT_RAM_BYTES = 1 << 30  # the RAM tier of a persistent buffer
 
@@ -92,14 +91,5 @@ def store_options(facade: str, given: Mapping[str, Any], **defaults: Any) -> dic
             f"{facade}() got an unexpected keyword argument {unknown[0]!r}; its store "
             f"options (zreplay.StoreOptions) are {', '.join(DEFAULTS)}"
         )
-    limiter, learner = given.get("rate_limiter"), given.get("learner_id")
-    if limiter is not None and not isinstance(limiter, RateLimiter):
-        raise TypeError(
-            f"rate_limiter must be a zreplay rate limiter (zreplay.MinSize, "
-            f"zreplay.SampleToInsertRatio), got {type(limiter).__name__}"
-        )
-    if learner is not None:
-        if not isinstance(learner, str):
-            raise TypeError(f"learner_id must be a str, got {type(learner).__name__}")
-        check_key_component(learner, "learners")
+    check_rate_options(given.get("rate_limiter"), given.get("learner_id"))
     return {**DEFAULTS, **defaults, **given}

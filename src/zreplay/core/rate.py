@@ -42,6 +42,7 @@ import weakref
 
 from ..errors import BufferClosedError, RateLimitTimeout
 from ..numbers import as_float, as_int, as_optional_float
+from ..schema import check_key_component
 from ..store.progress import (
     LearnerProgress,
     committed_rows,
@@ -167,6 +168,20 @@ def can_insert(lim: dict, visible: int, diff: float, k: int) -> bool:
         return True
     spi = lim["samples_per_insert"]
     return diff + k * spi <= hi or diff <= spi * lim["min_size_to_sample"]
+
+
+def check_rate_options(limiter, learner_id) -> None:
+    """Refuse a ``rate_limiter`` that is not one and a ``learner_id`` that is not a safe
+    name (it names the learner's progress file), before anything uses them."""
+    if limiter is not None and not isinstance(limiter, RateLimiter):
+        raise TypeError(
+            f"rate_limiter must be a zreplay rate limiter (zreplay.MinSize, "
+            f"zreplay.SampleToInsertRatio), got {type(limiter).__name__}"
+        )
+    if learner_id is not None:
+        if not isinstance(learner_id, str):
+            raise TypeError(f"learner_id must be a str, got {type(learner_id).__name__}")
+        check_key_component(learner_id, "learners")
 
 
 class RateGate:
