@@ -240,8 +240,9 @@ def test_a_learner_view_left_open_at_exit_publishes_its_count_and_stop(tmp_path)
 
 
 def test_a_dropped_learner_view_has_published_its_count_before_a_reopen(tmp_path):
-    """Dropped, a learner view closes at once (not on a thread that could publish after
-    a reopened view with the same learner id declared itself)."""
+    """Dropped, a learner view closes on a thread of its own; a view declared again
+    under the same learner id waits for that close, so it resumes the final count and no
+    late "stopped" lands after it."""
     from zreplay.store.location import locate
     from zreplay.store.progress import read_progress
 
@@ -253,8 +254,8 @@ def test_a_dropped_learner_view_has_published_its_count_before_a_reopen(tmp_path
     view.sample(7)
     del view
     gc.collect()
-    assert read_progress(locate(path), "L").closed  # no wait needed
-    again = zreplay.open(path, rate_limiter=lim, learner_id="L")
+    again = zreplay.open(path, rate_limiter=lim, learner_id="L")  # waits for the close
+    assert not read_progress(locate(path), "L").closed  # the reopened learner is live
     again.sample(3)
     again.close()
     assert read_progress(locate(path), "L").samples == 10

@@ -35,7 +35,6 @@ from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
-from ..store.objectio import on_loop_thread
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer
 from .rate import RateGate, RateLimiter, check_rate_options
@@ -537,22 +536,20 @@ class Handoff:
 
 
 def _close_dropped(core: BufferCore) -> None:
-    """A facade was collected: close its core.  A writer closes on a thread of its own:
-    the collection may run on any thread, where closing could wait on itself (the
-    writer's committer, a thread inside its lock).  Until it has let go of its lock, a new
-    writer of the segment in this process waits for it (``WriterLock.releasing``), so
-    ``del buf`` then opening the path again works as if close() had been called.  A view
-    closes at once, except when collected on the S3 client's event-loop thread: its
-    close tells the store a learner stopped, a request that loop would have to serve."""
+    """A facade was collected: close its core on a thread of its own.  The collection
+    may run on any thread, inside whatever locks it holds, where closing could wait on
+    itself: the writer's committer, a thread inside the writer's lock, the S3 client's
+    event loop, a server in this process that the close's requests go to.  Until a
+    writer has let go of its lock, a new writer of the segment in this process waits for
+    it (``WriterLock.releasing``); until a learner view has published that it stopped, a
+    learner declared again under its name waits for it (``RateGate.closing_soon``).  So
+    ``del buf`` then opening the path again works as if close() had been called."""
     if core.closed:
-        return
-    if not core.writable and not on_loop_thread():
-        # A view holds no lock: closed here and now (a learner's "stopped" is published
-        # before the program goes on, and before it exits).
-        _close_quietly(core)
         return
     if core.writable:
         core.engine.closing_soon()
+    elif core.rate is not None:
+        core.rate.closing_soon()
     threading.Thread(target=_close_quietly, args=(core,), name="zreplay-close").start()
 
 

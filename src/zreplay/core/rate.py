@@ -34,9 +34,11 @@ it has not closed.  Its count survives restarts: a learner reopened with the sam
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 
@@ -58,6 +60,25 @@ log = logging.getLogger("zreplay")
 # they are, not as last published (a loop that adds and samples in one thread would
 # otherwise wait for a publish that only its own next sample makes).
 _LOCAL: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+# Learners of this process about to be closed on a thread of their own (their view was
+# dropped): a learner declared again under the same name waits for that close first, so
+# its count resumes from the final one and no late "stopped" lands after it.
+_PENDING: dict[tuple[str, str], threading.Event] = {}
+_PENDING_LOCK = threading.Lock()
+PENDING_WAIT_S = 30.0
+
+
+@atexit.register
+def _close_live_learners() -> None:
+    # A learner still open when the program ends publishes its count and that it stopped
+    # (a close started on a thread by a finalizer at exit would not be waited for).
+    for gate in list(_LOCAL.values()):
+        try:
+            gate.close()
+        except Exception as e:  # noqa: BLE001 - best effort at exit
+            log.error("zreplay: closing learner %s at exit failed: %r", gate.learner_id, e)
+
 
 __all__ = ["MinSize", "RateGate", "RateLimiter", "SampleToInsertRatio"]
 
@@ -199,8 +220,12 @@ class RateGate:
         self.me: LearnerProgress | None = None
         self._buffer = self._buffer_id()
         if learner_id is not None:
+            key = (str(self.root.path), learner_id)
+            pending = _PENDING.get(key)
+            if pending is not None:
+                pending.wait(PENDING_WAIT_S)
             self._declare()
-            _LOCAL[(str(self.root.path), learner_id)] = self
+            _LOCAL[key] = self
 
     def _buffer_id(self):
         """Which buffer a reader reads (its root's creation time): another one made at
@@ -283,9 +308,22 @@ class RateGate:
         """Publish the final count and that this learner stopped (writers stop waiting
         for it); a sample or add of this buffer waiting in another thread stops waiting
         (``BufferClosedError``)."""
-        if self.me is not None and not self.me.closed:
-            self.me.closed = True
-            self.publish()
+        try:
+            if self.me is not None and not self.me.closed:
+                self.me.closed = True
+                self.publish()
+        finally:
+            with _PENDING_LOCK:
+                done = _PENDING.pop((str(self.root.path), self.learner_id), None)
+            if done is not None:
+                done.set()
+
+    def closing_soon(self) -> None:
+        """It is about to be closed on another thread (its view was dropped): a learner
+        declared again in this process under the same name waits for that close."""
+        if self.me is not None and not self.me.closed and os.getpid() == self._pid:
+            with _PENDING_LOCK:
+                _PENDING.setdefault((str(self.root.path), self.learner_id), threading.Event())
 
     # -- writers --------------------------------------------------------------------
 

@@ -63,15 +63,6 @@ _LOOP: _Loop | None = None
 _LOOP_LOCK = threading.Lock()
 
 
-def on_loop_thread() -> bool:
-    """Whether this thread is the S3 event loop's own (a blocking request here would
-    wait on itself)."""
-    loop = _LOOP
-    return (
-        loop is not None and loop.pid == os.getpid() and threading.current_thread() is loop.thread
-    )
-
-
 def shared_loop() -> _Loop:
     """This process's one event loop for S3 requests (started on first use; a forked
     child starts its own)."""
