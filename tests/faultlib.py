@@ -47,7 +47,7 @@ def points() -> list[tuple[object, list[str]]]:
             + ["rename", "replace", "iterdir"],
         ),
         (backend_s3.S3Backend, ["get", "put", "create", "delete", "list", "head", "copy"]),
-        (arrays.ArrayHandle, ["_open", "grow_to"]),
+        (arrays.ArrayHandle, ["_open", "start_resize", "finish_resize"]),
         (
             segment.Segment,
             ["create_arrays", "write_rows", "write_index", "read_index", "read_points"]

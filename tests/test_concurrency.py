@@ -13,6 +13,7 @@ import zlib
 
 import numpy as np
 import pytest
+import zarr
 from conftest import check_rows, make_traj, processes, run_children
 
 import zreplay
@@ -74,7 +75,7 @@ CRASH_BUFFERS = {
     "plain": {"cache_size": 3},
     # Evicts on every add; 64-row shards below the low-water mark are deleted constantly.
     "evict": {"cache_size": 3, "capacity": 600, "layout": "small"},
-    # 32-row shards on a growing buffer: capacity grows (zarr.json rewrites) often.
+    # 32-row shards on a growing buffer (every commit rewrites each array's zarr.json).
     "grow": {"cache_size": 3, "layout": {"chunk_rows": 16, "shard_rows": 32}},
 }
 CRASH_PLAN = {  # buffer -> {how the writer dies: trials}
@@ -151,19 +152,21 @@ def _arm(mode: str, rng, conn) -> None:
         segment.Segment.reclaim_below = reclaim_below
     elif mode == "grow":
         nth, after, grown = int(rng.integers(1, len(KEYS) + 1)), bool(rng.integers(2)), [0]
-        grow = segment.ArrayHandle.grow_to
+        start = segment.ArrayHandle.start_resize
 
-        def grow_to(self, rows_needed, unit):
-            if rows_needed <= self.rows:
-                return grow(self, rows_needed, unit)
+        def start_resize(self, rows):  # every commit grows its arrays first
+            if rows <= self.rows:
+                return start(self, rows)
             grown[0] += 1
             if grown[0] == nth and not after:
                 _die(conn, mode)  # some arrays already have the larger shape, others not
-            grow(self, rows_needed, unit)
+            pending = start(self, rows)
             if grown[0] == nth:
+                pending.result()
                 _die(conn, mode)
+            return pending
 
-        segment.ArrayHandle.grow_to = grow_to
+        segment.ArrayHandle.start_resize = start_resize
 
 
 def _crash_writer(path: str, conn, mode: str, seed: int, cfg: dict) -> None:
@@ -276,6 +279,14 @@ def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
             buf.add_trajectories([make_traj(s, T=traj_T(s), B=3)])
         # Trajectories a killed writer added (and lost) may have evicted committed ones.
         assert check_visible(path, s, cfg.get("capacity"), max(s, added[name])) == s
+        # Plain zarr shows the committed rows only, whatever length a killed commit left.
+        commit, seg = read_commit(f"{path}/segments/default"), zarr.open_group(path, mode="r")
+        for key in KEYS:
+            assert seg[f"segments/default/data/{key}"].shape[0] == commit.n_rows, key
+        assert seg["segments/default"].attrs["zreplay"]["live_rows"] == [
+            commit.low_row,
+            commit.n_rows,
+        ]
         if cfg.get("capacity"):  # writers killed while deleting evicted shards leaked none
             below = read_commit(f"{path}/segments/default").reclaimed_below // 64
             assert below > 0

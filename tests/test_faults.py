@@ -106,12 +106,15 @@ def _shards_fail(path: str) -> None:
 
 
 def _commit_record_fails(path: str) -> None:
-    """Data and index (each file < 300 bytes) are written, the commit record (~450 bytes)
-    is not: it must never be published half-written, nor leave its temp file."""
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, layout=SMALL)
+    """Data, index and array metadata (each file < 600 bytes) are written, the commit
+    record (~710 bytes: it names its long writer id) is not: it must never be published
+    half-written, nor leave its temp file."""
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, layout=SMALL, writer_id="w" * 120
+    )
     buf.add_trajectories([_tiny(0), _tiny(1)])
     buf.flush()
-    with file_size_limit(300):
+    with file_size_limit(600):
         buf.add_trajectories([_tiny(2)])
         with pytest.raises(WriteFailedError, match="File too large") as e:
             buf.flush()
@@ -125,10 +128,10 @@ def _commit_record_fails(path: str) -> None:
 
 
 def _growth_fails(path: str) -> None:
-    """Capacity growth fails (TensorStore rewrites the array's zarr.json, ~470 bytes);
-    data and index chunks would fit."""
+    """Growing the arrays for a commit fails (TensorStore rewrites the array's zarr.json,
+    ~470 bytes, before every commit); data and index chunks would fit."""
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, layout=SMALL)
-    buf.add_trajectories([_tiny(i) for i in range(4)])  # 32 rows: the array is full
+    buf.add_trajectories([_tiny(i) for i in range(4)])  # 32 rows: a whole shard
     buf.flush()
     with file_size_limit(300):
         buf.add_trajectories([_tiny(4)])
@@ -179,7 +182,7 @@ SCENARIOS = {
     "writer lock": _lock_fails,
     "data shards": _shards_fail,
     "commit record": _commit_record_fails,
-    "capacity growth": _growth_fails,
+    "array growth": _growth_fails,
     "array creation": _creation_fails,
 }
 

@@ -109,3 +109,105 @@ def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
             int(s) for s in os.listdir(path / "segments" / "default" / "data" / key / "c")
         )
         assert shards and shards[0] == below // 64, (key, shards)
+
+
+def _plain_rows(path, writer: str = "default") -> tuple[dict, list[int]]:
+    """What plain zarr shows of a segment: each data key's rows, and ``live_rows``."""
+    g = zarr.open_group(path, mode="r")
+    seg = g[f"segments/{writer}"]
+    data = {name: arr[...] for name, arr in seg["data"].arrays()}
+    return data, seg.attrs["zreplay"]["live_rows"]
+
+
+def test_plain_zarr_shows_exactly_the_committed_rows_and_evicted_rows_as_zeros(tmp_path):
+    """After every commit, zarr (and TensorStore) show each array exactly as long as the
+    commit's rows; ``live_rows`` says where the live ones begin; evicted rows whose shard
+    is gone read as the fill value, and the live rows are what zreplay returns."""
+    import tensorstore as ts
+
+    path = tmp_path / "b"
+    layout = {"obs": {"chunk_rows": 8, "shard_rows": 16}}
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), capacity=60, layout=layout
+    )
+    rows = []  # every row ever added, in stored order (env-major within a trajectory)
+    for i in range(12):
+        obs = np.arange(i * 100, i * 100 + 10, dtype=np.float32).reshape(5, 2)  # T=5, B=2
+        buf.add_trajectories([{"obs": obs, "reward": obs * 2}])
+        rows.extend(obs.T.reshape(-1))
+        buf.flush()
+        commit = json.loads((path / "segments/default/zreplay/commit.json").read_text())
+        n, low = commit["n_rows"], commit["low_row"]
+        data, live = _plain_rows(path)
+        assert live == [low, n] and n == len(rows)
+        for name, got in data.items():
+            assert got.shape == (n,), name
+            np.testing.assert_array_equal(
+                got[low:], np.array(rows[low:]) * (2 if name == "reward" else 1)
+            )
+        ts_obs = ts.open(
+            {
+                "driver": "zarr3",
+                "kvstore": {"driver": "file", "path": str(path / "segments/default/data/obs")},
+            }
+        ).result()
+        assert ts_obs.shape == (n,)
+        assert len(buf) == min(i + 1, 6)
+        np.testing.assert_array_equal(
+            np.sort(data["obs"][low:]), np.sort(zreplay.open(path).rows(np.arange(n - low))["obs"])
+        )
+    # 120 rows added, 60 live: the shards of rows [0, 48) are gone and read as zeros
+    assert low == 60
+    assert not np.any(data["obs"][:48]) and np.all(data["obs"][60:] > 0)
+    assert sorted(int(p.name) for p in (path / "segments/default/data/obs/c").iterdir()) == [
+        3,
+        4,
+        5,
+        6,
+        7,
+    ]
+    # the index arrays too: one offset per trajectory and one more
+    g = zarr.open_group(path, mode="r")
+    assert g["segments/default/offsets"].shape == (13,)
+    assert g["segments/default/traj/trajectory_id"].shape == (12,)
+    buf.close()
+
+
+def test_a_commit_killed_after_its_arrays_grew_is_cut_back_by_the_next_writer(tmp_path):
+    """Arrays grow before a commit's rows are written: a writer killed in between leaves
+    them longer than the commit (zreplay reads by the commit); the next writer cuts them
+    back before anything else."""
+    path = tmp_path / "b"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(2)])
+    n = 36
+    longer = 1000  # as a killed commit leaves them (metadata only)
+    for _, arr in zarr.open_group(path / "segments/default/data", mode="r+").arrays():
+        arr.resize((longer, *arr.shape[1:]))
+    data, _ = _plain_rows(path)
+    assert {v.shape[0] for v in data.values()} == {longer}
+    view = zreplay.open(path)
+    assert view.num_rows == n
+    check_rows(view.sample(64))
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    data, live = _plain_rows(path)
+    assert {v.shape[0] for v in data.values()} == {n} and live == [0, n]
+    buf.add_trajectories([make_traj(2)])
+    buf.close()
+    data, live = _plain_rows(path)
+    assert {v.shape[0] for v in data.values()} == {n + 18} and live == [0, n + 18]
+    assert zreplay.verify(path).ok
+
+
+def test_a_checkpoint_keeps_its_own_lengths_while_the_buffer_grows(tmp_path):
+    """A checkpoint shares the buffer's files by hard links; rewriting the buffer's
+    zarr.json at each commit never changes the checkpoint's."""
+    path, ckpt = tmp_path / "b", tmp_path / "ckpt"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(2)])
+    buf.save_checkpoint(str(ckpt))
+    buf.add_trajectories([make_traj(i) for i in range(2, 5)])
+    buf.close()
+    saved, live = _plain_rows(ckpt)
+    assert {v.shape[0] for v in saved.values()} == {36} and live == [0, 36]
+    assert {v.shape[0] for v in _plain_rows(path)[0].values()} == {90}

@@ -426,7 +426,7 @@ class Committer:
         new, seg = job.commit, job.segment
         if seg is not None:
             start, stop = job.rows
-            seg.ensure_capacity(new.n_rows, new.n_traj, new.n_pieces)
+            seg.set_lengths(new.n_rows, new.n_traj, new.n_pieces, new.low_row)
             futs = []
             for key in job.keys if stop > start else ():
                 futs += _write_key(seg, job.tier, key, start, new.low_row, stop)

@@ -2,8 +2,9 @@
 
 A writer killed at any moment leaves its previous commit intact; on the next open, under
 the writer lock, temp files of writes in flight are removed, shards that the commit says
-were reclaimed but a killed reclaim left behind are deleted, and everything past the
-commit (rows, index entries) is ignored: the in-RAM index is read up to the commit only.
+were reclaimed but a killed reclaim left behind are deleted, the arrays are cut back to
+the commit's length, and everything past the commit (rows, index entries) is ignored:
+the in-RAM index is read up to the commit only.
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegme
     seg = opened.segment = open_arrays(seg_dir, schema, layouts, durable)
     if commit.reclaimed_below:
         seg.remove_reclaimed(commit.reclaimed_below)
-    cols = seg.read_index(commit)
+    cols = seg.read_index(commit)  # damage is refused before the lengths follow the commit
+    # A commit killed after its arrays grew left them longer; buffers written before
+    # arrays were kept exactly as long as their commit show padding until now.
+    seg.set_lengths(commit.n_rows, commit.n_traj, commit.n_pieces, commit.low_row)
     index = opened.index = TrajectoryIndex(cols, low=commit.low_traj)
     if index.n:
         i = index.n - 1

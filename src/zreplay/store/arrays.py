@@ -41,12 +41,6 @@ def forked() -> bool:
     return _FORKED
 
 
-def _grow(current: int, needed: int, unit: int) -> int:
-    """Next capacity >= needed: at least double, rounded up to a whole number of units."""
-    target = max(needed, 2 * current, unit)
-    return -(-target // unit) * unit
-
-
 class ArrayHandle:
     """A handle on one Zarr array that can follow the array's growth."""
 
@@ -95,17 +89,20 @@ class ArrayHandle:
                 store = self.store
         return store
 
-    def grow_to(self, rows_needed: int, unit: int) -> None:
-        """Writer only: grow capacity (metadata only) so ``rows_needed`` rows fit."""
-        if rows_needed <= self.rows:
-            return
-        new = _grow(self.rows, rows_needed, unit)
+    def start_resize(self, rows: int):
+        """Writer only: start making the array exactly ``rows`` rows long (its metadata
+        only: no chunk is written or deleted); returns what :meth:`finish_resize` waits
+        for, or None when it has that length already."""
+        if rows == self.rows:
+            return None
         shape = list(self.store.shape)
-        shape[0] = new
+        shape[0] = rows
+        return self.store.resize(exclusive_max=shape, resize_metadata_only=True)
+
+    def finish_resize(self, pending) -> None:
+        store = pending.result()
         with self._lock:
-            self.store = self.store.resize(
-                exclusive_max=shape, resize_metadata_only=True, expand_only=True
-            ).result()
+            self.store = store
 
 
 class ZarrArray:
@@ -127,9 +124,14 @@ class ZarrArray:
         return ZarrIO(self._arr, sel)
 
     def resize(self, exclusive_max, **_ignored) -> Future:
-        self._arr.resize(tuple(exclusive_max))
+        return _submit(self._resize, tuple(exclusive_max))
+
+    def _resize(self, shape: tuple) -> ZarrArray:
+        # zarr-python also deletes the chunks a shorter shape leaves out: only rows past
+        # the commit (garbage) are ever cut off.
+        self._arr.resize(shape)
         self.shape = self._arr.shape
-        return _done(self)
+        return self
 
 
 _POOL: ThreadPoolExecutor | None = None

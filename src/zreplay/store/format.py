@@ -41,6 +41,9 @@ READABLE_FORMATS = (2, 3, 4)
 
 # The root group's attribute holding zreplay's metadata.
 ATTR = "zreplay"
+# A segment group's attribute (under ATTR): [first live row, rows] of its arrays, as of the
+# commit being written (for plain-zarr readers; zreplay reads the commit record).
+LIVE_ROWS_ATTR = "live_rows"
 SEGMENTS = "segments"
 # The zero-size array node holding zreplay's own files, in the root and in each segment.
 META = "zreplay"

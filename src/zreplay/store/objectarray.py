@@ -134,13 +134,15 @@ class ObjectArray:
         return f"{self.key}/{self.meta.object_key(i)}"
 
     def resize(self, exclusive_max, **_ignored) -> Future:
-        """Grow the row axis (one PUT of ``zarr.json``; metadata only)."""
-        meta, raw = self.meta.resized(int(exclusive_max[0]))
+        """Set the row axis's length (one PUT of ``zarr.json``; metadata only), on the
+        pool: a commit resizes all its arrays at once."""
+        return _submit(self._resize, int(exclusive_max[0]))
+
+    def _resize(self, rows: int) -> ObjectArray:
+        meta, raw = self.meta.resized(rows)
         self.backend.put([(f"{self.key}/zarr.json", raw)])
         self.meta, self.shape = meta, meta.shape
-        f: Future = Future()
-        f.set_result(self)
-        return f
+        return self
 
     # -- reads ------------------------------------------------------------------------
 

@@ -6,12 +6,14 @@ whatever the backend opens them with (TensorStore locally: zarr-python's per-cal
 must never sit on the sampling path, and TensorStore writes shards about 10x faster).
 Nothing here knows about sampling.
 
-Row numbers are global within a segment and never reused; capacity grows ahead of need
-and rows at or past the commit's ``n_rows`` are garbage.
+Row numbers are global within a segment and never reused.  Each array is exactly as long
+as the last commit needs (its ``zarr.json`` is rewritten before every commit: see
+:meth:`Segment.set_lengths`); rows at or past the commit's ``n_rows`` are garbage.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
@@ -23,7 +25,17 @@ from ..errors import CorruptBufferError
 from ..schema import KeySpec, Schema
 from .arrays import ArrayHandle
 from .commit import Commit, read_commit
-from .format import INDEX_CHUNK, PIECE_COLUMNS, STORED_ATTRS, TRAJ_COLUMNS, commit_path
+from .format import (
+    ATTR,
+    INDEX_CHUNK,
+    PIECE_COLUMNS,
+    STORED_ATTRS,
+    TRAJ_COLUMNS,
+    commit_path,
+)
+from .format import (
+    LIVE_ROWS_ATTR as LIVE,
+)
 from .layout import KeyLayout
 from .location import Location, locate
 
@@ -63,6 +75,7 @@ class Segment:
         self.offsets = handle("offsets", "int64", ())
         self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
         self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
+        self._live: list[int] | None = None  # the live_rows attribute written last
         # (n_rows, n_traj, last trajectory id, contents id) of the commit read last
         self._seen: tuple[int, int, int, str] | None = None
 
@@ -99,7 +112,7 @@ class Segment:
                 continue
             grp.create_array(
                 leaf,
-                shape=(lay.shard_rows, *spec.row_shape),
+                shape=(0, *spec.row_shape),
                 dtype=spec.dtype,
                 chunks=(lay.chunk_rows, *spec.row_shape),
                 shards=(lay.shard_rows, *spec.row_shape),
@@ -114,7 +127,7 @@ class Segment:
         if "offsets" not in g:
             g.create_array(
                 "offsets",
-                shape=(INDEX_CHUNK,),
+                shape=(1,),
                 dtype="int64",
                 chunks=(INDEX_CHUNK,),
                 fill_value=0,
@@ -129,7 +142,7 @@ class Segment:
             if name not in grp:
                 grp.create_array(
                     name,
-                    shape=(INDEX_CHUNK, *row),
+                    shape=(0, *row),
                     dtype=dtype,
                     chunks=(INDEX_CHUNK, *row),
                     fill_value=0 if dtype != "bool" else False,
@@ -140,14 +153,31 @@ class Segment:
 
     # -- writes (the segment's writer only) -----------------------------------------
 
-    def ensure_capacity(self, n_rows: int, n_traj: int, n_pieces: int) -> None:
-        for k, h in self.data.items():
-            h.grow_to(n_rows, self.layouts[k].shard_rows)
-        self.offsets.grow_to(n_traj + 1, INDEX_CHUNK)
-        for h in self.traj.values():
-            h.grow_to(n_traj, INDEX_CHUNK)
-        for h in self.pieces.values():
-            h.grow_to(n_pieces, INDEX_CHUNK)
+    def set_lengths(self, n_rows: int, n_traj: int, n_pieces: int, low_row: int) -> None:
+        """Make every array exactly as long as a commit of these counts needs (metadata
+        only, all arrays at once), and say in the segment group's attributes which of
+        its rows are live (``live_rows``: ``[low_row, n_rows]``).  Done before a commit's
+        rows are written, so they fit, and when a writer reopens a segment that a killed
+        commit left longer.  So plain zarr shows the committed rows (and at most a commit
+        in flight), never padding; zreplay's readers go by the commit record only."""
+        pending = [(h, h.start_resize(n_rows)) for h in self.data.values()]
+        pending.append((self.offsets, self.offsets.start_resize(n_traj + 1)))
+        pending += [(h, h.start_resize(n_traj)) for h in self.traj.values()]
+        pending += [(h, h.start_resize(n_pieces)) for h in self.pieces.values()]
+        failed = None
+        for h, p in pending:  # every handle follows its array, whichever resize failed
+            try:
+                if p is not None:
+                    h.finish_resize(p)
+            except Exception as e:  # noqa: BLE001 - the first is raised below
+                failed = failed or e
+        if failed is not None:
+            raise failed
+        live = [int(low_row), int(n_rows)]
+        if live != self._live:
+            doc = {"zarr_format": 3, "node_type": "group", "attributes": {ATTR: {LIVE: live}}}
+            self.backend.publish(self.dir / "zarr.json", json.dumps(doc).encode(), durable=False)
+            self._live = live
 
     def write_rows(self, key: str, start: int, rows: np.ndarray):
         return self.data[key].store[start : start + len(rows)].write(rows)

@@ -196,7 +196,7 @@ class ArrayMeta:
         return np.full((rows, *self.row_shape), self.fill_value, self.dtype)
 
     def resized(self, rows: int) -> tuple[ArrayMeta, bytes]:
-        """This array grown to ``rows`` rows, and its new ``zarr.json``."""
+        """This array made ``rows`` rows long, and its new ``zarr.json``."""
         meta = json.loads(json.dumps(self.meta))
         meta["shape"][0] = int(rows)
         raw = json.dumps(meta, indent=2).encode()
