@@ -506,3 +506,29 @@ def test_a_distributed_load_into_a_small_buffer_respects_its_capacity(tmp_path):
         check_rows(buf.sample(64))
     with persistent(tmp_path / "b", capacity=40) as buf:
         assert buf.total_samples <= 40 and len(buf) == 2
+
+
+def test_close_finishes_when_a_ctrl_c_left_the_writers_lock_held(tmp_path):
+    """CPython may deliver a Ctrl-C between the end of a ``with lock:`` block and its
+    exit (CPython issue 29988), leaving the lock held by the interrupted thread; the
+    writer's background thread then needs that lock to finish.  Adds, flushes and close
+    still complete (they wait on the condition, which lets go of every hold)."""
+    path = tmp_path / "b"
+    result: list = []
+
+    def interrupted_user():
+        buf = persistent(path, cache_size=3, staging_bytes=0)
+        buf.add_trajectories([make_traj(0)])
+        buf.core.engine.cond.acquire()  # the hold such a Ctrl-C leaves behind
+        for tid in range(1, 6):
+            buf.add_trajectories([make_traj(tid)])
+        buf.flush()
+        buf.close()
+        result.append(len(buf))
+
+    user = threading.Thread(target=interrupted_user, daemon=True)
+    user.start()
+    user.join(60)
+    assert not user.is_alive(), "close() hung on the lock a Ctrl-C left held"
+    assert result == [6]
+    assert_exactly(path, list(range(6)))

@@ -312,10 +312,17 @@ class Committer:
                 self.cond.wait(0.5)
 
     def stop(self) -> None:
-        """Let the thread finish (after a flush) and join it (condition not held)."""
+        """Let the thread finish (after a flush) and join it (condition not held).
+
+        It waits on the condition, never in a bare ``join``: a Ctrl-C that CPython
+        delivers between the end of a ``with cond:`` block and its exit leaves the
+        condition's lock held by the caller's thread (CPython issue 29988), and only a
+        wait on the condition releases that hold so the thread can finish."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+            while self.thread.is_alive():
+                self.cond.wait(0.05)
         self.thread.join()
 
     def abandon(self, why: Exception | None = None) -> None:
