@@ -211,3 +211,35 @@ def test_a_checkpoint_keeps_its_own_lengths_while_the_buffer_grows(tmp_path):
     saved, live = _plain_rows(ckpt)
     assert {v.shape[0] for v in saved.values()} == {36} and live == [0, 36]
     assert {v.shape[0] for v in _plain_rows(path)[0].values()} == {90}
+
+
+def test_a_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
+    """Arrays grow at every commit; a reader that refreshes after each one takes them
+    for longer than they are (it reads committed rows only), so it reopens each array
+    a logarithmic number of times, not once per commit."""
+    from collections import Counter
+
+    from zreplay.store import arrays
+
+    opened = Counter()
+    real_open = arrays.ArrayHandle._open
+
+    def counting_open(self):
+        opened[str(self.path)] += 1
+        return real_open(self)
+
+    monkeypatch.setattr(arrays.ArrayHandle, "_open", counting_open)
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()
+    view = zreplay.open(path)
+    opened.clear()
+    for i in range(1, 65):
+        buf.add_trajectories([make_traj(i)])
+        buf.flush()
+        view.refresh()
+        assert view.num_trajectories == i + 1
+        check_rows(view.rows(np.arange(view.num_rows - 18, view.num_rows)))  # the newest
+    buf.close()
+    assert opened and max(opened.values()) <= 8, opened.most_common(3)

@@ -80,14 +80,26 @@ class ArrayHandle:
         return int(self.store.shape[0])
 
     def reopen_if_short(self, rows_needed: int):
-        """Return a handle covering ``rows_needed`` rows (another handle may have grown it)."""
+        """Return a handle covering ``rows_needed`` rows (another handle may have grown
+        it); shorter only if the array on disk is (the caller reports the damage)."""
         store = self.store
         if rows_needed > store.shape[0]:
             with self._lock:
                 if rows_needed > self.store.shape[0]:
-                    self.store = self._open()
+                    self.store = self._reopen(rows_needed)
                 store = self.store
         return store
+
+    def _reopen(self, rows_needed: int):
+        store = self._open()
+        if self._writable or store.shape[0] < rows_needed:
+            return store
+        # An array is exactly as long as its last commit, so a reader following a writer
+        # would reopen every array at every commit.  Readers read committed rows only:
+        # the handle may take the array for longer than it is (no I/O), and is reopened
+        # (and checked against the array's length) once commits pass that, as when
+        # capacity doubled.
+        return self.path.backend.widened(store, 2 * rows_needed, self._context)
 
     def start_resize(self, rows: int):
         """Writer only: start making the array exactly ``rows`` rows long (its metadata

@@ -150,6 +150,12 @@ class Backend(ABC):
         ``[sel].write(v)`` returning futures, and ``resize(exclusive_max=...)``;
         ``fills_missing`` says a missing chunk reads as fill values instead of failing."""
 
+    def widened(self, store, rows: int, context) -> Any:
+        """A read-only handle on the array of ``store`` taken as ``rows`` rows long,
+        without reading or writing its metadata (a reader's headroom: it reads committed
+        rows only); ``store`` itself where the handle cannot be widened."""
+        return store
+
     def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
         """The arrays opened with ``context`` belong to a segment whose commit of
         ``n_rows`` rows was just read (``same_rows``: it continues the rows of the commit

@@ -283,6 +283,16 @@ class LocalBackend(Backend):
         }
         return ts.open(spec, read=True, write=writable, context=context).result(), fills
 
+    def widened(self, store, rows: int, context) -> object:
+        if isinstance(store, ZarrArray):
+            return store
+        import tensorstore as ts
+
+        spec = store.spec(retain_context=False).to_json()
+        spec.pop("transform", None)
+        spec["metadata"]["shape"][0] = int(rows)
+        return ts.open(spec, read=True, context=context, assume_metadata=True).result()
+
 
 def _link_dir(s_dir: str, d_dir: str, skip, counts: list) -> int:
     """Link the files under ``s_dir`` into ``d_dir`` (made here); returns how many went
