@@ -1,25 +1,28 @@
-"""Every code block of README.md (and of CONTRIBUTING.md) runs as pasted.
+"""Every code block of README.md, CONTRIBUTING.md and the docs site's pages runs as pasted.
 
 Each fenced block is one test: ``python`` blocks run as a script (``python block.py``) and
-``bash`` blocks with ``bash -e``, each in a fresh directory, in a fresh process, with this
-checkout's ``src`` first on ``PYTHONPATH`` and this interpreter's ``bin`` first on ``PATH``
-(the ``zreplay`` command).  A block may say, in an HTML comment on the line(s) right
-above its fence (invisible on GitHub), what it needs or why it cannot run here:
+``bash`` blocks with ``bash -e``, each alone in a fresh, empty directory, in a fresh
+process, with this checkout's ``src`` first on ``PYTHONPATH`` and this interpreter's
+``bin`` first on ``PATH`` (the ``zreplay`` command).  Blocks build their own inputs.  A
+block may say, in an HTML comment on the line(s) right above its fence (invisible on
+GitHub and on the site), what it needs or why it cannot run here:
 
-* ``<!-- readme-test: needs=NAME[,NAME...] -->``: the data the README's text says the
-  block needs, from :data:`NEEDS` below (Python run before the block, under ``if __name__
-  == "__main__":`` so that processes multiprocessing starts skip it: objects in the same
-  script, files in the block's directory); ``s3`` also starts a real S3 endpoint (moto's
-  server on 127.0.0.1) and hands its address and credentials to the block through the
-  AWS environment variables, as a user's MinIO or AWS account would;
+* ``<!-- readme-test: needs=s3 -->``: a real S3 endpoint (moto's server on 127.0.0.1 with
+  a bucket named ``bucket``), handed to the block through the AWS environment variables,
+  as a user's MinIO or AWS account would be; the only need there is;
 * ``<!-- readme-test: skip=REASON -->``: not run, reported as skipped with REASON (a
   block that installs packages, runs for minutes, or runs this suite);
-* ``<!-- readme-test: not-code=REASON -->``: a listing, not a program (skipped, said so);
+* ``<!-- readme-test: not-code=REASON -->``: a listing or a diagram, not a program
+  (skipped, said so);
 * ``<!-- readme-test: slow=REASON -->``: runs, but with the slow tests (``python -m pytest
   -m slow``, which ``.ci/run`` runs too), not in the README's quick test command.
 
 A block with no comment runs as pasted; a block in another language, or with no
-language, fails until it gets one of these comments: nothing is skipped silently.
+language, fails until it gets one of these comments: nothing is skipped silently.  Docs
+pages include README.md's examples and the root FORMAT.md / CONTRIBUTING.md with
+``pymdownx.snippets`` (``--8<--``) rather than copying them, so each block runs once, where
+it is written.  The README's blocks also run a second time in the same directory (slow
+set): running an example twice must work.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = [README, ROOT / "CONTRIBUTING.md"]
+SITE = ROOT / "docs"
+# FORMAT.md's recipes run in the tests that name them (test_view, test_episodes,
+# test_samplers); docs/format.md only includes the file.
+DOCS = [README, ROOT / "CONTRIBUTING.md", *sorted(SITE.rglob("*.md"))]
+README_MAX_LINES = 300
 TIMEOUT_S = 600
 MARK = re.compile(r"<!--\s*readme-test:\s*(needs|skip|not-code|slow)\s*=\s*(.*?)\s*-->", re.S)
 
@@ -54,6 +61,10 @@ class Block:
         first = next((x for x in self.code.splitlines() if x.strip()), "")[:40]
         where = "" if self.doc == "README" else f"{self.doc}:"
         return f"{where}L{self.line}:{self.lang or 'plain'}:{first}"
+
+    @property
+    def runs(self) -> bool:
+        return not ({"skip", "not-code"} & set(self.marks))
 
 
 def blocks(text: str, doc: str = "README") -> list[Block]:
@@ -79,110 +90,11 @@ def blocks(text: str, doc: str = "README") -> list[Block]:
     return out
 
 
-# -- the data blocks say they need ------------------------------------------------------
+# -- what a block may need ------------------------------------------------------------
 
-TRAJECTORIES = """
-import numpy as np
-import zreplay
-
-def _trajectory(tid, T=24, B=4, C=2, A=3):
-    rng = np.random.default_rng(tid)
-    flags = np.zeros((T, B, C), bool)
-    flags[-1] = True  # every lane's episode ends with the trajectory
-    return zreplay.Trajectory(
-        actions=rng.standard_normal((T, B, C * A)).astype(np.float32),
-        rewards=rng.random((T, B, C)).astype(np.float32),
-        terminations=flags, truncations=np.zeros_like(flags), dones=flags.copy(),
-        prev_logprobs=np.zeros((T, B, C * A), np.float32),
-        curr_obs={"main_images": rng.integers(0, 255, (T, B, 16, 16, 3), dtype=np.uint8),
-                  "states": rng.standard_normal((T, B, 8)).astype(np.float32)},
-        next_obs={"main_images": rng.integers(0, 255, (T, B, 16, 16, 3), dtype=np.uint8),
-                  "states": rng.standard_normal((T, B, 8)).astype(np.float32)},
-        max_episode_length=T, model_weights_id=f"w{tid}",
-    )
-
-trajectories = [_trajectory(t) for t in range(4)]
-"""
-
-NEEDS: dict[str, str] = {
-    # RLinf Trajectory objects (zreplay.Trajectory has the same fields).
-    "trajectories": TRAJECTORIES,
-    # A buffer of those at the path the README's examples use.
-    "rlinf_buffer": TRAJECTORIES
-    + """
-_buf = zreplay.TrajectoryReplayBuffer(auto_save=True,
-                                      auto_save_path="runs/exp1/replay_buffer/rank_0")
-_buf.add_trajectories(trajectories)
-_buf.close()
-""",
-    # stable-worldmodel episodes, as World.collect writes them.
-    "episodes": """
-import numpy as np
-
-episodes = [
-    {"pixels": np.random.default_rng(i).integers(0, 255, (20, 16, 16, 3), dtype=np.uint8),
-     "action": np.random.default_rng(i).standard_normal((20, 2)).astype(np.float32),
-     "reward": np.ones(20, np.float32), "terminated": np.arange(20) == 19}
-    for i in range(3)
-]
-""",
-    # An Atari-style TrajectoryReplayBuffer and a target network.
-    "atari_buffer": """
-import numpy as np
-import torch
-import zreplay
-
-buf = zreplay.TrajectoryReplayBuffer()
-_rng = np.random.default_rng(0)
-for _ in range(3):
-    _T, _B = 50, 2
-    _flags = _rng.random((_T, _B)) < 0.05
-    buf.add_trajectories([{
-        "obs": _rng.integers(0, 255, (_T, _B, 84, 84), dtype=np.uint8),
-        "actions": _rng.integers(0, 6, (_T, _B)),
-        "rewards": _rng.random((_T, _B)).astype(np.float32),
-        "terminations": _flags, "truncations": np.zeros_like(_flags),
-    }])
-_net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(6))
-q_target = lambda obs: _net(obs.float() / 255)
-""",
-    # A Q-network and its target, for the prioritized-replay loss.
-    "q_functions": """
-import torch
-q = lambda batch: batch["rewards"].sum(-1)
-target = lambda batch: torch.zeros(len(batch["rewards"]))
-""",
-    # A TensorDict batch with trajectory ids, as a TorchRL collector gives it.
-    "tensordict_batch": """
-import torch
-from tensordict import TensorDict
-
-_n = 2_000
-tensordict_batch = TensorDict({
-    "episode": torch.arange(_n) // 100,
-    "pixels": torch.randint(0, 255, (_n, 16, 16, 3), dtype=torch.uint8),
-    "action": torch.randn(_n, 4),
-    ("next", "reward"): torch.randn(_n, 1),
-    ("next", "done"): (torch.arange(_n) % 100 == 99).unsqueeze(-1),
-}, batch_size=[_n])
-""",
-    # A torch.distributed process group (one rank, gloo), made by the script itself.
-    "process_group": """
-import os
-import socket
-
-import torch.distributed as dist
-
-with socket.socket() as _s:
-    _s.bind(("127.0.0.1", 0))
-    os.environ.setdefault("MASTER_PORT", str(_s.getsockname()[1]))
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-dist.init_process_group("gloo", rank=0, world_size=1)
-""",
-    "s3": "",  # the endpoint: see s3_env()
-}
-
-# Files a ``bash`` block needs come from the same code, run by python first.
+# Blocks build their own inputs; the one thing a block cannot build is an S3 endpoint,
+# which s3_env() provides as a user's environment would.
+NEEDS = {"s3"}
 
 
 @pytest.fixture(scope="module")
@@ -219,14 +131,46 @@ def run(argv: list[str], cwd: Path, extra_env: dict | None = None) -> subprocess
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
-ALL = [b for d in DOCS for b in blocks(d.read_text(), d.stem)]
+def doc_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return rel.as_posix() if rel.parts[0] == "docs" else rel.name
+
+
+ALL = [b for d in DOCS for b in blocks(d.read_text(), doc_name(d))]
+
+
+def needs(block: Block) -> list[str]:
+    return [n for n in block.marks.get("needs", "").replace(" ", "").split(",") if n]
 
 
 def test_the_readme_has_blocks_and_every_need_is_known():
     assert len(ALL) >= 10
+    assert any(b.doc.startswith("docs/") for b in ALL), "no docs page was read"
     for b in ALL:
-        for name in filter(None, b.marks.get("needs", "").replace(" ", "").split(",")):
-            assert name in NEEDS, f"{b.doc} line {b.line}: unknown need {name!r} (see NEEDS)"
+        for name in needs(b):
+            assert name in NEEDS, (
+                f"{b.doc} line {b.line}: needs={name!r}: a block builds its own inputs "
+                "(only an S3 endpoint, needs=s3, is provided)"
+            )
+
+
+def run_block(block: Block, tmp_path: Path, env: dict) -> subprocess.CompletedProcess:
+    """Run ``block`` in ``tmp_path/work`` (made empty the first time), the script beside it."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    if block.lang == "python":
+        script = tmp_path / "block.py"
+        script.write_text(block.code)
+        return run([sys.executable, str(script)], work, env)
+    return run(["bash", "-e", "-c", block.code], work, env)
+
+
+def check(got: subprocess.CompletedProcess, block: Block, what: str = "") -> None:
+    assert got.returncode == 0, (
+        f"{block.doc} block at line {block.line} failed{what} (exit {got.returncode}); make it "
+        f"run as pasted, alone, in an empty directory (see {Path(__file__).name})\n"
+        f"--- stdout ---\n{got.stdout[-3000:]}\n--- stderr ---\n{got.stderr[-6000:]}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -243,27 +187,82 @@ def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
         f"{block.doc} line {block.line}: a ```{block.lang or ''} block; give it a language (python "
         "or bash) or a <!-- readme-test: skip=... / not-code=... --> comment"
     )
-    needs = [n for n in block.marks.get("needs", "").replace(" ", "").split(",") if n]
-    # Made once, by the script itself: not again in the processes multiprocessing starts
-    # (they import the script as __mp_main__).
-    setup = "\n".join(textwrap.dedent(NEEDS[n]) for n in needs).strip()
-    setup = f"if __name__ == '__main__':\n{textwrap.indent(setup, '    ')}\n" if setup else ""
-    env = request.getfixturevalue("s3_env") if "s3" in needs else {}
-    if block.lang == "python":
-        script = tmp_path / "block.py"
-        script.write_text(setup + f"\n# --- the {block.doc} block, as pasted ---\n" + block.code)
-        got = run([sys.executable, str(script)], tmp_path, env)
-    else:
-        if setup:
-            (tmp_path / "setup.py").write_text(setup)
-            made = run([sys.executable, "setup.py"], tmp_path, env)
-            assert made.returncode == 0, made.stderr[-4000:]
-        got = run(["bash", "-e", "-c", block.code], tmp_path, env)
-    assert got.returncode == 0, (
-        f"{block.doc} block at line {block.line} failed (exit {got.returncode}); make it run as "
-        f"pasted or declare what it needs (see {Path(__file__).name})\n"
-        f"--- stdout ---\n{got.stdout[-3000:]}\n--- stderr ---\n{got.stderr[-6000:]}"
+    env = request.getfixturevalue("s3_env") if "s3" in needs(block) else {}
+    check(run_block(block, tmp_path, env), block)
+
+
+AGAIN = [b for b in ALL if b.doc == "README" and b.runs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", AGAIN, ids=[b.id for b in AGAIN])
+def test_readme_block_runs_twice_in_the_same_directory(block: Block, tmp_path, request):
+    """Users paste an example again (or the next one beside it): a second run in the same
+    directory must work too (e.g. TorchRL's resumed storage, RLinf's export target)."""
+    env = request.getfixturevalue("s3_env") if "s3" in needs(block) else {}
+    check(run_block(block, tmp_path, env), block)
+    check(run_block(block, tmp_path, env), block, " when run a second time in the same directory")
+
+
+def test_readme_is_short():
+    """The README is the first screen and the ways in; everything else is on the docs site."""
+    n = len(README.read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES})"
+
+
+def test_docs_pages_are_in_the_site_and_link_no_missing_page():
+    """Every docs page is in mkdocs.yml's nav, and every nav entry exists (mkdocs build
+    --strict, which .ci/run runs, checks the links and snippet includes)."""
+    nav = set(
+        re.findall(
+            r":\s*([\w/.-]+\.md)\s*$|^\s*-\s*([\w/.-]+\.md)\s*$",
+            (ROOT / "mkdocs.yml").read_text(),
+            re.M,
+        )
     )
+    listed = {a or b for a, b in nav}
+    pages = {p.relative_to(SITE).as_posix() for p in SITE.rglob("*.md")}
+    assert listed == pages, (sorted(pages - listed), sorted(listed - pages))
+
+
+def _code_map(text: str, heading: str) -> list[str]:
+    """Files named in a code map (as tests/test_layers.py reads the README's): a line
+    ``name.py ...`` (or ``a.py b.py ...``) names files of the directory it is indented
+    under; a directory line ``dir/ ...`` names every ``.py`` word on it as its files."""
+    block = text.split(heading, 1)[1].split("```\nsrc/zreplay/", 1)[1].split("```", 1)[0]
+    out, stack = [], []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        words = line.split()
+        stack = stack[: depth - 1]
+        if words[0].endswith("/"):
+            stack.append(words[0])
+            run_ = [w for w in words[1:] if w.endswith(".py")]
+        else:
+            run_ = []
+            for w in words:
+                if not w.endswith(".py"):
+                    break
+                run_.append(w)
+        out += ["".join(stack) + w for w in run_]
+    return out
+
+
+def test_the_architecture_page_maps_every_module_and_nothing_else():
+    """docs/architecture.md's annotated module map matches the package (the README's short
+    one is checked by tests/test_layers.py)."""
+    pkg = ROOT / "src" / "zreplay"
+    listed = set(_code_map((SITE / "architecture.md").read_text(), "## Every module"))
+    on_disk = {
+        p.relative_to(pkg).as_posix()
+        for p in pkg.rglob("*.py")
+        if p.name != "__init__.py" or p.parent in (pkg, pkg / "cli")
+    }
+    assert listed, "the architecture page's module map was not found"
+    assert not listed - on_disk, f"docs/architecture.md names missing files: {listed - on_disk}"
+    assert not on_disk - listed, f"modules missing from docs/architecture.md: {on_disk - listed}"
 
 
 def test_no_document_points_outside_the_repository():
