@@ -15,7 +15,16 @@ PKG = "zreplay"
 
 # Bottom to top.  A module may import modules of its own layer or of layers below.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("zreplay.errors", "zreplay.schema", "zreplay.conventions", "zreplay.numbers")),
+    (
+        "base",
+        (
+            "zreplay.errors",
+            "zreplay.schema",
+            "zreplay.conventions",
+            "zreplay.numbers",
+            "zreplay.threads",
+        ),
+    ),
     ("store", ("zreplay.store",)),
     ("index", ("zreplay.index",)),
     ("engine", ("zreplay.engine",)),

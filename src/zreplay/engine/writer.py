@@ -41,6 +41,7 @@ from ..store.location import locate
 from ..store.lock import WriterLock
 from ..store.priority import PriorityArrays, saved_priorities
 from ..store.root import BufferRoot
+from ..threads import InterruptSafeCondition
 from .committer import Committer, Job, StateSource
 from .gather import Snapshot, as_requests, gather_begin, gather_finish
 from .preload import TierPreload
@@ -116,7 +117,7 @@ class SegmentWriter:
         self._priorities: PriorityArrays | None = None
 
         self._pid = os.getpid()  # a forked child's copy never writes (_check_process)
-        self.cond = threading.Condition(threading.RLock())
+        self.cond = InterruptSafeCondition()
         self._add_lock = threading.Lock()
         self._closed = False
         self._abandoned: str | None = None  # why give_up stopped this writer

@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Iterator
 
 from ..errors import WriterLockedError
+from ..threads import InterruptSafeCondition
 from .format import legacy_lock_path, lock_path
 from .liveness import BOOT_ID, PID_NS, pid_alive, same_pid_space
 from .location import Location, locate
@@ -435,7 +436,7 @@ class _Renewer:
 
     def __init__(self):
         self._locks: weakref.WeakSet = weakref.WeakSet()
-        self._cond = threading.Condition()
+        self._cond = InterruptSafeCondition()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
