@@ -31,6 +31,7 @@ from ..errors import BufferClosedError, WriteFailedError, WriterLockedError, ZRe
 from ..numbers import check_json
 from ..store.commit import Commit, new_contents, write_commit
 from ..store.priority import next_copy
+from ..threads import InterruptSafeCondition
 
 log = logging.getLogger("zreplay")
 
@@ -58,7 +59,7 @@ class Job:
 class CommitOwner(Protocol):
     """What a :class:`Committer` needs from the writer it commits for."""
 
-    cond: threading.Condition  # guards the owner's state and the committer's counters
+    cond: InterruptSafeCondition  # guards the owner's state and the committer's counters
     commit: Commit  # the last commit published
     segment: Any  # its SegmentStore (None before the first rows)
     layouts: dict[str, Any]  # key -> ArrayLayout (shard sizes, for reclaiming)
