@@ -40,9 +40,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SITE = ROOT / "docs"
-# FORMAT.md's recipes run in the tests that name them (test_view, test_episodes,
-# test_samplers); docs/format.md only includes the file.
-DOCS = [README, ROOT / "CONTRIBUTING.md", *sorted(SITE.rglob("*.md"))]
+# docs/format.md only includes FORMAT.md; its recipes that read a buffer of the user's
+# run in the tests they name (test_view, test_episodes, test_samplers).
+DOCS = [README, ROOT / "CONTRIBUTING.md", ROOT / "FORMAT.md", *sorted(SITE.rglob("*.md"))]
 README_MAX_LINES = 300
 TIMEOUT_S = 600
 MARK = re.compile(r"<!--\s*readme-test:\s*(needs|skip|not-code|slow)\s*=\s*(.*?)\s*-->", re.S)

@@ -1,7 +1,7 @@
 """``TrajectoryReplayBuffer``: a drop-in for RLinf 0.3's class, on a Zarr store.
 
 Same constructor names and meanings, same methods, same sample keys, nesting and dtypes.
-What differs (all on purpose, see README "Coming from RLinf"): rows are read individually
+What differs (all on purpose, see docs/rlinf.md): rows are read individually
 from compressed chunked arrays; ``add_trajectories`` validates and copies on the caller's
 thread and commits atomically on a background writer (``flush()`` waits for the commit);
 ``sample`` returns exactly ``num_chunks`` rows, safe against concurrent adds;
@@ -271,7 +271,7 @@ class TrajectoryReplayBuffer:
         return self
 
     def __exit__(self, *exc) -> None:
-        """Close, as a file does (``ReplayBuffer``'s ``with`` only commits: see README)."""
+        """Close, as a file does (``ReplayBuffer``'s ``with`` only commits: see docs/rlinf.md)."""
         self.close()
 
     def __repr__(self) -> str:

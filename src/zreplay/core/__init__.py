@@ -1,7 +1,7 @@
 """The buffer core: an engine (writer or reader), a bound sampler and a random stream.
 
 Facades (``TrajectoryReplayBuffer``, ``ReplayBuffer``, views, the TorchRL storage) are
-thin adapters of :class:`BufferCore`; see README "The buffer core".
+thin adapters of :class:`BufferCore`; see CONTRIBUTING.md ("A facade").
 """
 
 from ..engine.ramtier import RamPolicy

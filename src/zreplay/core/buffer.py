@@ -9,7 +9,7 @@ through the one gather, and returns flat ``{key path: numpy array}`` dicts; a fa
 adds its nesting, tensors and names.  Writable cores save the stream's and the sampler's
 state (priorities included) with every commit and resume them when reopened.
 
-Everything a facade needs is a public method here; see README "The buffer core".
+Everything a facade needs is a public method here; see CONTRIBUTING.md ("A facade").
 """
 
 from __future__ import annotations

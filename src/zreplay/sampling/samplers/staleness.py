@@ -103,7 +103,7 @@ class Staleness(Sampler):
         current_version: the current policy version until a sample passes another.
         evict_stale: writable buffers with a ``capacity``: a trajectory that arrives
             stale while the buffer is full is dropped instead of evicting fresher ones
-            (counted in ``num_dropped``); see README "Staleness-aware sampling".
+            (counted in ``num_dropped``); see docs/staleness.md.
     """
 
     def __init__(
