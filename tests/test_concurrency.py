@@ -283,7 +283,7 @@ def test_kill_9_loses_nothing_committed_and_exposes_nothing_torn(tmp_path):
         commit, seg = read_commit(f"{path}/segments/default"), zarr.open_group(path, mode="r")
         for key in KEYS:
             assert seg[f"segments/default/data/{key}"].shape[0] == commit.n_rows, key
-        assert seg["segments/default"].attrs["zreplay"]["live_rows"] == [
+        assert seg["segments/default"].attrs["live_rows"] == [
             commit.low_row,
             commit.n_rows,
         ]

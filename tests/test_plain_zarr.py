@@ -10,10 +10,12 @@ import shutil
 import warnings
 
 import numpy as np
+import pytest
 import zarr
 from conftest import check_rows, make_traj
 
 import zreplay
+from zreplay.errors import ZReplayError
 from zreplay.samplers import Prioritized
 
 
@@ -116,12 +118,12 @@ def _plain_rows(path, writer: str = "default") -> tuple[dict, list[int]]:
     g = zarr.open_group(path, mode="r")
     seg = g[f"segments/{writer}"]
     data = {name: arr[...] for name, arr in seg["data"].arrays()}
-    return data, seg.attrs["zreplay"]["live_rows"]
+    return data, seg.attrs["live_rows"]
 
 
 def test_plain_zarr_shows_exactly_the_committed_rows_and_evicted_rows_as_zeros(tmp_path):
-    """After every commit, zarr (and TensorStore) show each array exactly as long as the
-    commit's rows; ``live_rows`` says where the live ones begin; evicted rows whose shard
+    """After every commit, zarr (and TensorStore) show each data array exactly as long as
+    the commit's rows; ``live_rows`` says where the live ones begin; evicted rows whose shard
     is gone read as the fill value, and the live rows are what zreplay returns."""
     import tensorstore as ts
 
@@ -166,10 +168,9 @@ def test_plain_zarr_shows_exactly_the_committed_rows_and_evicted_rows_as_zeros(t
         6,
         7,
     ]
-    # the index arrays too: one offset per trajectory and one more
+    # the index arrays are zreplay's bookkeeping, grown ahead: at least what the commit needs
     g = zarr.open_group(path, mode="r")
-    assert g["segments/default/offsets"].shape == (13,)
-    assert g["segments/default/traj/trajectory_id"].shape == (12,)
+    assert g["segments/default/offsets"].shape[0] >= 13
     buf.close()
 
 
@@ -243,3 +244,55 @@ def test_a_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeyp
         check_rows(view.rows(np.arange(view.num_rows - 18, view.num_rows)))  # the newest
     buf.close()
     assert opened and max(opened.values()) <= 8, opened.most_common(3)
+
+
+def test_a_segment_is_never_taken_for_a_buffer(tmp_path):
+    """The segment group's attributes (live_rows) never make it look like a buffer root:
+    a checkpoint saved onto another buffer's segment is refused, and that buffer keeps
+    its rows."""
+    from zreplay.store.root import is_buffer
+
+    a_path = tmp_path / "a"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(a_path)) as a:
+        a.add_trajectories([make_traj(i) for i in range(2)])
+    seg = a_path / "segments" / "default"
+    assert zarr.open_group(seg, mode="r").attrs["live_rows"] == [0, 36]
+    assert is_buffer(a_path) and not is_buffer(seg)
+    with zreplay.TrajectoryReplayBuffer() as b:
+        b.add_trajectories([make_traj(5)])
+        with pytest.raises(ZReplayError):
+            b.save_checkpoint(str(seg))
+    with pytest.raises(ZReplayError):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(seg), overwrite=True)
+    assert zreplay.open(a_path).num_trajectories == 2 and zreplay.verify(a_path).ok
+
+
+def _die_writing_rows(path: str) -> None:
+    """A writer killed as the rows of its fourth commit start going out."""
+    from zreplay.store import segment
+
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, capacity=3000)
+    for i in range(3):
+        buf.add_trajectories([{"obs": np.full((100, 10, 3), i + 1, np.float32)}])
+    buf.flush()
+    segment.Segment.write_rows = lambda *a, **k: os._exit(9)
+    buf.add_trajectories([{"obs": np.full((100, 10, 3), 9, np.float32)}])
+    buf.flush()
+
+
+def test_live_rows_never_name_rows_a_killed_commit_did_not_publish(tmp_path):
+    """live_rows follows the commit record, never the commit in flight: after a writer
+    is killed mid-commit, plain zarr's ``arr[slice(*live_rows)]`` holds committed rows."""
+    from conftest import processes
+
+    path = str(tmp_path / "b")
+    child = processes().Process(target=_die_writing_rows, args=(path,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 9
+    commit = json.loads((tmp_path / "b/segments/default/zreplay/commit.json").read_text())
+    assert (commit["low_row"], commit["n_rows"]) == (0, 3000)
+    seg = zarr.open_group(path, mode="r")["segments/default"]
+    low, n = seg.attrs["live_rows"]
+    assert [low, n] == [0, 3000]
+    assert set(np.unique(seg["data/obs"][low:n])) == {1.0, 2.0, 3.0}

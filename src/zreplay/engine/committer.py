@@ -434,7 +434,7 @@ class Committer:
         new, seg = job.commit, job.segment
         if seg is not None:
             start, stop = job.rows
-            seg.set_lengths(new.n_rows, new.n_traj, new.n_pieces, new.low_row)
+            seg.set_lengths(new.n_rows, new.n_traj, new.n_pieces)
             futs = []
             for key in job.keys if stop > start else ():
                 futs += _write_key(seg, job.tier, key, start, new.low_row, stop)
@@ -448,6 +448,11 @@ class Committer:
             self.owner.priority_arrays().write(slot, low, leaves)
         self.owner.check_lock(fresh=True)
         write_commit(self.owner.seg_dir, new, durable=self.owner.durable)
+        if seg is not None:
+            try:  # for plain-zarr readers; the commit is published whatever happens here
+                seg.publish_live_rows(new.low_row, new.n_rows, self.owner.durable)
+            except OSError as e:
+                log.warning("zreplay: could not update the segment's live_rows: %r", e)
 
     def _reclaim(self, commit: Commit) -> None:
         """Delete shards that hold only evicted rows, once no in-process read needs them."""

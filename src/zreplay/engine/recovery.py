@@ -9,6 +9,7 @@ the in-RAM index is read up to the commit only.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from ..errors import CorruptBufferError, FormatError, WriteFailedError, WriterLockedError
@@ -22,6 +23,8 @@ from ..store.layout import check_recorded, layouts_for
 from ..store.root import BufferRoot, is_buffer, leftover_of_buffer
 from ..store.segment import Segment
 from . import replace
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,9 +106,14 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegme
     if commit.reclaimed_below:
         seg.remove_reclaimed(commit.reclaimed_below)
     cols = seg.read_index(commit)  # damage is refused before the lengths follow the commit
-    # A commit killed after its arrays grew left them longer; buffers written before
-    # arrays were kept exactly as long as their commit show padding until now.
-    seg.set_lengths(commit.n_rows, commit.n_traj, commit.n_pieces, commit.low_row)
+    # A commit killed after its arrays grew left them longer (and live_rows behind);
+    # buffers written before data arrays were kept exactly as long as their commit
+    # show padding until now.
+    try:  # for plain-zarr readers only: zreplay reads the commit
+        seg.set_lengths(commit.n_rows, commit.n_traj, commit.n_pieces)
+        seg.publish_live_rows(commit.low_row, commit.n_rows, durable)
+    except (OSError, ValueError) as e:  # TensorStore reports I/O errors as ValueError
+        log.warning("zreplay: could not set %s's array lengths to its commit: %r", seg_dir, e)
     index = opened.index = TrajectoryIndex(cols, low=commit.low_traj)
     if index.n:
         i = index.n - 1

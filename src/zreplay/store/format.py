@@ -41,8 +41,8 @@ READABLE_FORMATS = (2, 3, 4)
 
 # The root group's attribute holding zreplay's metadata.
 ATTR = "zreplay"
-# A segment group's attribute (under ATTR): [first live row, rows] of its arrays, as of the
-# commit being written (for plain-zarr readers; zreplay reads the commit record).
+# A segment group's attribute: [low_row, n_rows] of its last commit (for plain-zarr
+# readers; zreplay reads the commit record).  Not under ATTR: that marks a buffer root.
 LIVE_ROWS_ATTR = "live_rows"
 SEGMENTS = "segments"
 # The zero-size array node holding zreplay's own files, in the root and in each segment.

@@ -6,9 +6,10 @@ whatever the backend opens them with (TensorStore locally: zarr-python's per-cal
 must never sit on the sampling path, and TensorStore writes shards about 10x faster).
 Nothing here knows about sampling.
 
-Row numbers are global within a segment and never reused.  Each array is exactly as long
-as the last commit needs (its ``zarr.json`` is rewritten before every commit: see
-:meth:`Segment.set_lengths`); rows at or past the commit's ``n_rows`` are garbage.
+Row numbers are global within a segment and never reused.  Each data array is exactly as
+long as the last commit needs (its ``zarr.json`` is rewritten before every commit: see
+:meth:`Segment.set_lengths`); index arrays grow ahead; rows and entries at or past the
+commit's counts are garbage.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from ..schema import KeySpec, Schema
 from .arrays import ArrayHandle
 from .commit import Commit, read_commit
 from .format import (
-    ATTR,
     INDEX_CHUNK,
     PIECE_COLUMNS,
     STORED_ATTRS,
@@ -38,6 +38,12 @@ from .format import (
 )
 from .layout import KeyLayout
 from .location import Location, locate
+
+
+def _grow(current: int, needed: int) -> int:
+    """An index array's next length >= needed: at least double, in whole chunks."""
+    target = max(needed, 2 * current, INDEX_CHUNK)
+    return -(-target // INDEX_CHUNK) * INDEX_CHUNK
 
 
 class Segment:
@@ -127,7 +133,7 @@ class Segment:
         if "offsets" not in g:
             g.create_array(
                 "offsets",
-                shape=(1,),
+                shape=(INDEX_CHUNK,),
                 dtype="int64",
                 chunks=(INDEX_CHUNK,),
                 fill_value=0,
@@ -142,7 +148,7 @@ class Segment:
             if name not in grp:
                 grp.create_array(
                     name,
-                    shape=(0, *row),
+                    shape=(INDEX_CHUNK, *row),
                     dtype=dtype,
                     chunks=(INDEX_CHUNK, *row),
                     fill_value=0 if dtype != "bool" else False,
@@ -153,17 +159,18 @@ class Segment:
 
     # -- writes (the segment's writer only) -----------------------------------------
 
-    def set_lengths(self, n_rows: int, n_traj: int, n_pieces: int, low_row: int) -> None:
-        """Make every array exactly as long as a commit of these counts needs (metadata
-        only, all arrays at once), and say in the segment group's attributes which of
-        its rows are live (``live_rows``: ``[low_row, n_rows]``).  Done before a commit's
-        rows are written, so they fit, and when a writer reopens a segment that a killed
-        commit left longer.  So plain zarr shows the committed rows (and at most a commit
-        in flight), never padding; zreplay's readers go by the commit record only."""
+    def set_lengths(self, n_rows: int, n_traj: int, n_pieces: int) -> None:
+        """Make every data array exactly ``n_rows`` long, and the index arrays at least
+        as long as the counts need (grown ahead, doubling: zreplay's own bookkeeping),
+        all at once, metadata only.  Done before a commit's rows are written, so they
+        fit, and when a writer reopens a segment that a killed commit left longer: plain
+        zarr shows a data array's committed rows (and at most a commit in flight), never
+        padding; zreplay's readers go by the commit record only."""
         pending = [(h, h.start_resize(n_rows)) for h in self.data.values()]
-        pending.append((self.offsets, self.offsets.start_resize(n_traj + 1)))
-        pending += [(h, h.start_resize(n_traj)) for h in self.traj.values()]
-        pending += [(h, h.start_resize(n_pieces)) for h in self.pieces.values()]
+        index = [(self.offsets, n_traj + 1)]
+        index += [(h, n_traj) for h in self.traj.values()]
+        index += [(h, n_pieces) for h in self.pieces.values()]
+        pending += [(h, h.start_resize(_grow(h.rows, need))) for h, need in index if need > h.rows]
         failed = None
         for h, p in pending:  # every handle follows its array, whichever resize failed
             try:
@@ -173,10 +180,21 @@ class Segment:
                 failed = failed or e
         if failed is not None:
             raise failed
+
+    def publish_live_rows(self, low_row: int, n_rows: int, durable: bool) -> None:
+        """Say in the segment group's attributes which rows of the data arrays are live
+        (``live_rows``: ``[low_row, n_rows]`` of the commit just published), for readers
+        that speak only Zarr.  The group's attributes are zreplay's."""
         live = [int(low_row), int(n_rows)]
+        if self._live is None:  # a reopen: what is there may be right already
+            try:
+                doc = json.loads((self.dir / "zarr.json").read_bytes())
+                self._live = doc.get("attributes", {}).get(LIVE)
+            except (OSError, ValueError, AttributeError):
+                pass
         if live != self._live:
-            doc = {"zarr_format": 3, "node_type": "group", "attributes": {ATTR: {LIVE: live}}}
-            self.backend.publish(self.dir / "zarr.json", json.dumps(doc).encode(), durable=False)
+            doc = {"zarr_format": 3, "node_type": "group", "attributes": {LIVE: live}}
+            self.backend.publish(self.dir / "zarr.json", json.dumps(doc).encode(), durable)
             self._live = live
 
     def write_rows(self, key: str, start: int, rows: np.ndarray):
