@@ -1,6 +1,6 @@
 """The package's layers: imports go downward only, never in a circle.  Every import
 counts: module level, inside functions (lazy) and under ``TYPE_CHECKING``.  The order and
-its reasons are in the README ("How it works").  (File length is a hint, not a rule:
+its reasons are in docs/architecture.md.  (File length is a hint, not a rule:
 files are cut where concepts meet, and a class keeps its methods.)"""
 
 from __future__ import annotations
@@ -153,12 +153,13 @@ def test_only_the_location_module_picks_a_store_backend():
     assert not offenders, offenders
 
 
-def _readme_map() -> list[str]:
-    """Files named in the README's code map (the block under "How it works"): a line
-    ``name.py ...`` (or ``a.py b.py ...``) names files of the directory it is indented
-    under; a directory line ``dir/ ...`` names every ``.py`` word on it as its files."""
-    text = (SRC.parent / "README.md").read_text()
-    block = text.split("## How it works", 1)[1].split("```\nsrc/zreplay/", 1)[1].split("```", 1)[0]
+def _module_map() -> list[str]:
+    """Files named in docs/architecture.md's module map (the block under "Every
+    module"): a line ``name.py ...`` (or ``a.py b.py ...``) names files of the directory
+    it is indented under; a directory line ``dir/ ...`` names every ``.py`` word on it
+    as its files."""
+    text = (SRC.parent / "docs" / "architecture.md").read_text()
+    block = text.split("## Every module", 1)[1].split("```\nsrc/zreplay/", 1)[1].split("```", 1)[0]
     out, stack = [], []  # directories by indentation
     for line in block.splitlines():
         if not line.strip():
@@ -177,19 +178,23 @@ def _readme_map() -> list[str]:
                 run.append(w)
         out += ["".join(stack) + w for w in run]
     if not out:
-        raise AssertionError("the README's code map was not found")
+        raise AssertionError("the architecture page's module map was not found")
     return out
 
 
-def test_the_readme_maps_every_module_and_nothing_else():
-    listed = set(_readme_map())
+def test_the_architecture_page_maps_every_module_and_nothing_else():
+    listed = set(_module_map())
     on_disk = {
         p.relative_to(SRC / PKG).as_posix()
         for p in (SRC / PKG).rglob("*.py")
         if p.name != "__init__.py" or p.parent in (SRC / PKG, SRC / PKG / "cli")
     }
-    assert not listed - on_disk, f"the README names files that do not exist: {listed - on_disk}"
-    assert not on_disk - listed, f"modules missing from the README's map: {on_disk - listed}"
+    assert not listed - on_disk, (
+        f"docs/architecture.md names files that do not exist: {listed - on_disk}"
+    )
+    assert not on_disk - listed, (
+        f"modules missing from docs/architecture.md's map: {on_disk - listed}"
+    )
 
 
 def _private_names_defined(tree: ast.AST) -> set[str]:

@@ -225,46 +225,6 @@ def test_docs_pages_are_in_the_site_and_link_no_missing_page():
     assert listed == pages, (sorted(pages - listed), sorted(listed - pages))
 
 
-def _code_map(text: str, heading: str) -> list[str]:
-    """Files named in a code map (as tests/test_layers.py reads the README's): a line
-    ``name.py ...`` (or ``a.py b.py ...``) names files of the directory it is indented
-    under; a directory line ``dir/ ...`` names every ``.py`` word on it as its files."""
-    block = text.split(heading, 1)[1].split("```\nsrc/zreplay/", 1)[1].split("```", 1)[0]
-    out, stack = [], []
-    for line in block.splitlines():
-        if not line.strip():
-            continue
-        depth = (len(line) - len(line.lstrip())) // 2
-        words = line.split()
-        stack = stack[: depth - 1]
-        if words[0].endswith("/"):
-            stack.append(words[0])
-            run_ = [w for w in words[1:] if w.endswith(".py")]
-        else:
-            run_ = []
-            for w in words:
-                if not w.endswith(".py"):
-                    break
-                run_.append(w)
-        out += ["".join(stack) + w for w in run_]
-    return out
-
-
-def test_the_architecture_page_maps_every_module_and_nothing_else():
-    """docs/architecture.md's annotated module map matches the package (the README's short
-    one is checked by tests/test_layers.py)."""
-    pkg = ROOT / "src" / "zreplay"
-    listed = set(_code_map((SITE / "architecture.md").read_text(), "## Every module"))
-    on_disk = {
-        p.relative_to(pkg).as_posix()
-        for p in pkg.rglob("*.py")
-        if p.name != "__init__.py" or p.parent in (pkg, pkg / "cli")
-    }
-    assert listed, "the architecture page's module map was not found"
-    assert not listed - on_disk, f"docs/architecture.md names missing files: {listed - on_disk}"
-    assert not on_disk - listed, f"modules missing from docs/architecture.md: {on_disk - listed}"
-
-
 def test_no_document_points_outside_the_repository():
     """The project carries its own design: nothing it ships points into the developers'
     shared folder (``../shared``, or its absolute path), which users do not have."""
