@@ -127,3 +127,42 @@ def test_load_checkpoint_of_own_directory_is_a_no_op(tmp_path):
         check_rows(buf.sample(50))
         with pytest.raises(ValueError, match="own directory"):
             buf.load_checkpoint(str(tmp_path / "own"), True, 0, 2)
+
+
+def _rows(v, dtype=np.float32, shape=(3,), T=10, B=2):
+    return {"obs": np.full((T, B, *shape), v, dtype)}
+
+
+def test_a_view_follows_a_load_of_another_schema_or_layout(tmp_path):
+    """Loading a checkpoint whose dtype, row shape or layout differs (legal: the buffer
+    has one writer) leaves views that followed the old contents reading the new ones
+    after a refresh, and the root recording the layout the arrays now have."""
+    path = tmp_path / "b"
+    w = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    for i in range(1, 30):
+        w.add_trajectories([_rows(i)])
+        w.flush()
+    view = zreplay.open(path, column_cache_bytes=0)
+    view.sample(16)
+    for name, kw, layout in [
+        ("other_dtype", {"dtype": np.float64, "shape": (5,), "T": 30, "B": 4}, None),
+        ("other_layout", {"T": 7}, {"obs": {"chunk_rows": 8, "shard_rows": 32}}),
+    ]:
+        ckpt = tmp_path / name
+        extra = {"layout": layout} if layout else {}
+        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(ckpt), **extra) as c:
+            for i in range(500, 520):
+                c.add_trajectories([_rows(i, **kw)])
+        w.load_checkpoint(str(ckpt))
+        view.refresh()
+        got = view.rows(np.arange(view.num_rows))["obs"]
+        want = np.concatenate(
+            [
+                _rows(i, **kw)["obs"].swapaxes(0, 1).reshape(-1, *got.shape[1:])
+                for i in range(500, 520)
+            ]
+        )
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+        assert zreplay.verify(path).ok, str(zreplay.verify(path))
+    w.close()

@@ -198,11 +198,15 @@ class BufferReader:
             self._segs, self.schema, self._layouts = {}, None, None
             changed = True
         self._created = created
+        schema, layouts = self.root.schema(meta)
+        if self.schema is not None and (schema, layouts) != (self.schema, self._layouts):
+            # A writer loaded a checkpoint of another schema or layout into the only
+            # segment: no array handle opened for the old one may read the new one.
+            self._segs, changed = {}, True
+        self.schema, self._layouts = schema, layouts
         if self.schema is None:
-            self.schema, self._layouts = self.root.schema(meta)
-            if self.schema is None:
-                self._rebuild()
-                return changed
+            self._rebuild()
+            return changed
         seen = {}
         for wid in self.root.writer_ids():
             seg_dir = self.root.segment_dir(wid)

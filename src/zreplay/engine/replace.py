@@ -188,8 +188,8 @@ def finish(root: BufferRoot, seg_dir, intent: Intent, durable: bool) -> None:
         backend.import_file(staged / "zarr.json", seg_dir / "zarr.json", link=False)
     if not (seg_dir / META / "zarr.json").is_file():
         backend.create_exclusive(seg_dir / META / "zarr.json", meta_node_json())
-    current, _ = root.schema()
-    if current != intent.schema:
+    current, recorded = root.schema()
+    if current != intent.schema or recorded != intent.layouts:  # the arrays' layout too
         root.replace_schema(intent.schema, intent.layouts)
     write_commit(seg_dir, intent.commit, durable=durable)
     discard(seg_dir)
