@@ -296,3 +296,36 @@ def test_live_rows_never_name_rows_a_killed_commit_did_not_publish(tmp_path):
     low, n = seg.attrs["live_rows"]
     assert [low, n] == [0, 3000]
     assert set(np.unique(seg["data/obs"][low:n])) == {1.0, 2.0, 3.0}
+
+
+def test_a_forked_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
+    """The same through zarr-python, which a process forked from another reads with
+    (DataLoader workers under "fork"): its handles are widened too."""
+    from collections import Counter
+
+    from zreplay.store import arrays
+
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()  # the writer's arrays are open (TensorStore) before the reader "forks"
+    opened = Counter()
+    real_open = arrays.ArrayHandle._open
+
+    def counting_open(self):
+        opened[str(self.path)] += 1
+        return real_open(self)
+
+    monkeypatch.setattr(arrays.ArrayHandle, "_open", counting_open)
+    monkeypatch.setattr(arrays, "_FORKED", True)  # the reader reads as a forked child does
+    view = zreplay.open(path)
+    opened.clear()
+    for i in range(1, 33):
+        buf.add_trajectories([make_traj(i)])
+        buf.flush()
+        view.refresh()
+        assert view.num_trajectories == i + 1
+        check_rows(view.rows(np.arange(view.num_rows - 18, view.num_rows)))
+    monkeypatch.setattr(arrays, "_FORKED", False)
+    buf.close()
+    assert opened and max(opened.values()) <= 7, opened.most_common(3)

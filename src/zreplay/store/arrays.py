@@ -9,6 +9,7 @@ object stores and for processes forked from another one (TensorStore aborts ther
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -134,6 +135,18 @@ class ZarrArray:
 
     def __getitem__(self, sel) -> ZarrIO:
         return ZarrIO(self._arr, sel)
+
+    def widened(self, rows: int) -> ZarrArray:
+        """A reader of the same array taken as ``rows`` rows long, without reading or
+        writing its metadata (see ``Backend.widened``)."""
+        from zarr.core.array import Array, AsyncArray
+
+        arr = self._arr
+        meta = dataclasses.replace(arr.metadata, shape=(int(rows), *arr.shape[1:]))
+        out = object.__new__(ZarrArray)
+        out._arr = Array(AsyncArray(meta, arr.store_path, config=arr.async_array.config))
+        out.shape, out.dtype = out._arr.shape, self.dtype
+        return out
 
     def resize(self, exclusive_max, **_ignored) -> Future:
         return _submit(self._resize, tuple(exclusive_max))

@@ -285,7 +285,7 @@ class LocalBackend(Backend):
 
     def widened(self, store, rows: int, context) -> object:
         if isinstance(store, ZarrArray):
-            return store
+            return store.widened(rows)
         import tensorstore as ts
 
         spec = store.spec(retain_context=False).to_json()

@@ -266,8 +266,8 @@ class S3Backend(Backend):
     def widened(self, store, rows: int, context) -> object:
         from .objectarray import ObjectArray
 
-        if not isinstance(store, ObjectArray):
-            return store
+        if isinstance(store, ZarrArray):  # an array ObjectArray does not read
+            return store.widened(rows)
         return ObjectArray(self, store.key, store.meta.resized(rows)[0], False, context)
 
     def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
