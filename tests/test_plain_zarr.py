@@ -298,6 +298,8 @@ def test_live_rows_never_name_rows_a_killed_commit_did_not_publish(tmp_path):
     assert set(np.unique(seg["data/obs"][low:n])) == {1.0, 2.0, 3.0}
 
 
+# zreplay says (once per program) that a forked reader reads through zarr-python
+@pytest.mark.filterwarnings("ignore:zreplay. reading in a forked process")
 def test_a_forked_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
     """The same through zarr-python, which a process forked from another reads with
     (DataLoader workers under "fork"): its handles are widened too."""
