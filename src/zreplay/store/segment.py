@@ -28,13 +28,11 @@ from .arrays import ArrayHandle
 from .commit import Commit, read_commit
 from .format import (
     INDEX_CHUNK,
+    LIVE_ROWS_ATTR,
     PIECE_COLUMNS,
     STORED_ATTRS,
     TRAJ_COLUMNS,
     commit_path,
-)
-from .format import (
-    LIVE_ROWS_ATTR as LIVE,
 )
 from .layout import KeyLayout
 from .location import Location, locate
@@ -189,11 +187,11 @@ class Segment:
         if self._live is None:  # a reopen: what is there may be right already
             try:
                 doc = json.loads((self.dir / "zarr.json").read_bytes())
-                self._live = doc.get("attributes", {}).get(LIVE)
+                self._live = doc.get("attributes", {}).get(LIVE_ROWS_ATTR)
             except (OSError, ValueError, AttributeError):
                 pass
         if live != self._live:
-            doc = {"zarr_format": 3, "node_type": "group", "attributes": {LIVE: live}}
+            doc = {"zarr_format": 3, "node_type": "group", "attributes": {LIVE_ROWS_ATTR: live}}
             self.backend.publish(self.dir / "zarr.json", json.dumps(doc).encode(), durable)
             self._live = live
 
