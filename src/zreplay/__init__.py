@@ -36,20 +36,25 @@ from .core.rate import MinSize, RateLimiter, SampleToInsertRatio
 
 # The exceptions live in zreplay.errors; their old import paths (``from zreplay import
 # CorruptBufferError``) keep working, outside __all__.
+from .errors import AppendOnlyError as AppendOnlyError
 from .errors import BufferClosedError as BufferClosedError
 from .errors import CapacityError as CapacityError
 from .errors import CorruptBufferError as CorruptBufferError
 from .errors import DestinationError as DestinationError
+from .errors import DeviceUnavailableError as DeviceUnavailableError
 from .errors import EmptyBufferError as EmptyBufferError
 from .errors import EmptyTrajectoryError as EmptyTrajectoryError
 from .errors import FormatError as FormatError
 from .errors import HandoffError as HandoffError
 from .errors import KeyNameError as KeyNameError
+from .errors import MainGuardError as MainGuardError
 from .errors import PickleRefusedError as PickleRefusedError
 from .errors import RateLimitTimeout as RateLimitTimeout
+from .errors import ReadOnlyError as ReadOnlyError
 from .errors import SchemaError as SchemaError
 from .errors import WriteFailedError as WriteFailedError
 from .errors import WriterLockedError as WriterLockedError
+from .errors import ZReplayError as ZReplayError
 from .store.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
