@@ -214,14 +214,18 @@ def test_a_checkpoint_keeps_its_own_lengths_while_the_buffer_grows(tmp_path):
     assert {v.shape[0] for v in _plain_rows(path)[0].values()} == {90}
 
 
-def test_a_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
-    """Arrays grow at every commit; a reader that refreshes after each one takes them
-    for longer than they are (it reads committed rows only), so it reopens each array
-    a logarithmic number of times, not once per commit."""
+def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
+    """How often each array is opened by a view that refreshes after each of ``commits``
+    commits and reads the newest rows (``forked``: through zarr-python, as a process
+    forked from another reads)."""
     from collections import Counter
 
     from zreplay.store import arrays
 
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(0)])
+    buf.flush()  # the writer's arrays are open (TensorStore) before the reader "forks"
     opened = Counter()
     real_open = arrays.ArrayHandle._open
 
@@ -230,20 +234,37 @@ def test_a_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeyp
         return real_open(self)
 
     monkeypatch.setattr(arrays.ArrayHandle, "_open", counting_open)
-    path = tmp_path / "b"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(0)])
-    buf.flush()
+    if forked:
+        monkeypatch.setattr(arrays, "_FORKED", True)  # the reader reads as a forked child does
     view = zreplay.open(path)
     opened.clear()
-    for i in range(1, 65):
+    for i in range(1, commits + 1):
         buf.add_trajectories([make_traj(i)])
         buf.flush()
         view.refresh()
         assert view.num_trajectories == i + 1
         check_rows(view.rows(np.arange(view.num_rows - 18, view.num_rows)))  # the newest
+    monkeypatch.setattr(arrays, "_FORKED", False)
     buf.close()
-    assert opened and max(opened.values()) <= 8, opened.most_common(3)
+    assert opened
+    return opened
+
+
+def test_a_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
+    """Arrays grow at every commit; a reader that refreshes after each one takes them
+    for longer than they are (it reads committed rows only), so it reopens each array
+    a logarithmic number of times, not once per commit."""
+    opened = _opens_while_following(tmp_path, monkeypatch, 64, forked=False)
+    assert max(opened.values()) <= 8, opened.most_common(3)
+
+
+# zreplay says (once per program) that a forked reader reads through zarr-python
+@pytest.mark.filterwarnings("ignore:zreplay. reading in a forked process")
+def test_a_forked_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
+    """The same through zarr-python, which a process forked from another reads with
+    (DataLoader workers under "fork"): its handles are widened too."""
+    opened = _opens_while_following(tmp_path, monkeypatch, 32, forked=True)
+    assert max(opened.values()) <= 7, opened.most_common(3)
 
 
 def test_a_segment_is_never_taken_for_a_buffer(tmp_path):
@@ -296,38 +317,3 @@ def test_live_rows_never_name_rows_a_killed_commit_did_not_publish(tmp_path):
     low, n = seg.attrs["live_rows"]
     assert [low, n] == [0, 3000]
     assert set(np.unique(seg["data/obs"][low:n])) == {1.0, 2.0, 3.0}
-
-
-# zreplay says (once per program) that a forked reader reads through zarr-python
-@pytest.mark.filterwarnings("ignore:zreplay. reading in a forked process")
-def test_a_forked_reader_following_a_writer_reopens_its_arrays_rarely(tmp_path, monkeypatch):
-    """The same through zarr-python, which a process forked from another reads with
-    (DataLoader workers under "fork"): its handles are widened too."""
-    from collections import Counter
-
-    from zreplay.store import arrays
-
-    path = tmp_path / "b"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(0)])
-    buf.flush()  # the writer's arrays are open (TensorStore) before the reader "forks"
-    opened = Counter()
-    real_open = arrays.ArrayHandle._open
-
-    def counting_open(self):
-        opened[str(self.path)] += 1
-        return real_open(self)
-
-    monkeypatch.setattr(arrays.ArrayHandle, "_open", counting_open)
-    monkeypatch.setattr(arrays, "_FORKED", True)  # the reader reads as a forked child does
-    view = zreplay.open(path)
-    opened.clear()
-    for i in range(1, 33):
-        buf.add_trajectories([make_traj(i)])
-        buf.flush()
-        view.refresh()
-        assert view.num_trajectories == i + 1
-        check_rows(view.rows(np.arange(view.num_rows - 18, view.num_rows)))
-    monkeypatch.setattr(arrays, "_FORKED", False)
-    buf.close()
-    assert opened and max(opened.values()) <= 7, opened.most_common(3)

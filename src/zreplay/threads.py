@@ -12,7 +12,7 @@ class InterruptSafeCondition(type(threading.RLock())):
     the lock's: CPython may run a SIGINT's handler right after the lock was taken and
     before ``__enter__`` returns (or before ``__exit__`` let it go), so a Ctrl-C there
     leaves the lock held by the interrupted thread for good (CPython issue 29988; 1 in
-    about 400 interrupts of a ``with cond:`` loop here), and the writer's background
+    a few hundred to a few thousand interrupts of a ``with cond:`` loop here), and the writer's background
     thread waits for it forever.  This condition *is* the lock (C ``__enter__`` and
     ``__exit__``, no Python frame between taking it and the protected block), with
     ``wait``/``notify_all`` of a ``threading.Condition`` over it."""
@@ -22,9 +22,6 @@ class InterruptSafeCondition(type(threading.RLock())):
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._cond.wait(timeout)
-
-    def notify(self, n: int = 1) -> None:
-        self._cond.notify(n)
 
     def notify_all(self) -> None:
         self._cond.notify_all()

@@ -315,10 +315,11 @@ class Committer:
     def stop(self) -> None:
         """Let the thread finish (after a flush) and join it (condition not held).
 
-        It waits on the condition, never in a bare ``join``: a Ctrl-C that CPython
-        delivers between the end of a ``with cond:`` block and its exit leaves the
-        condition's lock held by the caller's thread (CPython issue 29988), and only a
-        wait on the condition releases that hold so the thread can finish."""
+        It waits on the condition, never in a bare ``join``: should the caller's thread
+        still hold the condition's lock (a ``threading.Condition`` leaks it to a Ctrl-C,
+        CPython issue 29988; ``InterruptSafeCondition`` does not, but a hold left any
+        other way would do the same), only a wait on the condition releases it so the
+        thread can finish."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()

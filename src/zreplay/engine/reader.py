@@ -128,6 +128,7 @@ class BufferReader:
         self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
         self.schema = None
         self._layouts = None
+        self._recorded = None  # the root's schema and layout JSON that schema was parsed from
         self._created = None  # the root's creation time: another one is another buffer
         self._commits: dict[str, Commit] = {}
         self.refresh()
@@ -198,12 +199,14 @@ class BufferReader:
             self._segs, self.schema, self._layouts = {}, None, None
             changed = True
         self._created = created
-        schema, layouts = self.root.schema(meta)
-        if self.schema is not None and (schema, layouts) != (self.schema, self._layouts):
-            # A writer loaded a checkpoint of another schema or layout into the only
-            # segment: no array handle opened for the old one may read the new one.
-            self._segs, changed = {}, True
-        self.schema, self._layouts = schema, layouts
+        recorded = (meta.get("schema"), meta.get("layout"))
+        if self.schema is None or recorded != self._recorded:  # parsed only when it changed
+            schema, layouts = self.root.schema(meta)
+            if self.schema is not None and (schema, layouts) != (self.schema, self._layouts):
+                # A writer loaded a checkpoint of another schema or layout into the only
+                # segment: no array handle opened for the old one may read the new one.
+                self._segs, changed = {}, True
+            self.schema, self._layouts, self._recorded = schema, layouts, recorded
         if self.schema is None:
             self._rebuild()
             return changed

@@ -153,8 +153,9 @@ class Backend(ABC):
     def widened(self, store, rows: int, context) -> Any:
         """A read-only handle on the array of ``store`` taken as ``rows`` rows long,
         without reading or writing its metadata (a reader's headroom: it reads committed
-        rows only); ``store`` itself where the handle cannot be widened."""
-        return store
+        rows only).  zreplay's own array classes widen themselves; a backend whose
+        ``open_array`` returns other handles says how."""
+        return store.widened(rows)
 
     def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
         """The arrays opened with ``context`` belong to a segment whose commit of

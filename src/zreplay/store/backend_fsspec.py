@@ -210,6 +210,3 @@ class FsspecBackend(Backend):
     def open_array(self, loc, writable: bool, context) -> tuple[object, bool]:
         # zarr-python reads a missing chunk as fill values.
         return ZarrArray(loc, writable), True
-
-    def widened(self, store, rows: int, context) -> object:
-        return store.widened(rows)

@@ -284,8 +284,8 @@ class LocalBackend(Backend):
         return ts.open(spec, read=True, write=writable, context=context).result(), fills
 
     def widened(self, store, rows: int, context) -> object:
-        if isinstance(store, ZarrArray):
-            return store.widened(rows)
+        if isinstance(store, ZarrArray):  # a forked process's reader
+            return super().widened(store, rows, context)
         import tensorstore as ts
 
         spec = store.spec(retain_context=False).to_json()

@@ -263,12 +263,5 @@ class S3Backend(Backend):
             return ZarrArray(loc, writable), True  # zarr-python reads what we do not
         return ObjectArray(self, loc.key, meta, writable, context), not meta.all_chunks_stored
 
-    def widened(self, store, rows: int, context) -> object:
-        from .objectarray import ObjectArray
-
-        if isinstance(store, ZarrArray):  # an array ObjectArray does not read
-            return store.widened(rows)
-        return ObjectArray(self, store.key, store.meta.resized(rows)[0], False, context)
-
     def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
         context.seen(n_rows, reclaimed_below, same_rows)

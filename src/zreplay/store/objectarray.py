@@ -133,6 +133,11 @@ class ObjectArray:
     def _obj(self, i: int) -> str:
         return f"{self.key}/{self.meta.object_key(i)}"
 
+    def widened(self, rows: int) -> ObjectArray:
+        """A reader of the same array taken as ``rows`` rows long (no request: see
+        ``Backend.widened``)."""
+        return ObjectArray(self.backend, self.key, self.meta.resized(rows)[0], False, self.cache)
+
     def resize(self, exclusive_max, **_ignored) -> Future:
         """Set the row axis's length (one PUT of ``zarr.json``; metadata only), on the
         pool: a commit resizes all its arrays at once."""
