@@ -166,3 +166,34 @@ def test_a_view_follows_a_load_of_another_schema_or_layout(tmp_path):
         assert got.dtype == want.dtype
         assert zreplay.verify(path).ok, str(zreplay.verify(path))
     w.close()
+
+
+def test_a_refresh_that_read_the_schema_before_a_load_of_another_starts_over(tmp_path):
+    """A refresh reads the root's schema, then each segment's commit: a load of another
+    dtype landing in between pairs the old schema with the new arrays, which is no damage
+    but a refresh to start over (the race an adversarial pass hit 2 times in 49k reads)."""
+    from zreplay.store.root import BufferRoot
+
+    path = tmp_path / "b"
+    w = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    w.add_trajectories([_rows(1)])
+    w.flush()
+    view = zreplay.open(path)
+    view.sample(4)
+    stale = BufferRoot(path).read_meta()  # what the refresh reads before the load lands
+    ckpt = tmp_path / "ckpt"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(ckpt)) as c:
+        c.add_trajectories([_rows(7, dtype=np.int64, shape=(5,))])
+    w.load_checkpoint(str(ckpt))
+    real, calls = BufferRoot.read_meta, []
+
+    def first_call_stale(self):
+        calls.append(1)
+        return stale if len(calls) == 1 else real(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BufferRoot, "read_meta", first_call_stale)
+        view.refresh()
+    got = view.rows(np.arange(view.num_rows))["obs"]
+    assert got.dtype == np.int64 and got.shape == (20, 5) and np.all(got == 7)
+    w.close()

@@ -234,6 +234,9 @@ class BufferReader:
                 now = read_commit(seg_dir)
                 if now is None or (now.gen, now.contents) != (commit.gen, commit.contents):
                     raise _MovedOn() from None
+                again = self.root.read_meta()  # a load of another schema landed between
+                if (again.get("schema"), again.get("layout")) != recorded:  # meta and commit
+                    raise _MovedOn() from None
                 raise
             budget = self.column_cache_bytes
             self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
