@@ -212,6 +212,16 @@ def evict(path) -> int:
     return n
 
 
+def colcache_dir(size_dir: Path) -> Path:
+    """zreplay's column cache directory for one size (ZREPLAY_CACHE_DIR of its child)."""
+    return size_dir / "zreplay-colcache"
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes the files under ``path`` take on disk (cache files are sparse)."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
+
+
 def system_dir(size_dir: Path, system: str) -> Path:
     return size_dir / system
 
@@ -369,6 +379,11 @@ def measure_zreplay(job) -> dict:
 
     res["first_sample_s"] = _timed_first(sample)
     res["first_clips_s"] = _timed_first(clips)
+    # A second view (as a DataLoader worker or the next run would open one): it maps the
+    # column cache file the first view filled.
+    again = zreplay.open(path, seed=3)
+    res["reopen_first_sample_s"] = _timed_first(lambda: again.sample(SAMPLE_N))
+
     got = sample()
     if got["obs"].shape != (SAMPLE_N, 8) or sorted(got) != ["action", "done", "obs", "reward"]:
         raise RuntimeError(f"zreplay sample: keys {sorted(got)}, obs {got['obs'].shape}")
@@ -530,8 +545,14 @@ def measure_size(rows: int, size_dir: Path, cfg: dict, args, sections: dict) -> 
             "cfg": cfg,
             "torch_threads": args.torch_threads,
         }
-        res, sec = run_child_job(__file__, system, job, size_dir)
+        env = None
+        if system == "zreplay":  # its column cache file starts absent: the 1st call fills it
+            env = {**os.environ, "ZREPLAY_CACHE_DIR": str(colcache_dir(size_dir))}
+            shutil.rmtree(colcache_dir(size_dir), ignore_errors=True)
+        res, sec = run_child_job(__file__, system, job, size_dir, env=env)
         res.update(cache, section=sec, idle_check=idle, disk_bytes=dir_bytes(sdir))
+        if system == "zreplay":
+            res["colcache_disk_bytes"] = allocated_bytes(colcache_dir(size_dir))
         sections[f"{label(rows)}/measure_{system}"] = sec
         if "error" not in res:
             print(
@@ -589,12 +610,19 @@ FIGURES = [
     ),
     ("first_sample", "1st sample(256)", "t", lambda b, m: _g(m, "first_sample_s")),
     ("first_clips", "1st clips 32x32", "t", lambda b, m: _g(m, "first_clips_s")),
+    (
+        "reopen_first_sample",
+        "1st sample(256), 2nd view",
+        "t",
+        lambda b, m: _g(m, "reopen_first_sample_s"),
+    ),
     ("open", "open", "t", lambda b, m: _g(m, "open_s")),
     ("rss_open", "RSS after open", "mb", lambda b, m: _rss(m, "rss_after_open")),
     ("rss_sampled", "RSS after sampling", "mb", lambda b, m: _rss(m, "rss_after_sampling")),
     ("rss_sampled_anon", "  anon growth", "mb", lambda b, m: _grow(m, "RssAnon")),
     ("rss_sampled_file", "  file-backed growth", "mb", lambda b, m: _grow(m, "RssFile")),
     ("disk", "disk bytes", "bytes", lambda b, m: _g(m, "disk_bytes")),
+    ("colcache_disk", "column cache file", "bytes", lambda b, m: _g(m, "colcache_disk_bytes")),
     ("write", "write rows/s", "rate", lambda b, m: _g(b, "rows_per_s")),
     ("write_synced", "write rows/s + sync", "rate", lambda b, m: _g(b, "rows_per_s_synced")),
     ("build_wall", "build wall", "t", lambda b, m: _g(b, "wall_s")),

@@ -193,7 +193,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small workloads, few repeats")
     ap.add_argument("--repeats", type=int, default=None, help="timed sample() calls (50)")
-    ap.add_argument("--out", type=Path, default=benchlib.HERE / "results" / "latest" / "bench_torchrl.json")
+    ap.add_argument(
+        "--out", type=Path, default=benchlib.HERE / "results" / "latest" / "bench_torchrl.json"
+    )
     ap.add_argument("--torch-threads", type=int, default=1, help="torch.set_num_threads (1)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -19,6 +19,16 @@ import torch
 
 import zreplay
 
+# Column cache files (zreplay.engine.colcache) of the buffers tests make go to a directory
+# of this run, not the user's ~/.cache; subprocesses inherit it.
+if "ZREPLAY_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["ZREPLAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="zreplay-test-cols-")
+    atexit.register(shutil.rmtree, os.environ["ZREPLAY_CACHE_DIR"], True)
+
 C, A, IMG = 2, 3, 8
 
 

@@ -77,7 +77,10 @@ def test_column_cache_serves_small_keys_and_follows_refresh(stored, tmp_path):
     assert seg.cache is view.core.engine.snapshot().parts[0].cache  # same rows: kept
 
 
-def test_small_column_budget_holds_only_the_newest_rows(stored):
+def test_small_column_budget_holds_only_the_newest_rows(stored, tmp_path):
+    import shutil
+
+    stored = shutil.copytree(stored, tmp_path / "own")  # its own cache file, filled here
     view = zreplay.open(stored, column_cache_bytes=4096)
     batch = view.rows(np.arange(view.num_rows))
     for key in view.keys():
@@ -308,7 +311,11 @@ def test_column_cache_knobs(stored, tmp_path):
     assert cache(zreplay.open(stored, column_cache_bytes=0)) is None
     c = cache(zreplay.open(stored))
     specs = zreplay.open(stored).schema.specs
-    assert c.max_rows * sum(specs[k].row_bytes for k in c.keys) <= 128 << 20
+    from zreplay.engine.colcache import default_budget
+
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert default_budget() == ram  # the default budget is the machine's RAM
+    assert c.max_rows == ram // sum(specs[k].row_bytes for k in c.keys)
     assert all(specs[k].row_bytes <= 1024 for k in c.keys)
     path = str(tmp_path / "b")
     with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:

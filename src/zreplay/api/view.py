@@ -33,9 +33,12 @@ class BufferView:
     ``sample_nstep``.  A prioritized sampler starts from the priorities each writer saved
     with its last commit (as tree leaves; use the writer's ``alpha``/``eps``), follows
     ``refresh()`` and keeps ``update_priorities`` in this process only: a view never
-    writes.  ``column_cache_bytes`` (default 128 MiB per segment, 0: off): RAM for the
-    newest rows of small keys (rows <= 1 KiB: flags, rewards, actions, states) kept
-    decoded, so clips and n-step windows read only large rows (images) from disk.
+    writes.  ``column_cache_bytes`` (default: the machine's RAM, per segment; 0: off):
+    the newest rows of small keys (rows <= 1 KiB: flags, rewards, actions, states) kept
+    decoded in a local file that every process reading the segment maps and the page
+    cache serves (``ZREPLAY_CACHE_DIR``; :mod:`zreplay.engine.colcache`), so rows of
+    them are drawn at memory speed and clips and n-step windows read only large rows
+    (images) from disk.
     ``chunk_cache_bytes`` (default 0): a cache of decoded chunks of the other keys per
     segment; when the hot rows fit, clips of images read at memory speed.
 

@@ -1,29 +1,62 @@
-"""Small columns decoded in RAM: the newest committed rows of every key whose rows are at
-most :data:`SMALL_ROW_BYTES`, up to a byte budget.
+"""Small columns, uncompressed, in a local file the page cache serves: the newest
+committed rows of every key whose rows are at most :data:`SMALL_ROW_BYTES` (flags,
+rewards, actions, state vectors), shared by every process on the machine that reads the
+same segment.
 
-Clips, n-step windows and frame stacks read a few rows of every key; for flags, rewards,
-actions and state vectors each of those reads costs a batched disk read (a TensorStore
-call, chunk lookups, decoding an inner chunk of up to 1024 rows for the few rows wanted)
-that is far more than the bytes it returns.  A segment's :class:`ColumnCache` holds those
-columns decoded for rows ``[lo, hi)`` (the newest committed rows that fit the budget), so
-such reads are one numpy fancy index; images and other large rows are still read from
-disk.
+Drawing rows at random from a compressed store costs, per row and key, a chunk lookup and
+the decoding of a whole inner chunk (up to 1,024 rows) for one row: at 30M rows of state
+data that was 100x a memory map.  A segment's :class:`ColumnCache` keeps those columns
+decoded for rows ``[lo, hi)`` in a ring (global row ``r`` in slot ``r % slots``), so a
+read of them is one numpy fancy index into mapped memory, as fast as a memory map of the
+same rows; images and other large rows are still read from the store.
 
-The cache follows the commit, not the add path: :meth:`ColumnCache.cover` extends it
-with one range read per key of the rows committed since it last looked (committed rows
-never change, so cached rows stay valid as long as they are visible) and forgets rows
-below the visible range.  It is filled only when a read needs it (the first read of a
-cached key below the writer's RAM tier, or any read of a view), so a buffer that never
-reads old small rows pays nothing.
+**Where**: one file per segment contents under the cache directory (``ZREPLAY_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/zreplay/columns``, else ``~/.cache/zreplay/columns``), named by a
+hash of the segment's location, its contents id (new at every clear, loaded checkpoint or
+replacement, so rows never change under a name) and the cached keys' names, dtypes and
+shapes.  Every process that reads the segment (the writer's own ``sample``, views,
+DataLoader workers, a notebook) maps the same file, so the rows are decoded once per
+machine and held once by the page cache, which evicts them under memory pressure like any
+file (nothing is pinned in RAM).  Where the directory cannot be written, or for segments
+written before contents ids (format <= 3), the ring is anonymous memory of this process.
 
-Budget: ``column_cache_bytes`` (default :data:`DEFAULT_BUDGET`, 128 MiB) per segment
-reader, ``zreplay.open(path, column_cache_bytes=...)`` for views and
-``RamPolicy(column_cache_bytes=...)`` for writers (off with the RAM tier); 0 turns it off.
+**Filling**: it follows the commit, not the add path: :meth:`ColumnCache.cover` extends
+the ring with one range read per key of the committed rows it lacks (under an exclusive
+``flock`` of the file's lock file; readers take no lock).  It is filled only when a read
+needs it (the first read of a cached key below the writer's RAM tier, or any read of a
+view), so a buffer that never reads old small rows pays nothing, and a second process or
+a reopened view finds the rows already there.  The header publishes ``lo`` and ``hi``:
+a filler raises ``lo`` *before* it overwrites the slots of rows below it and raises ``hi``
+only after the rows are written and checked against the commit (rows a writer evicted and
+deleted meanwhile read as zeros; they are never published), so a reader that finds ``lo``
+unchanged after its gather read only valid rows, and one that does not reads them from the
+store instead.  A filler killed mid-way publishes nothing; the file records the boot it was
+written in, and one from an earlier boot (whose pages may never have reached the disk) is
+made anew.  The ring grows by doubling into a new file that replaces the old under the lock
+(processes holding the old one see it marked superseded and map the new one); a cache whose
+contents went (a clear, a loaded checkpoint) removes its file, and files untouched for
+:data:`PRUNE_AGE_S` are removed when a new one is made.
+
+**Budget**: ``column_cache_bytes`` per segment (``zreplay.open(path, column_cache_bytes=...)``
+for views, ``RamPolicy(column_cache_bytes=...)`` for writers; 0 turns it off).  The
+default, :func:`default_budget`, is the machine's RAM: more than that the page cache cannot
+serve anyway.  A file never takes the cache directory's free space below a tenth of its
+disk: it holds fewer (the newest) rows instead, and older ones are read from the store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import math
+import mmap
+import os
+import shutil
 import threading
+import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -33,10 +66,21 @@ from ..schema import Schema
 # (RLinf's actions f32[28] are 112 B, a SAC observation f32[64] 256 B; a 64x64x3 frame
 # is 12 KiB and is not).
 SMALL_ROW_BYTES = 1024
-DEFAULT_BUDGET = 128 << 20
 # Rows are read in pieces of at most this many bytes (all keys together), so filling a
 # large cache never holds a second copy of it.
 _FILL_BYTES = 32 << 20
+_PAGE = 4096
+MIN_SLOTS = 1 << 16
+PRUNE_AGE_S = 7 * 86400
+_RETRY_ROOM_S = 60.0  # a ring the disk kept small asks again for room after this
+_MAGIC, _VERSION = 0x5A52434F4C53, 1  # "ZRCOLS"
+# Header: int64 fields of the first page.
+_H_MAGIC, _H_VERSION, _H_SLOTS, _H_LO, _H_HI, _H_SUPERSEDED, _H_BOOT = range(7)
+
+
+class StaleRead(Exception):
+    """Rows read to fill the cache may not be the snapshot's any more (the commit says
+    they are gone): nothing was published; draw again from a fresh snapshot."""
 
 
 def small_keys(schema: Schema) -> list[str]:
@@ -44,26 +88,148 @@ def small_keys(schema: Schema) -> list[str]:
     return [s.path for s in schema if s.row_bytes <= SMALL_ROW_BYTES]
 
 
+def contents_ident(location, contents: str) -> str | None:
+    """What names a segment's rows for a cache file: its location (a local one resolved)
+    and its contents id; None for segments written before contents ids (their rows may
+    be renumbered under one name, so they are not shared)."""
+    if not contents:
+        return None
+    where = os.path.realpath(location) if isinstance(location, os.PathLike) else str(location)
+    return f"{where}\0{contents}"
+
+
+def default_budget() -> int:
+    """Bytes per segment by default: the machine's physical RAM."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def cache_dir() -> Path:
+    """Where cache files go: ``ZREPLAY_CACHE_DIR``, else ``$XDG_CACHE_HOME/zreplay/columns``,
+    else ``~/.cache/zreplay/columns``."""
+    env = os.environ.get("ZREPLAY_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zreplay" / "columns"
+
+
+def _boot_id() -> int:
+    try:
+        text = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return 0
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+
+
+_BOOT = _boot_id()
+_warned: set = set()
+
+
+def _round_up(n: int) -> int:
+    return -(-n // _PAGE) * _PAGE
+
+
+class _Ring:
+    """A mapped ring: the header page, then one page-aligned region of ``slots`` rows per
+    key.  ``path`` is the file (None: anonymous memory of this process)."""
+
+    def __init__(self, mm: mmap.mmap, specs: dict, slots: int, path: Path | None):
+        self.mm, self.slots, self.path = mm, slots, path
+        self.header = np.frombuffer(mm, np.int64, count=8)
+        self.arrays: dict[str, np.ndarray] = {}
+        off = _PAGE
+        for k, s in specs.items():
+            count = slots * math.prod(s.row_shape)
+            arr = np.frombuffer(mm, s.dtype, count=count, offset=off)
+            self.arrays[k] = arr.reshape(slots, *s.row_shape)
+            off += _round_up(slots * s.row_bytes)
+
+    @staticmethod
+    def nbytes(specs: dict, slots: int) -> int:
+        return _PAGE + sum(_round_up(slots * s.row_bytes) for s in specs.values())
+
+    @classmethod
+    def make(cls, specs: dict, slots: int, path: Path | None) -> _Ring:
+        """A new empty ring (a file at ``path``, made in full before anyone can map it
+        under that name: the caller renames it there)."""
+        size = cls.nbytes(specs, slots)
+        if path is None:
+            mm = mmap.mmap(-1, size)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, size)  # sparse: only the rows written take disk
+                mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        ring = cls(mm, specs, slots, path)
+        h = ring.header
+        h[_H_MAGIC], h[_H_VERSION], h[_H_SLOTS], h[_H_BOOT] = _MAGIC, _VERSION, slots, _BOOT
+        return ring
+
+    @classmethod
+    def open(cls, path: Path, specs: dict) -> _Ring | None:
+        """The ring in ``path`` if it is one of these keys, of this boot; else None."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size < _PAGE:
+                return None
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        h = np.frombuffer(mm, np.int64, count=8)
+        slots = int(h[_H_SLOTS])
+        ok = h[_H_MAGIC] == _MAGIC and h[_H_VERSION] == _VERSION and h[_H_BOOT] == _BOOT
+        if not ok or slots <= 0 or size != cls.nbytes(specs, slots) or h[_H_SUPERSEDED]:
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # in use: not pruned
+        return cls(mm, specs, slots, path)
+
+    @property
+    def lo(self) -> int:
+        return int(self.header[_H_LO])
+
+    @property
+    def hi(self) -> int:
+        return int(self.header[_H_HI])
+
+    def put(self, key: str, start: int, rows: np.ndarray) -> None:
+        ring, cap = self.arrays[key], self.slots
+        n, a = len(rows), start % cap
+        first = min(n, cap - a)
+        ring[a : a + first] = rows[:first]
+        if first < n:
+            ring[: n - first] = rows[first:]
+
+
 class ColumnCache:
-    """Rows ``[lo, hi)`` of a segment's small keys, decoded, in one ring per key.
+    """Rows ``[lo, hi)`` of a segment's small keys, decoded, in a ring shared through a
+    file (see the module docstring).  ``max_rows`` = the budget over the cached keys' row
+    bytes.  Not thread-safe: its owner calls it under :attr:`lock` (one thread of a
+    process at a time; other processes coordinate through the file)."""
 
-    Global row ``r`` lives in slot ``r % capacity``; the capacity grows (doubling) up
-    to ``max_rows`` = the budget over the cached keys' row bytes.  Not thread-safe: its
-    owner calls it under the lock that guards its snapshot (a writer's condition; a
-    view is used from one thread at a time).
-    """
-
-    def __init__(self, schema: Schema, budget_bytes: int):
+    def __init__(self, schema: Schema, budget_bytes: int, directory: Path | None = None):
         self.keys = small_keys(schema) if budget_bytes > 0 else []
         self._specs = {k: schema.specs[k] for k in self.keys}
-        row_bytes = sum(s.row_bytes for s in self._specs.values())
-        self.max_rows = int(budget_bytes // row_bytes) if self.keys and row_bytes else 0
+        self.row_bytes = sum(s.row_bytes for s in self._specs.values())
+        self.max_rows = int(budget_bytes // self.row_bytes) if self.keys and self.row_bytes else 0
         if not self.max_rows:
             self.keys = []
         self._key_set = frozenset(self.keys)
-        self._rings: dict[str, np.ndarray] = {}
-        self.capacity = 0
-        self.lo = self.hi = 0
+        self._dir = directory
+        self._ring: _Ring | None = None
+        self._ident: str | None = None
+        self._private = False  # the cache directory failed: this process's memory
+        self._named: tuple = (None, None)  # (ident, its file)
+        self._capped = 0.0  # until then, the disk had no room for more rows: do not ask
         self.last_read: int | None = None  # first row the last cover() read, if any
         self.lock = threading.Lock()
 
@@ -71,61 +237,216 @@ class ColumnCache:
         return key in self._key_set
 
     @property
-    def nbytes(self) -> int:
-        return sum(r.nbytes for r in self._rings.values())
+    def lo(self) -> int:
+        return self._ring.lo if self._ring is not None else 0
 
-    def cover(self, read_range, low_row: int, hi: int) -> int:
-        """Hold the newest rows of ``[low_row, hi)`` that fit (reading what is missing
-        with ``read_range(key, start, stop) -> future`` with ``.result()``); returns the
-        first row held (rows ``[lo, hi)`` are then in RAM).  Nothing is kept from a read
-        that fails."""
+    @property
+    def hi(self) -> int:
+        return self._ring.hi if self._ring is not None else 0
+
+    @property
+    def capacity(self) -> int:
+        return self._ring.slots if self._ring is not None else 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.row_bytes
+
+    @property
+    def path(self) -> Path | None:
+        """The file the rows are in (None: this process's memory, or none yet)."""
+        return self._ring.path if self._ring is not None else None
+
+    # -- which ring ------------------------------------------------------------------
+
+    def _file(self, ident: str | None) -> Path | None:
+        if ident is None or self._private:
+            return None
+        if self._named[0] != ident:
+            d = self._dir if self._dir is not None else cache_dir()
+            sig = repr([(k, s.dtype.str, tuple(s.row_shape)) for k, s in self._specs.items()])
+            digest = hashlib.sha256(f"{ident}\0{sig}".encode()).hexdigest()[:40]
+            self._named = (ident, d / f"{digest}.cols")
+        return self._named[1]
+
+    def _bind(self, ident: str | None) -> Path | None:
+        """Use the ring of contents ``ident`` from now on (a change of contents removes
+        the old contents' file: its rows are nobody's any more); returns its file (None:
+        this process's memory)."""
+        if ident != self._ident:
+            old = self._file(self._ident)
+            self._ident, self._ring = ident, None
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        path = self._file(ident)
+        r = self._ring
+        if path is None:
+            if r is not None and r.path is not None:
+                self._ring = None  # the directory failed meanwhile
+        elif r is None or r.path is None or r.header[_H_SUPERSEDED]:
+            self._ring = _Ring.open(path, self._specs)
+        return path
+
+    def discard(self) -> None:
+        """This cache's contents went (a clear, a loaded checkpoint): remove its file."""
+        with self.lock:
+            self._bind(None)
+
+    @contextlib.contextmanager
+    def _exclusive(self, path: Path | None):
+        """Hold the file's lock (nothing for this process's memory)."""
+        fd = None
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:
+                self._go_private(path.parent, e)
+        if fd is None:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _go_private(self, where: Path, e: OSError) -> None:
+        """The cache directory cannot be used: keep rows in this process's memory."""
+        self._private, self._ring = True, None
+        if str(where) not in _warned:
+            _warned.add(str(where))
+            warnings.warn(
+                f"zreplay: cannot keep small columns in {where} ({e}); each process keeps"
+                " them in its own memory instead (set ZREPLAY_CACHE_DIR to a writable"
+                " local directory)",
+                RuntimeWarning,
+                stacklevel=6,
+            )
+
+    # -- filling ----------------------------------------------------------------------
+
+    def cover(self, read_range, low_row: int, hi: int, ident: str | None = None, check=None):
+        """Hold the newest rows of ``[low_row, hi)`` that fit, reading what is missing with
+        ``read_range(key, start, stop) -> future`` with ``.result()``; returns the first
+        row held (rows ``[lo, hi)`` are then in the ring).  ``ident`` names the segment's
+        contents (None: not shareable, this process's memory); ``check(row)`` says
+        whether the rows from ``row`` on that were read may be gone (then nothing is
+        published and :class:`StaleRead` is raised)."""
         self.last_read = None
-        want_lo = max(int(low_row), int(hi) - self.max_rows)
+        hi = int(hi)
+        want_lo = max(int(low_row), hi - self.max_rows)
         if hi <= want_lo:
             return hi
-        if want_lo >= self.hi or self.hi <= self.lo or hi < self.hi:
-            start = want_lo  # nothing held overlaps (or the rows were renumbered): afresh
-            self.lo = self.hi = want_lo
-        else:
-            start = self.hi
-            self.lo = max(self.lo, want_lo)
-        if start < hi:
-            self.last_read = start
-            self._ensure_capacity(hi - self.lo)
-            step = max(1, _FILL_BYTES // max(1, sum(s.row_bytes for s in self._specs.values())))
+        path = self._bind(ident)
+        r = self._ring
+        if r is not None and r.hi >= hi and (r.lo <= want_lo or time.monotonic() < self._capped):
+            return r.lo  # (a ring the disk kept small holds the newest rows it can)
+        with self._exclusive(path):
+            path = self._bind(ident)  # another process may have grown or filled it
+            r = self._ring
+            if r is not None and r.lo <= want_lo and r.hi >= hi:
+                return r.lo
+            held_lo, held_hi = (r.lo, r.hi) if r is not None else (0, 0)
+            if r is None or want_lo >= held_hi or held_hi <= held_lo:
+                start = keep = want_lo  # nothing held overlaps: afresh
+            elif hi < held_hi:  # filled beyond these rows: newer rows took their slots
+                if path is not None:
+                    return held_lo
+                start = keep = want_lo  # this process's ring: its rows were renumbered
+            else:
+                start, keep = held_hi, max(held_lo, want_lo)
+            r = self._ensure(path, r, hi - keep, keep, start)
+            if r is None:
+                return hi
+            keep = max(keep, hi - r.slots)  # a ring the disk kept small: the newest rows
+            if start >= hi:
+                return r.lo
+            if start <= keep:
+                start = keep
+                r.header[_H_LO] = start  # first: nothing below start is valid any more
+                r.header[_H_HI] = start
+            step = max(1, _FILL_BYTES // max(1, self.row_bytes))
             for a in range(start, hi, step):
                 b = min(hi, a + step)
                 futs = {k: read_range(k, a, b) for k in self.keys}
                 got = {k: f.result() for k, f in futs.items()}
+                if b - r.slots > r.lo:
+                    r.header[_H_LO] = b - r.slots  # before their slots are overwritten
                 for k, rows in got.items():
-                    self._put(k, a, rows)
-                self.hi = b
-        return self.lo
+                    r.put(k, a, rows)
+            if check is not None and check(start):
+                raise StaleRead()
+            r.header[_H_HI] = hi
+            self.last_read = start
+            return r.lo
 
-    def reset(self) -> None:
-        """Forget every row (what was read may be fill values of deleted shards)."""
-        self.lo = self.hi = 0
+    def _ensure(self, path: Path | None, r: _Ring | None, need: int, keep: int, start: int):
+        """A ring of ``need`` slots or more (fewer where the disk has no room), holding
+        the rows ``[keep, start)`` that ``r`` holds; None: no room at all."""
+        if r is not None and need <= r.slots:
+            return r
+        slots = min(self.max_rows, max(need + need // 2, 2 * (r.slots if r else 0), MIN_SLOTS))
+        new = None
+        if path is not None:
+            try:
+                du = shutil.disk_usage(path.parent)
+                room = du.free - du.total // 10
+                if r is not None:
+                    room += _Ring.nbytes(self._specs, r.slots)
+                slots = min(slots, max(0, room - _PAGE) // max(1, self.row_bytes))
+                if slots < need:  # the rows that do not fit are read from the store
+                    self._capped = time.monotonic() + _RETRY_ROOM_S
+                    if r is not None and slots <= r.slots or slots < 1:
+                        return r
+                _prune(path.parent)
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                new = _Ring.make(self._specs, slots, tmp)
+            except OSError as e:
+                self._go_private(path.parent, e)
+                return self._ensure(None, None, need, start, start)
+        else:
+            new = _Ring.make(self._specs, slots, None)
+        lo = max(keep, r.lo) if r is not None else start
+        if r is not None and lo < start:
+            step = max(1, _FILL_BYTES // max(1, self.row_bytes))
+            for a in range(lo, start, step):
+                idx = np.arange(a, min(start, a + step)) % r.slots
+                for k in self.keys:
+                    new.put(k, a, r.arrays[k][idx])
+            new.header[_H_LO], new.header[_H_HI] = lo, start
+        else:
+            new.header[_H_LO] = new.header[_H_HI] = start
+        if new.path is not None:
+            try:
+                os.replace(new.path, path)
+            except OSError as e:
+                self._go_private(path.parent, e)
+                return self._ensure(None, None, need, start, start)
+            new.path = path
+            if r is not None and r.path is not None:
+                r.header[_H_SUPERSEDED] = 1  # its holders map the new file
+        self._ring = new
+        return new
 
-    def gather(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows (all within ``[lo, hi)``) of ``key``: one fancy index."""
-        return np.take(self._rings[key], rows % self.capacity, axis=0, out=out, mode="clip")
+    def slots(self, rows: np.ndarray) -> np.ndarray:
+        """Where rows (all within ``[lo, hi)``) are, for :meth:`gather`."""
+        return rows % self._ring.slots
 
-    def _put(self, key: str, start: int, rows: np.ndarray) -> None:
-        ring, cap = self._rings[key], self.capacity
-        n, a = len(rows), start % cap
-        first = min(n, cap - a)
-        ring[a : a + first] = rows[:first]
-        if first < n:
-            ring[: n - first] = rows[first:]
+    def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows of ``key`` in ``slots``: one fancy index."""
+        return self._ring.arrays[key].take(slots, axis=0, out=out, mode="clip")
 
-    def _ensure_capacity(self, rows: int) -> None:
-        if rows <= self.capacity:
-            return
-        cap = min(self.max_rows, max(rows, 2 * self.capacity, 1024))
-        old, old_cap = self._rings, self.capacity
-        self._rings = {k: np.empty((cap, *s.row_shape), s.dtype) for k, s in self._specs.items()}
-        self.capacity = cap
-        if old_cap and self.hi > self.lo:
-            for k, ring in old.items():
-                idx = np.arange(self.lo, self.hi) % old_cap
-                self._put(k, self.lo, ring[idx])
+
+def _prune(directory: Path) -> None:
+    """Remove cache files (and their lock files, stray temporaries) untouched for
+    :data:`PRUNE_AGE_S`: caches of buffers deleted or moved since."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if not entry.name.endswith((".cols", ".lock", ".tmp")):
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime > PRUNE_AGE_S:
+                    os.unlink(entry.path)

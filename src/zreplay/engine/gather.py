@@ -30,7 +30,7 @@ from ..index.rowspace import RowSpace
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.segment import Segment
-from .colcache import ColumnCache
+from .colcache import ColumnCache, StaleRead
 from .ramtier import RamTier
 
 Requests = Mapping[str, tuple[str, np.ndarray]]
@@ -62,7 +62,7 @@ class Part:
     fill-value read means the rows went, not that they are damaged."""
 
     __slots__ = ("segment", "index", "pos0", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
-    __slots__ += ("cache", "cache_hi")
+    __slots__ += ("cache", "cache_hi", "cache_id")
 
     def __init__(
         self,
@@ -76,11 +76,13 @@ class Part:
         reclaimed: Callable[[int], bool] | None = None,
         cache: ColumnCache | None = None,
         cache_hi: int | None = None,
+        cache_id: str | None = None,
     ):
         self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
         self.pos0, self.tier, self.tier_lo, self.reclaimed = pos0, tier, tier_lo, reclaimed
         self.cache = cache if cache is not None and cache.keys else None
         self.cache_hi = n_rows if cache_hi is None else cache_hi
+        self.cache_id = cache_id
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
         if self.pos0 == self.low_row:
@@ -309,16 +311,21 @@ def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
                 lo = _cover(part, cache)
                 hit = rows >= lo
                 if hit.all():
-                    r = rows
-                    _fill(pending, cached, sel, None, lambda k, out: cache.gather(k, r, out))
-                    cached = []
+                    r, h = rows, None
+                    s = cache.slots(r)
+                    _fill(pending, cached, sel, None, lambda k, out: cache.gather(k, s, out))
                 elif hit.any():
                     h = np.flatnonzero(hit)
                     r = rows[h]
-                    _fill(pending, cached, sel, h, lambda k, out: cache.gather(k, r, out))
+                    s = cache.slots(r)
+                    _fill(pending, cached, sel, h, lambda k, out: cache.gather(k, s, out))
                     miss = np.flatnonzero(~hit)
                     msel = miss if sel is None else sel[miss]
                     pending.reads.append(_DiskRead(part, msel, rows[miss], cached))
+                if hit.any():
+                    if cache.lo > lo:  # another process reused their slots meanwhile
+                        hsel = h if sel is None else (sel if h is None else sel[h])
+                        pending.reads.append(_DiskRead(part, hsel, r, cached))
                     cached = []
             if cached:
                 members = members + cached
@@ -327,22 +334,20 @@ def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
 
 
 def _cover(part: Part, cache: ColumnCache) -> int:
-    """Bring ``cache`` up to the part's committed rows; returns the first row it holds."""
+    """Bring ``cache`` up to the part's committed rows; returns the first row it holds.
+    What was read is published only while the commit still shows what the snapshot
+    showed (else it may be fill values of deleted shards, or another contents' rows at
+    the same numbers: the writer loaded a checkpoint, or the buffer was made again)."""
     try:
-        lo = cache.cover(part.segment.read_range, part.low_row, part.cache_hi)
+        return cache.cover(
+            part.segment.read_range, part.low_row, part.cache_hi, part.cache_id, part.reclaimed
+        )
+    except StaleRead:
+        raise Evicted() from None
     except CorruptBufferError:
-        cache.reset()
         if part.reclaimed is not None and part.reclaimed(part.low_row):
             raise Evicted() from None
         raise
-    first = cache.last_read
-    if first is not None and part.reclaimed is not None and part.reclaimed(first):
-        # What was read may be fill values of deleted shards, or another contents' rows
-        # at the same row numbers (the writer loaded a checkpoint, or the buffer was made
-        # again): read only while the commit still shows what the snapshot showed.
-        cache.reset()
-        raise Evicted()
-    return lo
 
 
 def _contiguous(rows: np.ndarray) -> bool:

@@ -201,7 +201,8 @@ class RamPolicy:
     while it is larger); ``enabled=False`` keeps only rows that are not yet committed,
     so every sample of committed data reads from disk.
     ``column_cache_bytes``: budget of the column cache of small keys (see
-    :mod:`zreplay.engine.colcache`; default 128 MiB, none when ``enabled=False``).
+    :mod:`zreplay.engine.colcache`; default the machine's RAM, in a local file the page
+    cache serves; none when ``enabled=False``).
     """
 
     enabled: bool = True
@@ -220,9 +221,9 @@ class RamPolicy:
     def column_budget(self) -> int:
         if self.column_cache_bytes is not None:
             return int(self.column_cache_bytes)
-        from .colcache import DEFAULT_BUDGET
+        from .colcache import default_budget
 
-        return DEFAULT_BUDGET if self.enabled else 0
+        return default_budget() if self.enabled else 0
 
     def window_for(self, schema: Schema, traj_rows: int, capacity: int | None = None) -> int:
         """Committed rows kept in RAM (the tier proper): about ``trajectories`` of

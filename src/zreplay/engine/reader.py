@@ -6,8 +6,9 @@ over the visible rows (and trajectories) of the segments in name order.  Reads t
 rows a writer evicted and deleted meanwhile are retried on a refreshed snapshot.
 
 Each segment keeps its small keys decoded in a column cache (up to ``column_cache_bytes``
-per segment; :mod:`zreplay.engine.colcache`), filled by the first read that needs it and
-extended by later ones after a refresh.
+per segment, in a local file every process reading the segment shares;
+:mod:`zreplay.engine.colcache`), filled by the first read that needs it and extended by
+later ones after a refresh.
 
 A reader handed to another process (DataLoader workers) reopens the store there instead
 of using handles (and TensorStore threads) inherited from its parent.
@@ -29,7 +30,7 @@ from ..store.commit import Commit, read_commit, same_contents
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
-from .colcache import DEFAULT_BUDGET, ColumnCache
+from .colcache import ColumnCache, contents_ident, default_budget
 from .gather import Evicted, Part, Snapshot, as_requests, gather
 
 RETRIES = 5
@@ -45,6 +46,7 @@ class _SegmentState:
         self, segment: Segment, commit: Commit, index: TrajectoryIndex, budget: int, before=None
     ):
         self.segment, self.commit, self.index = segment, commit, index
+        self.cache_id = contents_ident(segment.dir, commit.contents)
         # Same rows as the state it follows (a sampler keeps what it knows of them, the
         # column cache its rows), or rows renumbered from scratch (the writer cleared or
         # replaced its segment).
@@ -53,6 +55,8 @@ class _SegmentState:
         else:
             self.epoch = object()
             self.cache = ColumnCache(segment.schema, budget) if budget > 0 else None
+            if before is not None and before.cache is not None:
+                before.cache.discard()  # those rows are gone for every process
 
     def gone(self, row: int) -> bool:
         """Has the writer, since this state was read, published a commit under which
@@ -101,8 +105,8 @@ def _continues(old: _SegmentState, new: _SegmentState) -> bool:
 class BufferReader:
     """Read-only access to the committed contents of a buffer directory.
 
-    ``column_cache_bytes``: RAM per segment for small keys kept decoded (default 128
-    MiB, 0: off; :mod:`zreplay.engine.colcache`); ``chunk_cache_bytes``: a cache of
+    ``column_cache_bytes``: bytes per segment of small keys kept decoded in the shared
+    column cache file (default: the machine's RAM; 0: off; :mod:`zreplay.engine.colcache`); ``chunk_cache_bytes``: a cache of
     decoded chunks per segment for the other keys (TensorStore's ``cache_pool``;
     default 0: none)."""
 
@@ -116,7 +120,7 @@ class BufferReader:
         column_cache_bytes: int | None = None,
         chunk_cache_bytes: int = 0,
     ):
-        budget = DEFAULT_BUDGET if column_cache_bytes is None else column_cache_bytes
+        budget = default_budget() if column_cache_bytes is None else column_cache_bytes
         self.column_cache_bytes = int(budget)
         self.chunk_cache_bytes = int(chunk_cache_bytes)
         self.root = BufferRoot(path, storage_options)
@@ -346,6 +350,7 @@ class BufferReader:
                     int(self._cum_rows[si]),
                     reclaimed=st.gone,
                     cache=st.cache,
+                    cache_id=st.cache_id,
                 )
                 for si, st in enumerate(self._order)
             ]

@@ -18,7 +18,7 @@ from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, new_contents
 from ..store.segment import Segment
-from .colcache import ColumnCache
+from .colcache import ColumnCache, contents_ident
 from .committer import Job, StateSource, build_job, sampler_state
 from .gather import Part, Snapshot, gather
 from .prepared import Prepared
@@ -65,7 +65,11 @@ class SegmentState:
         self.next_trajectory_id = o.next_trajectory_id
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
+        old = getattr(self, "columns", None)
+        if old is not None:
+            old.discard()  # the rows it held are gone (a clear, a loaded checkpoint)
         self.columns = self._column_cache()
+        self._ident_of, self._ident = None, None
         self.tier_rows = 0  # the tier's size by the RAM policy (the ring may grow beyond)
         # Trajectory counts at which an add's batch ends: a commit never splits a batch.
         self.batch_ends: list[int] = []
@@ -92,6 +96,15 @@ class SegmentState:
         if self.schema is None or self.ram.column_budget <= 0:
             return None
         return ColumnCache(self.schema, self.ram.column_budget)
+
+    def _cache_id(self) -> str | None:
+        """What names the committed rows for the column cache's file (see
+        :func:`~zreplay.engine.colcache.contents_ident`), resolved once per contents."""
+        contents = self.commit.contents
+        if self._ident_of != contents:
+            self._ident_of = contents
+            self._ident = contents_ident(self.segment.dir, contents) if self.segment else None
+        return self._ident
 
     def set_commit(self, commit: Commit, job: Job | None = None) -> None:
         """``commit`` was published (for ``job``, announcing a reclaim, or by the writer).
@@ -306,6 +319,7 @@ class SegmentState:
         lo, hi = idx.low_row, idx.n_rows
         tier_lo = tier.lo if tier is not None else hi
         part = Part(self.segment, idx, lo, hi, lo, tier, tier_lo, cache=self.columns)
+        part.cache_id = self._cache_id()
         part.cache_hi = min(self.commit.n_rows, tier_lo)  # uncommitted rows: the tier's
 
         def space() -> RowSpace:

@@ -1,0 +1,271 @@
+"""The column cache file (zreplay.engine.colcache): small columns decoded once per machine
+into a file every process maps, and what happens when a filler dies, a contents change,
+a reboot, a full or unwritable directory, or another process reuses slots mid-read."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from conftest import make_traj
+
+import zreplay
+from zreplay.engine import colcache
+from zreplay.store.segment import Segment
+
+SMALL = ["actions", "rewards", "terminations", "versions", "curr_obs/states"]
+
+
+@pytest.fixture
+def cols(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "cols"
+    monkeypatch.setenv("ZREPLAY_CACHE_DIR", str(d))
+    return d
+
+
+def write(path, tids, **kw):
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), **kw) as buf:
+        buf.add_trajectories([make_traj(i) for i in tids])
+
+
+def plain(path, key):
+    seg = zarr.open_group(str(path), mode="r")["segments/default"]
+    lo, hi = seg.attrs["live_rows"]
+    return seg[f"data/{key}"][lo:hi]
+
+
+def flat(batch: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in batch.items():
+        out.update(flat(v, f"{prefix}{k}/") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def check_all(view, path):
+    idx = np.random.default_rng(0).permutation(view.num_rows)[:400]
+    got = flat(view.rows(idx))
+    for key in SMALL + ["curr_obs/main_images"]:
+        assert np.array_equal(got[key], plain(path, key)[idx]), key
+
+
+def cache_of(view):
+    return view.core.engine.snapshot().parts[0].cache
+
+
+def test_views_and_processes_share_one_file_filled_once(tmp_path, cols):
+    path = tmp_path / "b"
+    write(path, range(12))
+    v1 = zreplay.open(path)
+    v1.sample(64)
+    c1 = cache_of(v1)
+    assert set(SMALL) <= set(c1.keys)
+    assert c1.last_read == 0 and c1.path is not None and c1.path.parent == cols
+    assert [p.suffix for p in cols.glob("*.cols")] == [".cols"]  # one file
+    v2 = zreplay.open(path)
+    v2.sample(64)
+    c2 = cache_of(v2)
+    assert c2.last_read is None and c2.path == c1.path  # found it filled: read nothing
+    check_all(v2, path)
+    # Another process maps the same file and reads none of the small columns.
+    code = (
+        "import json, sys, zreplay\n"
+        f"v = zreplay.open({str(path)!r}); v.sample(64)\n"
+        "c = v.core.engine.snapshot().parts[0].cache\n"
+        "print(json.dumps([c.last_read, str(c.path)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    last_read, other = json.loads(out.stdout.strip().splitlines()[-1])
+    assert last_read is None and other == str(c1.path)
+
+
+def test_a_filler_killed_mid_fill_publishes_nothing(tmp_path, cols):
+    path = tmp_path / "b"
+    write(path, range(12))
+    marker = tmp_path / "reading"
+    code = (
+        "import time, zreplay\n"
+        "from zreplay.store.segment import Segment\n"
+        "orig, calls = Segment.read_range, []\n"
+        "def slow(self, key, a, b):\n"
+        "    calls.append(key)\n"
+        f"    if len(calls) == 3: open({str(marker)!r}, 'w').close(); time.sleep(120)\n"
+        "    return orig(self, key, a, b)\n"
+        "Segment.read_range = slow\n"
+        f"zreplay.open({str(path)!r}).sample(64)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        files = list(cols.glob("*.cols"))
+        assert len(files) == 1  # made, being filled
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    view = zreplay.open(path)
+    view.sample(64)
+    c = cache_of(view)
+    assert c.last_read == 0 and c.path == files[0]  # nothing was published: filled again
+    check_all(view, path)
+
+
+def test_an_interrupted_fill_leaves_nothing_published(tmp_path, cols, monkeypatch):
+    path = tmp_path / "b"
+    write(path, range(12))
+    view = zreplay.open(path)
+    orig, calls = Segment.read_range, []
+
+    def interrupted(self, key, a, b):
+        calls.append(key)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return orig(self, key, a, b)
+
+    monkeypatch.setattr(Segment, "read_range", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        view.sample(64)
+    c = cache_of(view)
+    assert c.hi <= c.lo  # nothing valid
+    monkeypatch.setattr(Segment, "read_range", orig)
+    view.sample(64)
+    assert c.last_read == 0 and c.hi == view.num_rows
+    check_all(view, path)
+
+
+def test_slots_another_process_reuses_mid_read_are_read_from_the_store(tmp_path, cols, monkeypatch):
+    path = tmp_path / "b"
+    write(path, range(12))
+    view = zreplay.open(path)
+    view.sample(8)
+    c = cache_of(view)
+    orig = colcache.ColumnCache.gather
+
+    def scribbled(self, key, slots, out=None):
+        got = orig(self, key, slots, out)
+        ring = self._ring
+        ring.header[colcache._H_LO] = ring.hi - 1  # a filler took the slots meanwhile
+        for arr in ring.arrays.values():
+            arr[:] = 0
+        return got
+
+    monkeypatch.setattr(colcache.ColumnCache, "gather", scribbled)
+    idx = np.arange(view.num_rows - 1)
+    got = flat(view.rows(idx))
+    for key in SMALL:
+        assert np.array_equal(got[key], plain(path, key)[idx]), key
+    assert c.lo == view.num_rows - 1
+
+
+def test_a_new_contents_removes_the_old_file_and_never_serves_its_rows(tmp_path, cols):
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(6)])
+    buf.flush()
+    view = zreplay.open(path)
+    view.sample(16)
+    old = cache_of(view).path
+    assert old.exists()
+    buf.clear()
+    buf.add_trajectories([make_traj(i) for i in range(50, 56)])
+    buf.flush()
+    view.refresh()
+    r = flat(view.rows(np.arange(view.num_rows)))["rewards"][:, 0]
+    assert {int(x) // 10000 for x in r} == set(range(50, 56))
+    assert not old.exists() and cache_of(view).path != old
+    check_all(view, path)
+    buf.close()
+
+
+def test_a_file_from_an_earlier_boot_is_made_anew(tmp_path, cols, monkeypatch):
+    path = tmp_path / "b"
+    write(path, range(12))
+    zreplay.open(path).sample(8)
+    monkeypatch.setattr(colcache, "_BOOT", colcache._BOOT + 1)  # a reboot since
+    view = zreplay.open(path)
+    view.sample(8)
+    assert cache_of(view).last_read == 0  # its pages may never have reached the disk
+    check_all(view, path)
+
+
+def test_growing_the_ring_moves_every_process_to_the_new_file(tmp_path, cols, monkeypatch):
+    monkeypatch.setattr(colcache, "MIN_SLOTS", 16)
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(4)])  # 72 rows
+    buf.flush()
+    v1, v2 = zreplay.open(path), zreplay.open(path)
+    v1.sample(8)
+    small = cache_of(v1).capacity
+    assert small == 108
+    buf.add_trajectories([make_traj(i) for i in range(4, 20)])  # 360 rows
+    buf.flush()
+    v2.refresh()
+    v2.sample(8)
+    c2 = cache_of(v2)
+    assert c2.capacity >= 360 and c2.last_read == 72  # grew, kept the 72 rows it had
+    v1.refresh()
+    v1.sample(8)
+    c1 = cache_of(v1)
+    assert c1.last_read is None and c1.capacity == c2.capacity  # mapped the new file
+    assert len(list(cols.glob("*.cols"))) == 1
+    check_all(v1, path)
+    buf.close()
+
+
+def test_an_unusable_cache_dir_warns_and_keeps_rows_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("ZREPLAY_CACHE_DIR", str(blocker / "cols"))
+    path = tmp_path / "b"
+    write(path, range(12))
+    view = zreplay.open(path)
+    with pytest.warns(RuntimeWarning, match="ZREPLAY_CACHE_DIR"):
+        view.sample(8)
+    c = cache_of(view)
+    assert c.path is None and c.hi == view.num_rows and c.last_read == 0
+    check_all(view, path)
+
+
+def test_a_full_disk_keeps_the_newest_rows_that_fit(tmp_path, cols, monkeypatch):
+    import shutil
+
+    class Usage:
+        total, used, free = 100 << 30, 0, 0
+
+    path = tmp_path / "b"
+    write(path, range(12))
+    view = zreplay.open(path)
+    c = cache_of(view)
+    Usage.free = (10 << 30) + 4096 + 100 * c.row_bytes
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage)
+    view.sample(8)
+    assert c.capacity == 100 and c.lo == view.num_rows - 100 and c.hi == view.num_rows
+    check_all(view, path)
+
+
+def test_a_writers_own_sample_and_clear_use_the_file(tmp_path, cols):
+    path = tmp_path / "b"
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), cache_size=1, sample_window_size=0
+    ) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(8)])
+        buf.flush()
+        buf.sample(64)
+        part = buf.core.engine.snapshot().parts[0]
+        first = part.cache.path
+        assert first is not None and first.exists() and part.cache.hi > 0
+        buf.clear()
+        assert not first.exists()  # those rows are gone for everyone
+        buf.add_trajectories([make_traj(i) for i in range(30, 38)])
+        buf.flush()
+        r = buf.sample(256)["rewards"][..., 0].numpy()
+        assert {int(x) // 10000 for x in r.ravel()} <= set(range(30, 38))
