@@ -41,7 +41,10 @@ def flat(batch: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize("caches", [{}, {"column_cache_bytes": 0}, {"chunk_cache_bytes": 1 << 24}])
+@pytest.mark.parametrize(
+    "caches",
+    [{}, {"column_cache_bytes": 0, "chunk_cache_bytes": 0}, {"chunk_cache_bytes": 1 << 24}],
+)
 def test_clips_are_the_stored_rows_bit_for_bit(stored, caches):
     view = zreplay.open(stored, **caches)
     n = view.num_clips(history_len=2)
@@ -315,6 +318,8 @@ def test_column_cache_knobs(stored, tmp_path):
 
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert default_budget() == ram  # the default budget is the machine's RAM
+    assert zreplay.open(stored).core.engine.chunk_cache_bytes == ram // 16
+    assert zreplay.open(stored, chunk_cache_bytes=0).core.engine.chunk_cache_bytes == 0
     assert c.max_rows == ram // sum(specs[k].row_bytes for k in c.keys)
     assert all(specs[k].row_bytes <= 1024 for k in c.keys)
     path = str(tmp_path / "b")

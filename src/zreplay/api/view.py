@@ -39,8 +39,10 @@ class BufferView:
     cache serves (``ZREPLAY_CACHE_DIR``; :mod:`zreplay.engine.colcache`), so rows of
     them are drawn at memory speed and clips and n-step windows read only large rows
     (images) from disk.
-    ``chunk_cache_bytes`` (default 0): a cache of decoded chunks of the other keys per
-    segment; when the hot rows fit, clips of images read at memory speed.
+    ``chunk_cache_bytes`` (default a sixteenth of the machine's RAM, per segment, in this
+    process's memory, filled only as chunks are read; 0: none): a cache of decoded
+    chunks of the other keys (images); when the hot rows fit, clips of images read at
+    memory speed.  Local disk only (TensorStore's cache pool).
 
     ``rate_limiter`` (``zreplay.MinSize``, ``zreplay.SampleToInsertRatio``): samples wait
     until the writers inserted enough; ``learner_id`` declares this view a learner whose
@@ -58,7 +60,7 @@ class BufferView:
         rate_limiter=None,
         learner_id: str | None = None,
         column_cache_bytes: int | None = None,
-        chunk_cache_bytes: int = 0,
+        chunk_cache_bytes: int | None = None,
     ):
         self._seed = seed
         self._caches = {
@@ -271,7 +273,7 @@ def open(  # noqa: A001
     rate_limiter=None,
     learner_id: str | None = None,
     column_cache_bytes: int | None = None,
-    chunk_cache_bytes: int = 0,
+    chunk_cache_bytes: int | None = None,
 ) -> BufferView:
     """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
     URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.

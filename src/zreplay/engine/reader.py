@@ -102,13 +102,22 @@ def _continues(old: _SegmentState, new: _SegmentState) -> bool:
     return int(new.index.column(col)[j]) == int(old.index.column(col)[j])
 
 
+def default_chunk_cache_bytes() -> int:
+    """A view's decoded-chunk cache per segment by default: a sixteenth of the machine's
+    RAM (1.5 GiB on 24 GiB).  Clips of compressed images from disk are decode-bound
+    without it (2.4x a memory map, benchmarks/README.md "Scale"); it fills only as far
+    as the chunks a process reads, least recently used first out."""
+    return default_budget() // 16
+
+
 class BufferReader:
     """Read-only access to the committed contents of a buffer directory.
 
     ``column_cache_bytes``: bytes per segment of small keys kept decoded in the shared
-    column cache file (default: the machine's RAM; 0: off; :mod:`zreplay.engine.colcache`); ``chunk_cache_bytes``: a cache of
-    decoded chunks per segment for the other keys (TensorStore's ``cache_pool``;
-    default 0: none)."""
+    column cache file (default: the machine's RAM; 0: off; :mod:`zreplay.engine.colcache`);
+    ``chunk_cache_bytes``: a cache of decoded chunks per segment for the other keys, in
+    this process's memory (TensorStore's ``cache_pool``, locally; default
+    :func:`default_chunk_cache_bytes`, a sixteenth of the machine's RAM; 0: none)."""
 
     writable = False
     closed = False
@@ -118,10 +127,12 @@ class BufferReader:
         path,
         storage_options: dict | None = None,
         column_cache_bytes: int | None = None,
-        chunk_cache_bytes: int = 0,
+        chunk_cache_bytes: int | None = None,
     ):
         budget = default_budget() if column_cache_bytes is None else column_cache_bytes
         self.column_cache_bytes = int(budget)
+        if chunk_cache_bytes is None:
+            chunk_cache_bytes = default_chunk_cache_bytes()
         self.chunk_cache_bytes = int(chunk_cache_bytes)
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
