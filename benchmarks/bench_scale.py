@@ -55,12 +55,16 @@ but the VM's disk may still cache beneath):
   ``SliceSampler(slice_len=32, end_key="done", strict_length=True, cache_values=True)``,
   ``rb.sample(1024).reshape(-1, 32)`` (as in bench_clips.py).  Median and p90 of
   ``repeats`` calls after ``warmup`` untimed ones; the very first call of each is
-  reported apart (``1st``): zreplay fills its column cache there, TorchRL's
-  ``SliceSampler`` finds every episode boundary (O(rows)) there.
-* zreplay's view keeps the newest rows of small keys (every key here) decoded in RAM, up
-  to ``column_cache_bytes`` (128 MiB per segment, ~3M rows of this data): below that size
-  samples never touch the store.  The ``cache off`` rows (``column_cache_bytes=0``, same
-  child) show the store's read path at every size.
+  reported apart (``1st``): zreplay fills its column cache file there (the child's
+  ``ZREPLAY_CACHE_DIR`` is emptied first), TorchRL's ``SliceSampler`` finds every episode
+  boundary (O(rows)) there.  ``1st sample(256), 2nd view``: the first call of a second
+  view opened after that in the same child, which maps the file the first one filled (as
+  a DataLoader worker or the next run would).
+* zreplay's view keeps the small keys (every key here) decoded in its column cache file
+  (default budget: the machine's RAM), served by the page cache like TorchRL's memmap;
+  ``column cache file``: the blocks it takes on disk.  The ``cache off`` rows
+  (``column_cache_bytes=0, chunk_cache_bytes=0``, same child) show the store's read path
+  at every size.
 * ``RSS``: VmRSS after the open and after all the sampling, absolute and over the
   process's RSS right before the open (imports done: zreplay imports torch too); the
   growth after sampling split into anonymous memory (zreplay's column cache, TensorStore)
@@ -393,7 +397,7 @@ def measure_zreplay(job) -> dict:
     res["rss_after_sampling"] = mem_mb()
 
     # The store's read path at every size: no column cache.
-    v0 = zreplay.open(path, seed=2, column_cache_bytes=0)
+    v0 = zreplay.open(path, seed=2, column_cache_bytes=0, chunk_cache_bytes=0)
     res["nocache_sample"] = repeat(lambda: v0.sample(SAMPLE_N), cfg["repeats"], cfg["warmup"])
     res["nocache_clips"] = repeat(
         lambda: v0.sample_clips(CLIPS, history_len=L), cfg["repeats"], cfg["warmup"]

@@ -30,7 +30,7 @@ from ..store.commit import Commit, read_commit, same_contents
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
-from .colcache import ColumnCache, contents_ident, default_budget
+from .colcache import ColumnCache, contents_ident, default_budget, small_keys
 from .gather import Evicted, Part, Snapshot, as_requests, gather
 
 RETRIES = 5
@@ -262,12 +262,15 @@ class BufferReader:
         return changed
 
     def _open_segment(self, seg_dir) -> Segment:
+        # Keys the column cache holds are read into it once: no chunk cache for them.
+        small = set(small_keys(self.schema)) if self.column_cache_bytes > 0 else set()
         return Segment(
             seg_dir,
             self.schema,
             self._layouts,
             writable=False,
             chunk_cache_bytes=self.chunk_cache_bytes,
+            chunk_cache_keys=frozenset(k for k in self.schema.keys if k not in small),
         )
 
     def _rebuild(self) -> None:

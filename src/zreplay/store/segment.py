@@ -55,6 +55,7 @@ class Segment:
         writable: bool,
         durable: bool = True,
         chunk_cache_bytes: int = 0,
+        chunk_cache_keys: frozenset | None = None,
     ):
         self.dir = locate(seg_dir)
         self.backend = self.dir.backend
@@ -63,17 +64,23 @@ class Segment:
         self.layouts = dict(layouts)
         self.writable = writable
         self._context = self.backend.array_context(durable)
-        # Data arrays may share a cache of decoded chunks (readers only; see
-        # Backend.array_context); index arrays are read whole and never need one.
-        self._data_context = self._context
+        # Data arrays of ``chunk_cache_keys`` (None: all) may share a cache of decoded
+        # chunks (readers only; see Backend.array_context); index arrays are read whole
+        # and never need one.
+        cached = self._data_context = self._context
         if chunk_cache_bytes > 0:
-            self._data_context = self.backend.array_context(durable, chunk_cache_bytes)
+            cached = self._data_context = self.backend.array_context(durable, chunk_cache_bytes)
 
         def handle(rel: str, dtype, row, ctx=self._context) -> ArrayHandle:
             return ArrayHandle(self.dir / rel, ctx, writable, (dtype, row))
 
         self.data = {
-            k: handle(f"data/{k}", s.dtype, s.row_shape, self._data_context)
+            k: handle(
+                f"data/{k}",
+                s.dtype,
+                s.row_shape,
+                cached if chunk_cache_keys is None or k in chunk_cache_keys else self._context,
+            )
             for k, s in schema.specs.items()
         }
         self.offsets = handle("offsets", "int64", ())
