@@ -269,3 +269,25 @@ def test_a_writers_own_sample_and_clear_use_the_file(tmp_path, cols):
         buf.flush()
         r = buf.sample(256)["rewards"][..., 0].numpy()
         assert {int(x) // 10000 for x in r.ravel()} <= set(range(30, 38))
+
+
+def test_a_large_fill_lets_the_page_cache_drop_the_chunks_it_read(tmp_path, cols, monkeypatch):
+    from zreplay.store.backend_local import LocalBackend
+
+    monkeypatch.setattr(colcache, "FORGET_AFTER_ROWS", 100)
+    dropped = []
+    orig = LocalBackend.forget_pages
+    monkeypatch.setattr(
+        LocalBackend, "forget_pages", lambda self, loc: (dropped.append(loc), orig(self, loc))
+    )
+    path = tmp_path / "b"
+    write(path, range(4))  # 72 rows: a small fill keeps the store's pages
+    view = zreplay.open(path)
+    view.sample(8)
+    assert dropped == []
+    write(path, range(4, 12))  # 144 more in one fill
+    view.refresh()
+    view.sample(8)
+    c = cache_of(view)
+    assert sorted(Path(p).name for p in dropped) == sorted(Path(k).name for k in c.keys)
+    check_all(view, path)

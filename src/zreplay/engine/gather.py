@@ -339,9 +339,11 @@ def _cover(part: Part, cache: ColumnCache) -> int:
     showed (else it may be fill values of deleted shards, or another contents' rows at
     the same numbers: the writer loaded a checkpoint, or the buffer was made again)."""
     try:
+        seg = part.segment
         return cache.cover(
-            part.segment.read_range, part.low_row, part.cache_hi, part.cache_id, part.reclaimed
-        )
+            seg.read_range, part.low_row, part.cache_hi, part.cache_id, part.reclaimed,
+            seg.forget_pages,
+        )  # fmt: skip
     except StaleRead:
         raise Evicted() from None
     except CorruptBufferError:

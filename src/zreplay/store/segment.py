@@ -348,6 +348,11 @@ class Segment:
         for ctx in {id(c): c for c in (self._context, self._data_context)}.values():
             self.backend.observe_commit(ctx, commit.n_rows, commit.reclaimed_below, same)
 
+    def forget_pages(self, key: str) -> None:
+        """The rows of ``key`` were decoded into the column cache file: its chunk files
+        need not stay in the page cache (which then holds that file's pages instead)."""
+        self.backend.forget_pages(self.dir / "data" / key)
+
     def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
         """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the
         result holds them in that order."""
