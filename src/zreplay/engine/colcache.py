@@ -336,10 +336,12 @@ class ColumnCache:
         row held (rows ``[lo, hi)`` are then in the ring).  ``ident`` names the segment's
         contents (None: not shareable, this process's memory); ``check(row)`` says
         whether the rows from ``row`` on that were read may be gone (then nothing is
-        published and :class:`StaleRead` is raised); ``forget(key)``, called after a fill
-        of :data:`FORGET_AFTER_ROWS` rows or more, lets the page cache drop what was read
-        (the store's chunks, compressed, compete with the file for it otherwise: at 300M
-        rows of state data 10 GB of chunks and the 13.5 GB file do not fit in 24 GB)."""
+        published and :class:`StaleRead` is raised); ``forget(key, start, stop)``, called
+        piece by piece in a fill of :data:`FORGET_AFTER_ROWS` rows or more, lets the page
+        cache drop the store's chunks as they are decoded (they compete with the file for
+        it otherwise: at 300M rows of state data 10 GB of chunks and the 13.5 GB file do
+        not fit in 24 GB, and the file's first pages left it again before the fill
+        ended)."""
         self.last_read = None
         hi = int(hi)
         want_lo = max(int(low_row), hi - self.max_rows)
@@ -382,13 +384,13 @@ class ColumnCache:
                     r.header[_H_LO] = b - r.slots  # before their slots are overwritten
                 for k, rows in got.items():
                     r.put(k, a, rows)
+                if forget is not None and hi - start >= FORGET_AFTER_ROWS:
+                    for k in self.keys:
+                        forget(k, a, b)
             if check is not None and check(start):
                 raise StaleRead()
             r.header[_H_HI] = hi
             self.last_read = start
-            if forget is not None and hi - start >= FORGET_AFTER_ROWS:
-                for k in self.keys:
-                    forget(k)
             return r.lo
 
     def _ensure(self, path: Path | None, r: _Ring | None, need: int, keep: int, start: int):

@@ -157,10 +157,10 @@ class Backend(ABC):
         ``open_array`` returns other handles says how."""
         return store.widened(rows)
 
-    def forget_pages(self, loc) -> None:
-        """Tell the OS that the files under ``loc`` will not be read again soon (their
-        rows were decoded elsewhere: the column cache file), so its page cache keeps
-        what will be; no-op where there is no such page cache."""
+    def forget_pages(self, files) -> None:
+        """Tell the OS that ``files`` will not be read again soon (their rows were
+        decoded elsewhere: the column cache file), so its page cache keeps what will be;
+        no-op where there is no such page cache."""
         return None
 
     def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:

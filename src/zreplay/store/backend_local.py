@@ -111,19 +111,18 @@ _FORK_WARNED = mmap.mmap(-1, 1)
 class LocalBackend(Backend):
     is_local = True
 
-    def forget_pages(self, loc) -> None:
-        for dirpath, _dirs, files in os.walk(loc):
-            for name in files:
-                try:
-                    fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-                except OSError:
-                    continue  # reclaimed meanwhile
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                except (OSError, AttributeError):
-                    pass
-                finally:
-                    os.close(fd)
+    def forget_pages(self, files) -> None:
+        for f in files:
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue  # reclaimed meanwhile
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except (OSError, AttributeError):
+                pass
+            finally:
+                os.close(fd)
 
     @property
     def storage_options(self) -> dict:

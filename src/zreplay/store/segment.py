@@ -232,13 +232,15 @@ class Segment:
         for key, lay in self.layouts.items():
             first = -(-start_row // lay.shard_rows)
             last = end_row // lay.shard_rows
-            nd = 1 + len(self.schema.specs[key].row_shape)
-            chunks = self.dir / "data" / key / "c"
             for s in range(first, last):
-                p = chunks / str(s)
-                for _ in range(nd - 1):
-                    p = p / "0"
-                self.backend.remove_file(p, chunks)
+                self.backend.remove_file(self._shard_file(key, s), self.dir / "data" / key / "c")
+
+    def _shard_file(self, key: str, shard: int):
+        """The file of shard ``shard`` (rows ``[shard * shard_rows, ...)``) of ``key``."""
+        p = self.dir / "data" / key / "c" / str(shard)
+        for _ in self.schema.specs[key].row_shape:
+            p = p / "0"
+        return p
 
     def remove_reclaimed(self, below_row: int) -> None:
         """Delete every shard file wholly below ``below_row`` that is still there (a writer
@@ -348,10 +350,14 @@ class Segment:
         for ctx in {id(c): c for c in (self._context, self._data_context)}.values():
             self.backend.observe_commit(ctx, commit.n_rows, commit.reclaimed_below, same)
 
-    def forget_pages(self, key: str) -> None:
-        """The rows of ``key`` were decoded into the column cache file: its chunk files
-        need not stay in the page cache (which then holds that file's pages instead)."""
-        self.backend.forget_pages(self.dir / "data" / key)
+    def forget_pages(self, key: str, start: int, stop: int) -> None:
+        """Rows ``[start, stop)`` of ``key`` were decoded into the column cache file: the
+        shard files holding them need not stay in the page cache (which then keeps that
+        file's pages instead)."""
+        n = self.layouts[key].shard_rows
+        self.backend.forget_pages(
+            [self._shard_file(key, s) for s in range(start // n, -(-stop // n))]
+        )
 
     def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
         """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the
