@@ -288,6 +288,36 @@ def test_s3_samples_are_bit_exact_and_cached_indexes_save_requests(url, s3, tmp_
     assert req.gets["range"] + req.gets["whole"] <= keys * 6, req.gets
 
 
+def test_s3_a_view_keeps_decoded_chunks_and_reads_them_once(url, s3, monkeypatch):
+    layout = {k: {"chunk_rows": 4, "shard_rows": 16} for k in ("obs", "action")}
+    rb = zreplay.ReplayBuffer(1000, path=url, storage_options=s3, layout=layout)
+    for e in range(8):
+        rb.write_episode(
+            {
+                "obs": np.full((10, 3), e, np.float32) + np.arange(10)[:, None],
+                "action": np.full((10, 1), e, np.float32),
+            }
+        )
+    rb.close()
+    pos = np.random.default_rng(2).choice(80, 40)  # rows of complete, committed chunks
+    # No column cache: every key is read through the chunk cache (or the bucket).
+    view = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    req = Requests(_backend(url, s3), monkeypatch)
+    first = view.rows(pos)
+    assert req.gets["range"] + req.gets["whole"] > 1
+    req.reset()
+    again = view.rows(pos[::-1])
+    for k in first:
+        np.testing.assert_array_equal(again[k], first[k][::-1])
+    assert req.calls["get"] == 1 and req.gets["whole"] == 1, (req.calls, req.gets)  # commit
+    off = zreplay.open(url, storage_options=s3, column_cache_bytes=0, chunk_cache_bytes=0)
+    off.rows(pos)
+    req.reset()
+    for k, v in off.rows(pos).items():
+        np.testing.assert_array_equal(v, first[k])
+    assert req.gets["range"] + req.gets["whole"] > 1  # without it, every read fetches
+
+
 def test_s3_index_cache_follows_commits_while_the_newest_rows_are_sampled(
     url, s3, tmp_path, monkeypatch
 ):
@@ -443,8 +473,8 @@ def test_s3_damage_names_segment_key_and_rows_even_with_a_cached_index(url, s3):
     )
     writer.add_trajectories([make_traj(t, T=5, B=3) for t in range(3)])
     writer.close()
-    # No column cache: these 192-byte images would be served from RAM once read.
-    view = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    # No column cache, no chunk cache: these images would be served from them once read.
+    view = zreplay.open(url, storage_options=s3, column_cache_bytes=0, chunk_cache_bytes=0)
     check_rows(view.rows(np.arange(16)))  # shard 0 of the images: index cached
     fs = s3fs.S3FileSystem(**s3)
     shard = url[len("s3://") :] + "/segments/default/data/curr_obs/main_images/c/0/0/0/0"

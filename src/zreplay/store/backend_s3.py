@@ -250,7 +250,7 @@ class S3Backend(Backend):
         return BackendStore(loc, read_only=read_only)
 
     def array_context(self, durable: bool, cache_bytes: int = 0) -> SegmentCache:
-        return SegmentCache()  # shard indexes only: chunks are fetched whole per read
+        return SegmentCache(cache_bytes)  # shard indexes; decoded chunks up to cache_bytes
 
     def open_array(self, loc, writable: bool, context) -> tuple[object, bool]:
         from .objectarray import ObjectArray

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
@@ -52,11 +53,18 @@ class SegmentCache:
     writer rewriting a shard keeps its complete chunks' bytes where they were.  A chunk
     that was still filling up is not covered (its bytes change when it fills).  Entries of
     shards the writer reclaimed are dropped; everything is forgotten when the segment was
-    cleared or replaced (:meth:`seen`)."""
+    cleared or replaced (:meth:`seen`).
 
-    def __init__(self):
+    Readers also keep decoded chunks wholly below ``known_rows`` (complete and
+    committed: they never change), least recently used out beyond ``chunk_bytes``, so a
+    view that draws the same rows again reads nothing from the store."""
+
+    def __init__(self, chunk_bytes: int = 0):
         self.lock = threading.Lock()
         self.known_rows = 0
+        self.chunk_bytes = int(chunk_bytes)
+        self._chunks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._held = 0
         self._indexes: dict[tuple[str, int], tuple[np.ndarray, int, int]] = {}
         self.writers: dict[str, ShardWriter] = {}
         self.lanes: dict[str, Future] = {}  # the last write of each array (writes in order)
@@ -68,11 +76,42 @@ class SegmentCache:
         with self.lock:
             if not same_rows:
                 self._indexes.clear()
+                self._chunks.clear()
+                self._held = 0
                 self.known_rows = 0
             self.known_rows = max(self.known_rows, int(n_rows))
             gone = [k for k, v in self._indexes.items() if v[2] <= reclaimed_below]
             for k in gone:
                 del self._indexes[k]
+            old = [k for k, b in self._chunks.items() if (k[1] + 1) * len(b) <= reclaimed_below]
+            for k in old:
+                self._held -= self._chunks.pop(k).nbytes
+
+    def chunks(self, array: str, uniq: np.ndarray) -> list:
+        """The decoded chunks ``uniq`` of ``array`` held (None where not)."""
+        if not self.chunk_bytes:
+            return [None] * len(uniq)
+        out = []
+        with self.lock:
+            for c in uniq.tolist():
+                b = self._chunks.get((array, c))
+                if b is not None:
+                    self._chunks.move_to_end((array, c))
+                out.append(b)
+        return out
+
+    def put_chunks(self, array: str, uniq, blocks, chunk_rows: int) -> None:
+        """Keep the decoded ``blocks`` of chunks ``uniq`` that are complete and committed."""
+        if not self.chunk_bytes:
+            return
+        with self.lock:
+            for c, b in zip(uniq.tolist(), blocks, strict=True):
+                if (c + 1) * chunk_rows > self.known_rows or (array, c) in self._chunks:
+                    continue
+                self._chunks[(array, c)] = b
+                self._held += b.nbytes
+            while self._held > self.chunk_bytes and self._chunks:
+                self._held -= self._chunks.popitem(last=False)[1].nbytes
 
     def index(self, array: str, shard: int, max_row: int) -> np.ndarray | None:
         with self.lock:
@@ -168,20 +207,19 @@ class ObjectArray:
         chunk = rows // self.meta.chunk_rows
         uniq, first = np.unique(chunk, return_index=True)
         bounds = np.append(first, len(rows))
-        if self.meta.shard_rows is None:
-            blocks = self._read_chunks(uniq)
-        else:
-            for attempt in range(RETRIES):
-                try:
-                    blocks = self._read_sharded(uniq, rows, bounds, use_cache=attempt == 0)
-                    break
-                except (ChunkError, FileNotFoundError):
-                    # A cached index may describe an object since replaced, and a writer
-                    # may replace a shard between its index GET and the chunk GETs (a
-                    # chunk still filling up moves): again, with fresh indexes.
-                    if attempt == RETRIES - 1:
-                        raise
-                    time.sleep(0.002 * attempt)
+        blocks = self.cache.chunks(self.key, uniq)
+        miss = [j for j, b in enumerate(blocks) if b is None]
+        if miss:
+            if len(miss) < len(uniq):  # read only the chunks not held
+                mu = uniq[miss]
+                mrows = rows[np.isin(chunk, mu)]
+                mfirst = np.unique(mrows // self.meta.chunk_rows, return_index=True)[1]
+                got = self._read_blocks(mu, mrows, np.append(mfirst, len(mrows)))
+            else:
+                mu, got = uniq, self._read_blocks(uniq, rows, bounds)
+            for j, b in zip(miss, got, strict=True):
+                blocks[j] = b
+            self.cache.put_chunks(self.key, mu, got, self.meta.chunk_rows)
         cr = self.meta.chunk_rows
         if cr == 1:
             for j, b in enumerate(blocks):
@@ -191,6 +229,23 @@ class ObjectArray:
             a, z = bounds[j], bounds[j + 1]
             out[a:z] = b[rows[a:z] - uniq[j] * cr]
         return out
+
+    def _read_blocks(self, uniq, rows, bounds) -> list:
+        """The decoded chunks ``uniq`` (sorted) holding ``rows`` (sorted; ``bounds``:
+        where each chunk's rows start), from the store."""
+        if self.meta.shard_rows is None:
+            return self._read_chunks(uniq)
+        for attempt in range(RETRIES):
+            try:
+                return self._read_sharded(uniq, rows, bounds, use_cache=attempt == 0)
+            except (ChunkError, FileNotFoundError):
+                # A cached index may describe an object since replaced, and a writer may
+                # replace a shard between its index GET and the chunk GETs (a chunk still
+                # filling up moves): again, with fresh indexes.
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.002 * attempt)
+        raise AssertionError("unreachable")
 
     def _missing(self, what: str) -> None:
         if self.meta.all_chunks_stored:
