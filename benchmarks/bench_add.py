@@ -68,6 +68,7 @@ IMAGE_KEYS = ("curr_obs/main_images", "next_obs/main_images")
 VARIANTS = {
     "zreplay": {},
     "zreplay staging_bytes=1 GiB": {"staging_bytes": 1 << 30},
+    "zreplay staging_bytes=3 GiB": {"staging_bytes": 3 << 30},
     "zreplay staging_bytes=0": {"staging_bytes": 0},
     "zreplay lz4 images": {"layout_images": {"codec": "lz4", "level": 1}},
     "zreplay durable=False": {"durable": False},
