@@ -42,6 +42,9 @@ for views, ``RamPolicy(column_cache_bytes=...)`` for writers; 0 turns it off).  
 default, :func:`default_budget`, is the machine's RAM: more than that the page cache cannot
 serve anyway.  A file never takes the cache directory's free space below a tenth of its
 disk: it holds fewer (the newest) rows instead, and older ones are read from the store.
+Its blocks are allocated when it is made (``posix_fallocate``): a store into a mapped page
+of a sparse file on a full disk would kill the process; where that fails, the process's
+memory is used instead.
 """
 
 from __future__ import annotations
@@ -154,18 +157,24 @@ class _Ring:
 
     @classmethod
     def make(cls, specs: dict, slots: int, path: Path | None) -> _Ring:
-        """A new empty ring (a file at ``path``, made in full before anyone can map it
-        under that name: the caller renames it there)."""
+        """A new empty ring (a file at ``path``, its blocks allocated, made in full before
+        anyone can map it under that name: the caller renames it there)."""
         size = cls.nbytes(specs, slots)
         if path is None:
             mm = mmap.mmap(-1, size)
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.ftruncate(fd, size)  # sparse: only the rows written take disk
+                # Blocks reserved now: a store into a mapped page the disk has no room
+                # for would kill the process (SIGBUS), not raise.
+                os.posix_fallocate(fd, 0, size)
                 mm = mmap.mmap(fd, size)
-            finally:
+            except BaseException:
                 os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
+            os.close(fd)
         ring = cls(mm, specs, slots, path)
         h = ring.header
         h[_H_MAGIC], h[_H_VERSION], h[_H_SLOTS], h[_H_BOOT] = _MAGIC, _VERSION, slots, _BOOT
@@ -398,14 +407,15 @@ class ColumnCache:
         the rows ``[keep, start)`` that ``r`` holds; None: no room at all."""
         if r is not None and need <= r.slots:
             return r
-        slots = min(self.max_rows, max(need + need // 2, 2 * (r.slots if r else 0), MIN_SLOTS))
+        # A quarter more than needed (a growing buffer does not remake the file at every
+        # commit; its blocks are allocated, so no more than that).
+        old = r.slots if r else 0
+        slots = min(self.max_rows, max(need + need // 4, old + old // 4, MIN_SLOTS))
         new = None
         if path is not None:
             try:
                 du = shutil.disk_usage(path.parent)
-                room = du.free - du.total // 10
-                if r is not None:
-                    room += _Ring.nbytes(self._specs, r.slots)
+                room = du.free - du.total // 10  # (an old file stays while others map it)
                 slots = min(slots, max(0, room - _PAGE) // max(1, self.row_bytes))
                 if slots < need:  # the rows that do not fit are read from the store
                     self._capped = time.monotonic() + _RETRY_ROOM_S
