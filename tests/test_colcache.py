@@ -313,3 +313,29 @@ def test_a_file_the_disk_cannot_hold_is_never_mapped(tmp_path, cols, monkeypatch
     assert c.path is None and c.hi == view.num_rows
     assert list(cols.glob("*.cols")) == [] and list(cols.glob("*.tmp")) == []
     check_all(view, path)
+
+
+def test_old_files_are_pruned_and_the_directory_may_go_at_any_time(tmp_path, cols):
+    import shutil
+
+    cols.mkdir(parents=True)
+    stale, recent = cols / ("0" * 40 + ".cols"), cols / ("1" * 40 + ".cols")
+    for f in (stale, recent):
+        f.write_bytes(b"x")
+    old = time.time() - colcache.PRUNE_AGE_S - 60
+    os.utime(stale, (old, old))
+    path = tmp_path / "b"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(6)])
+    buf.flush()
+    view = zreplay.open(path)
+    view.sample(8)  # makes its file: the stale one goes, the recent one stays
+    assert not stale.exists() and recent.exists()
+    shutil.rmtree(cols)  # the user deletes the directory while the view maps a file
+    check_all(view, path)
+    buf.add_trajectories([make_traj(i) for i in range(6, 9)])
+    buf.flush()
+    view.refresh()
+    view.sample(8)
+    check_all(view, path)
+    buf.close()
