@@ -41,7 +41,8 @@ contents went (a clear, a loaded checkpoint) removes its file, and files untouch
 for views, ``RamPolicy(column_cache_bytes=...)`` for writers; 0 turns it off).  The
 default, :func:`default_budget`, is the machine's RAM: more than that the page cache cannot
 serve anyway.  A file never takes the cache directory's free space below a tenth of its
-disk: it holds fewer (the newest) rows instead, and older ones are read from the store.
+disk (or :data:`RESERVE_BYTES`, 8 GiB, where that is less): it holds fewer (the newest)
+rows instead, and older ones are read from the store.
 Its blocks are allocated when it is made (``posix_fallocate``): a store into a mapped page
 of a sparse file on a full disk would kill the process; where that fails, the process's
 memory is used instead.
@@ -76,7 +77,10 @@ _PAGE = 4096
 MIN_SLOTS = 1 << 16
 PRUNE_AGE_S = 7 * 86400
 FORGET_AFTER_ROWS = 1 << 20
-_RETRY_ROOM_S = 60.0  # a ring the disk kept small asks again for room after this
+_RETRY_ROOM_S = 60.0
+RESERVE_BYTES = (
+    8 << 30
+)  # a file leaves a tenth of its disk free, or this much if less  # a ring the disk kept small asks again for room after this
 _MAGIC, _VERSION = 0x5A52434F4C53, 1  # "ZRCOLS"
 # Header: int64 fields of the first page.
 _H_MAGIC, _H_VERSION, _H_SLOTS, _H_LO, _H_HI, _H_SUPERSEDED, _H_BOOT = range(7)
@@ -415,7 +419,8 @@ class ColumnCache:
         if path is not None:
             try:
                 du = shutil.disk_usage(path.parent)
-                room = du.free - du.total // 10  # (an old file stays while others map it)
+                # (an old file stays while others map it: not counted as room)
+                room = du.free - min(du.total // 10, RESERVE_BYTES)
                 slots = min(slots, max(0, room - _PAGE) // max(1, self.row_bytes))
                 if slots < need:  # the rows that do not fit are read from the store
                     self._capped = time.monotonic() + _RETRY_ROOM_S
