@@ -339,3 +339,25 @@ def test_old_files_are_pruned_and_the_directory_may_go_at_any_time(tmp_path, col
     view.sample(8)
     check_all(view, path)
     buf.close()
+
+
+def test_a_ring_that_lost_older_rows_is_not_locked_at_every_read(tmp_path, cols, monkeypatch):
+    """A smaller budget in another process wrapped the shared ring past rows this view
+    wants: they come from the store, without taking the file's lock at every read."""
+    path = tmp_path / "b"
+    write(path, range(12))
+    row_bytes = cache_of(zreplay.open(path)).row_bytes
+    tiny = zreplay.open(path, column_cache_bytes=100 * row_bytes)  # 100 rows
+    tiny.sample(8)
+    c = cache_of(tiny)
+    assert c.lo == tiny.num_rows - 100
+    big = zreplay.open(path)
+    locks = []
+    orig = colcache.ColumnCache._exclusive
+    monkeypatch.setattr(
+        colcache.ColumnCache, "_exclusive", lambda self, p: (locks.append(p), orig(self, p))[1]
+    )
+    for _ in range(5):
+        big.sample(64)
+    assert len(locks) == 1  # once, to find nothing to read below the ring's lo
+    check_all(big, path)

@@ -363,7 +363,7 @@ class ColumnCache:
         path = self._bind(ident)
         r = self._ring
         if r is not None and r.hi >= hi and (r.lo <= want_lo or time.monotonic() < self._capped):
-            return r.lo  # (a ring the disk kept small holds the newest rows it can)
+            return r.lo  # (a ring that cannot hold older rows holds the newest it can)
         with self._exclusive(path):
             path = self._bind(ident)  # another process may have grown or filled it
             r = self._ring
@@ -382,7 +382,8 @@ class ColumnCache:
             if r is None:
                 return hi
             keep = max(keep, hi - r.slots)  # a ring the disk kept small: the newest rows
-            if start >= hi:
+            if start >= hi:  # it holds the newest rows and extends only upwards: the
+                self._capped = time.monotonic() + _RETRY_ROOM_S  # fast path says so
                 return r.lo
             if start <= keep:
                 start = keep
