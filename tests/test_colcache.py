@@ -361,3 +361,71 @@ def test_a_ring_that_lost_older_rows_is_not_locked_at_every_read(tmp_path, cols,
         big.sample(64)
     assert len(locks) == 1  # once, to find nothing to read below the ring's lo
     check_all(big, path)
+
+
+def test_a_fork_during_a_fill_never_keeps_the_lock(tmp_path, cols):
+    import fcntl
+
+    path = tmp_path / "b"
+    write(path, range(4))
+    view = zreplay.open(path)
+    view.sample(8)
+    c = cache_of(view)
+    lock = c.path.with_suffix(".lock")
+    with c._exclusive(c.path):
+        pid = os.fork()
+        if pid == 0:  # the child (a fork-context DataLoader worker) lives on a while
+            time.sleep(5)
+            os._exit(0)
+    try:
+        fd = os.open(lock, os.O_RDWR)
+        try:  # the parent let go: another process gets the lock while the child lives
+            deadline = time.monotonic() + 2  # (the child closes its copy as it starts)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the forked child kept the lock"
+                    time.sleep(0.02)
+        finally:
+            os.close(fd)
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_a_files_lo_never_goes_down(tmp_path, cols):
+    """A filler that started afresh at higher rows and died left the ring empty at its
+    rows; a filler of lower rows makes a new file rather than lower lo under readers."""
+    path = tmp_path / "b"
+    write(path, range(12))
+    view = zreplay.open(path)
+    view.sample(8)
+    c = cache_of(view)
+    first, ring = c.path, c._ring
+    ino = first.stat().st_ino
+    ring.header[colcache._H_LO] = ring.header[colcache._H_HI] = 10_000  # the dead filler's
+    other = zreplay.open(path)
+    other.sample(8)
+    assert cache_of(other).path.stat().st_ino != ino and ring.lo == 10_000
+    check_all(other, path)
+
+
+def test_a_directory_saved_over_is_another_cache(tmp_path, cols):
+    """A checkpoint keeps its writer's contents id: a directory resumed and then saved
+    over (or restored from a backup) holds other rows under the same id."""
+    src, ckpt = tmp_path / "src", tmp_path / "ckpt"
+    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src))
+    a.add_trajectories([make_traj(i) for i in range(6)])
+    a.save_checkpoint(str(ckpt))
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(ckpt))
+    b.add_trajectories([make_traj(i) for i in range(50, 56)])
+    b.close()
+    zreplay.open(ckpt).sample(8)  # caches the resumed history
+    a.add_trajectories([make_traj(i) for i in range(6, 12)])
+    a.save_checkpoint(str(ckpt))  # saved over: the first history again, longer
+    a.close()
+    view = zreplay.open(ckpt)
+    r = flat(view.rows(np.arange(view.num_rows)))["rewards"][:, 0]
+    assert {int(x) // 10000 for x in r} == set(range(12))
+    check_all(view, ckpt)

@@ -102,7 +102,14 @@ def contents_ident(location, contents: str) -> str | None:
     be renumbered under one name, so they are not shared)."""
     if not contents:
         return None
-    where = os.path.realpath(location) if isinstance(location, os.PathLike) else str(location)
+    if not isinstance(location, os.PathLike):
+        return f"{location}\0{contents}"
+    where = os.path.realpath(location)
+    try:  # a directory saved over or restored from a backup is another inode
+        st = os.stat(where)
+        where = f"{where}\0{st.st_dev}:{st.st_ino}"
+    except OSError:
+        pass
     return f"{where}\0{contents}"
 
 
@@ -134,6 +141,20 @@ def _boot_id() -> int:
 
 _BOOT = _boot_id()
 _warned: set = set()
+# Lock files this process holds an flock on: a forked child shares the open file
+# description, and so the lock, until it closes its copy (else it outlives the parent's
+# fill and every other process waits on it for good).
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def _round_up(n: int) -> int:
@@ -302,9 +323,12 @@ class ColumnCache:
             self._ring = _Ring.open(path, self._specs)
         return path
 
-    def discard(self) -> None:
-        """This cache's contents went (a clear, a loaded checkpoint): remove its file."""
+    def discard(self, ident: str | None = None) -> None:
+        """This cache's contents (``ident``, default the ones it last read) went (a
+        clear, a loaded checkpoint): remove their file."""
         with self.lock:
+            if ident is not None and self._ident is None:
+                self._ident = ident  # never read: its file may still be another's
             self._bind(None)
 
     @contextlib.contextmanager
@@ -320,10 +344,12 @@ class ColumnCache:
         if fd is None:
             yield
             return
+        _HELD.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
+            _HELD.discard(fd)
             os.close(fd)  # releases the lock
 
     def _go_private(self, where: Path, e: OSError) -> None:
@@ -378,7 +404,10 @@ class ColumnCache:
                 start = keep = want_lo  # this process's ring: its rows were renumbered
             else:
                 start, keep = held_hi, max(held_lo, want_lo)
-            r = self._ensure(path, r, hi - keep, keep, start)
+            # A file's lo never goes down (a reader that saw it unchanged after its gather
+            # trusts what it read): a fresh start below it takes a new file.
+            renew = path is not None and r is not None and start == keep and start < r.lo
+            r = self._ensure(path, r, hi - keep, keep, start, renew)
             if r is None:
                 return hi
             keep = max(keep, hi - r.slots)  # a ring the disk kept small: the newest rows
@@ -407,10 +436,13 @@ class ColumnCache:
             self.last_read = start
             return r.lo
 
-    def _ensure(self, path: Path | None, r: _Ring | None, need: int, keep: int, start: int):
+    def _ensure(
+        self, path: Path | None, r: _Ring | None, need: int, keep: int, start: int, renew=False
+    ):
         """A ring of ``need`` slots or more (fewer where the disk has no room), holding
-        the rows ``[keep, start)`` that ``r`` holds; None: no room at all."""
-        if r is not None and need <= r.slots:
+        the rows ``[keep, start)`` that ``r`` holds (``renew``: a new empty one in any
+        case); None: no room at all."""
+        if r is not None and need <= r.slots and not renew:
             return r
         # A quarter more than needed (a growing buffer does not remake the file at every
         # commit; its blocks are allocated, so no more than that).
@@ -435,22 +467,30 @@ class ColumnCache:
                 return self._ensure(None, None, need, start, start)
         else:
             new = _Ring.make(self._specs, slots, None)
-        lo = max(keep, r.lo) if r is not None else start
-        if r is not None and lo < start:
-            step = max(1, _FILL_BYTES // max(1, self.row_bytes))
-            for a in range(lo, start, step):
-                idx = np.arange(a, min(start, a + step)) % r.slots
-                for k in self.keys:
-                    new.put(k, a, r.arrays[k][idx])
-            new.header[_H_LO], new.header[_H_HI] = lo, start
-        else:
-            new.header[_H_LO] = new.header[_H_HI] = start
-        if new.path is not None:
-            try:
+        lo = max(keep, r.lo) if r is not None and not renew else start
+        try:
+            if lo < start:
+                step = max(1, _FILL_BYTES // max(1, self.row_bytes))
+                for a in range(lo, start, step):
+                    idx = np.arange(a, min(start, a + step)) % r.slots
+                    for k in self.keys:
+                        new.put(k, a, r.arrays[k][idx])
+                new.header[_H_LO], new.header[_H_HI] = lo, start
+            else:
+                new.header[_H_LO] = new.header[_H_HI] = start
+            if new.path is not None:
                 os.replace(new.path, path)
-            except OSError as e:
-                self._go_private(path.parent, e)
-                return self._ensure(None, None, need, start, start)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                new.path.unlink()
+            self._go_private(path.parent, e)
+            return self._ensure(None, None, need, start, start)
+        except BaseException:  # a Ctrl-C mid-copy leaves no temporary behind
+            if new.path is not None:
+                with contextlib.suppress(OSError):
+                    new.path.unlink()
+            raise
+        if new.path is not None:
             new.path = path
             if r is not None and r.path is not None:
                 r.header[_H_SUPERSEDED] = 1  # its holders map the new file
@@ -467,12 +507,13 @@ class ColumnCache:
 
 
 def _prune(directory: Path) -> None:
-    """Remove cache files (and their lock files, stray temporaries) untouched for
-    :data:`PRUNE_AGE_S`: caches of buffers deleted or moved since."""
+    """Remove cache files and stray temporaries untouched for :data:`PRUNE_AGE_S`:
+    caches of buffers deleted or moved since (lock files stay: empty, and one may be
+    held by a filler at this moment)."""
     now = time.time()
     with contextlib.suppress(OSError):
         for entry in os.scandir(directory):
-            if not entry.name.endswith((".cols", ".lock", ".tmp")):
+            if not entry.name.endswith((".cols", ".tmp")):  # never a lock: one may be held
                 continue
             with contextlib.suppress(OSError):
                 if now - entry.stat().st_mtime > PRUNE_AGE_S:

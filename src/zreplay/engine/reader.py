@@ -220,6 +220,9 @@ class BufferReader:
             if self.schema is not None and (schema, layouts) != (self.schema, self._layouts):
                 # A writer loaded a checkpoint of another schema or layout into the only
                 # segment: no array handle opened for the old one may read the new one.
+                for st in self._segs.values():
+                    if st.cache is not None:
+                        st.cache.discard()
                 self._segs, changed = {}, True
             self.schema, self._layouts, self._recorded = schema, layouts, recorded
         if self.schema is None:
@@ -233,7 +236,11 @@ class BufferReader:
                 seen[wid] = commit
             if commit is None or commit.n_rows == commit.low_row:
                 # Nothing to read (never wrote, or cleared): its arrays may not exist (yet).
-                changed |= self._segs.pop(wid, None) is not None
+                gone = self._segs.pop(wid, None)
+                if gone is not None:
+                    changed = True
+                    if gone.cache is not None:
+                        gone.cache.discard()  # the rows it held are nobody's any more
                 continue
             st = self._segs.get(wid)
             if st is not None and (st.commit.gen, st.commit.contents) == (

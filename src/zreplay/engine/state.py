@@ -56,6 +56,8 @@ class SegmentState:
 
     def reopen(self, o: OpenedSegment) -> None:
         """Take the segment as opened from disk (open, clear, adopt)."""
+        old = getattr(self, "columns", None)
+        old_id = self._cache_id() if old is not None and self.segment is not None else None
         self.schema: Schema | None = o.schema
         self.layouts = o.layouts
         self.commit: Commit = o.commit
@@ -65,9 +67,8 @@ class SegmentState:
         self.next_trajectory_id = o.next_trajectory_id
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
-        old = getattr(self, "columns", None)
-        if old is not None:
-            old.discard()  # the rows it held are gone (a clear, a loaded checkpoint)
+        if old is not None and (old_id != self._cache_id() or old_id is None):
+            old.discard(old_id)  # the rows it held are gone (a clear, a loaded checkpoint)
         self.columns = self._column_cache()
         self._ident_of, self._ident = None, None
         self.tier_rows = 0  # the tier's size by the RAM policy (the ring may grow beyond)
