@@ -60,6 +60,15 @@ def cache_of(view):
     return view.core.engine.snapshot().parts[0].cache
 
 
+def filled(tmp_path, tids=range(12)):
+    """A buffer of trajectories ``tids`` and a view that filled its cache file."""
+    path = tmp_path / "b"
+    write(path, tids)
+    view = zreplay.open(path)
+    view.sample(8)
+    return path, view, cache_of(view)
+
+
 def test_views_and_processes_share_one_file_filled_once(tmp_path, cols):
     path = tmp_path / "b"
     write(path, range(12))
@@ -366,11 +375,7 @@ def test_a_ring_that_lost_older_rows_is_not_locked_at_every_read(tmp_path, cols,
 def test_a_fork_during_a_fill_never_keeps_the_lock(tmp_path, cols):
     import fcntl
 
-    path = tmp_path / "b"
-    write(path, range(4))
-    view = zreplay.open(path)
-    view.sample(8)
-    c = cache_of(view)
+    _, _, c = filled(tmp_path, range(4))
     lock = c.path.with_suffix(".lock")
     with c._exclusive(c.path):
         pid = os.fork()
@@ -397,11 +402,7 @@ def test_a_fork_during_a_fill_never_keeps_the_lock(tmp_path, cols):
 def test_a_files_lo_never_goes_down(tmp_path, cols):
     """A filler that started afresh at higher rows and died left the ring empty at its
     rows; a filler of lower rows makes a new file rather than lower lo under readers."""
-    path = tmp_path / "b"
-    write(path, range(12))
-    view = zreplay.open(path)
-    view.sample(8)
-    c = cache_of(view)
+    path, _, c = filled(tmp_path)
     first, ring = c.path, c._ring
     ino = first.stat().st_ino
     ring.header[colcache._H_LO] = ring.header[colcache._H_HI] = 10_000  # the dead filler's
