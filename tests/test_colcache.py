@@ -231,18 +231,23 @@ def test_growing_the_ring_moves_every_process_to_the_new_file(tmp_path, cols, mo
     buf.close()
 
 
-def test_an_unusable_cache_dir_warns_and_keeps_rows_in_memory(tmp_path, monkeypatch):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    monkeypatch.setenv("ZREPLAY_CACHE_DIR", str(blocker / "cols"))
+def assert_kept_in_memory(tmp_path, match: str):
+    """A view of a new buffer warns (``match``) and keeps every row in its own memory."""
     path = tmp_path / "b"
     write(path, range(12))
     view = zreplay.open(path)
-    with pytest.warns(RuntimeWarning, match="ZREPLAY_CACHE_DIR"):
+    with pytest.warns(RuntimeWarning, match=match):
         view.sample(8)
     c = cache_of(view)
     assert c.path is None and c.hi == view.num_rows and c.last_read == 0
     check_all(view, path)
+
+
+def test_an_unusable_cache_dir_warns_and_keeps_rows_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("ZREPLAY_CACHE_DIR", str(blocker / "cols"))
+    assert_kept_in_memory(tmp_path, "ZREPLAY_CACHE_DIR")
 
 
 def test_a_full_disk_keeps_the_newest_rows_that_fit(tmp_path, cols, monkeypatch):
@@ -313,15 +318,8 @@ def test_a_file_the_disk_cannot_hold_is_never_mapped(tmp_path, cols, monkeypatch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)
-    path = tmp_path / "b"
-    write(path, range(12))
-    view = zreplay.open(path)
-    with pytest.warns(RuntimeWarning, match="No space left"):
-        view.sample(8)
-    c = cache_of(view)
-    assert c.path is None and c.hi == view.num_rows
+    assert_kept_in_memory(tmp_path, "No space left")
     assert list(cols.glob("*.cols")) == [] and list(cols.glob("*.tmp")) == []
-    check_all(view, path)
 
 
 def test_old_files_are_pruned_and_the_directory_may_go_at_any_time(tmp_path, cols):

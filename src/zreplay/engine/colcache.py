@@ -77,10 +77,8 @@ _PAGE = 4096
 MIN_SLOTS = 1 << 16
 PRUNE_AGE_S = 7 * 86400
 FORGET_AFTER_ROWS = 1 << 20
-_RETRY_ROOM_S = 60.0
-RESERVE_BYTES = (
-    8 << 30
-)  # a file leaves a tenth of its disk free, or this much if less  # a ring the disk kept small asks again for room after this
+_RETRY_ROOM_S = 60.0  # a ring that cannot hold older rows asks again after this
+RESERVE_BYTES = 8 << 30  # a file leaves a tenth of its disk free, or this much if less
 _MAGIC, _VERSION = 0x5A52434F4C53, 1  # "ZRCOLS"
 # Header: int64 fields of the first page.
 _H_MAGIC, _H_VERSION, _H_SLOTS, _H_LO, _H_HI, _H_SUPERSEDED, _H_BOOT = range(7)
@@ -251,7 +249,7 @@ class ColumnCache:
     bytes.  Not thread-safe: its owner calls it under :attr:`lock` (one thread of a
     process at a time; other processes coordinate through the file)."""
 
-    def __init__(self, schema: Schema, budget_bytes: int, directory: Path | None = None):
+    def __init__(self, schema: Schema, budget_bytes: int):
         self.keys = small_keys(schema) if budget_bytes > 0 else []
         self._specs = {k: schema.specs[k] for k in self.keys}
         self.row_bytes = sum(s.row_bytes for s in self._specs.values())
@@ -259,7 +257,6 @@ class ColumnCache:
         if not self.max_rows:
             self.keys = []
         self._key_set = frozenset(self.keys)
-        self._dir = directory
         self._ring: _Ring | None = None
         self._ident: str | None = None
         self._private = False  # the cache directory failed: this process's memory
@@ -298,7 +295,7 @@ class ColumnCache:
         if ident is None or self._private:
             return None
         if self._named[0] != ident:
-            d = self._dir if self._dir is not None else cache_dir()
+            d = cache_dir()
             sig = repr([(k, s.dtype.str, tuple(s.row_shape)) for k, s in self._specs.items()])
             digest = hashlib.sha256(f"{ident}\0{sig}".encode()).hexdigest()[:40]
             self._named = (ident, d / f"{digest}.cols")

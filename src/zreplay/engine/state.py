@@ -67,7 +67,7 @@ class SegmentState:
         self.next_trajectory_id = o.next_trajectory_id
         self.next_episode = o.next_episode
         self.tier: RamTier | None = None
-        if old is not None and (old_id != self._cache_id() or old_id is None):
+        if old is not None and old_id != self._cache_id():
             old.discard(old_id)  # the rows it held are gone (a clear, a loaded checkpoint)
         self.columns = self._column_cache()
         self._ident_of, self._ident = None, None
