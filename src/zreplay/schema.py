@@ -53,6 +53,11 @@ MAX_KEY_DEPTH = 16
 _NAMED = {"segments": "writer_id", "learners": "learner_id"}
 
 
+def safe_component(name: str) -> bool:
+    """Whether ``name`` may be one Zarr path component of a buffer (see below)."""
+    return bool(_COMPONENT.fullmatch(name)) and name not in _RESERVED and not name.endswith(".")
+
+
 def check_key_component(name: Any, where: str = "") -> str:
     """Return ``name`` if it is safe as one Zarr path component, else raise KeyNameError
     (naming a writer or learner id as such when ``where`` is ``segments``/``learners``)."""
@@ -60,7 +65,7 @@ def check_key_component(name: Any, where: str = "") -> str:
     label = f"{what} {name!r}" if what else f"key {f'{where}/{name}' if where else repr(name)!r}"
     if not isinstance(name, str):
         raise KeyNameError(f"{label}: names must be str, got {type(name).__name__}")
-    if not _COMPONENT.fullmatch(name) or name in _RESERVED or name.endswith("."):
+    if not safe_component(name):
         nest = "" if what else " (nest dicts instead)"
         raise KeyNameError(
             f"{label} is not a safe name: use 1-128 characters from [A-Za-z0-9_.-], "

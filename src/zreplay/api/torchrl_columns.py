@@ -10,9 +10,7 @@ max_size`` and a slot shows the newest row that belongs to it, so the storage ho
 except after importing a TorchRL checkpoint of a full ring, whose rows are appended
 oldest first starting at the writer's cursor.
 
-A TensorDict ``[n, *batch]`` is a set of leaves ``("next", "obs") -> "next/obs"``: one
-zreplay column per leaf, ``[n, *row]``; ``batches`` records the extra batch dims of every
-(nested) TensorDict so reads rebuild the same structure.
+How rows become columns and come back: :mod:`zreplay.api.torchrl_forms`.
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from tensordict._td import _SubTensorDict
 
 from ..core import Prepared
 from ..errors import AppendOnlyError, SchemaError
-from ..schema import Schema, as_numpy, check_key_component
+from ..schema import Schema
+from .torchrl_forms import disk_name, user_name
 
 
 @dataclass(frozen=True)
@@ -69,55 +68,6 @@ def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
     return out
 
 
-def td_columns(td: TensorDictBase) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-    """``({"a/b": [n, *row] array}, {td path: extra batch dims})`` of a TensorDict with
-    batch ``[n, ...]``; ``SchemaError`` for an unsafe key name or a non-tensor leaf."""
-    cols: dict[str, np.ndarray] = {}
-    batches = {"": [int(d) for d in td.batch_size[1:]]}
-    for key, value in td.items(include_nested=True, leaves_only=False):
-        key = (key,) if isinstance(key, str) else tuple(key)
-        for i, part in enumerate(key):
-            check_key_component(part, "/".join(key[:i]))
-        path = "/".join(key)
-        if isinstance(value, TensorDictBase):
-            batches[path] = [int(d) for d in value.batch_size[1:]]
-        elif isinstance(value, torch.Tensor):
-            cols[path] = np.ascontiguousarray(as_numpy(value, str(key)))
-        else:
-            raise SchemaError(
-                f"ZarrStorage: key {key} holds {type(value).__name__}; only tensors are "
-                "stored (drop non-tensor entries before extend)"
-            )
-    return cols, batches
-
-
-def build_td(
-    flat: Mapping[str, np.ndarray | torch.Tensor],
-    lead: tuple[int, ...],
-    batches: Mapping[str, list[int]],
-    device: torch.device,
-) -> TensorDict:
-    """The TensorDict ``[*lead, *batch]`` of flat columns (the inverse of td_columns)."""
-    tree: dict = {}
-    for path, value in flat.items():
-        node = tree
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        t = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-        node[leaf] = t.reshape((*lead, *t.shape[1:]))
-
-    def make(prefix: str, node: dict) -> TensorDict:
-        items = {
-            k: make(f"{prefix}/{k}" if prefix else k, v) if isinstance(v, dict) else v
-            for k, v in node.items()
-        }
-        return TensorDict(items, batch_size=[*lead, *batches.get(prefix, [])])
-
-    td = make("", tree)
-    return td if device.type == "cpu" else td.to(device)
-
-
 # -- the lazy, read-only view behind storage[:] ------------------------------------------
 
 
@@ -143,7 +93,8 @@ class _LazyColumns(TensorDict):
             return self._default_get(key, default)
         if isinstance(node, TensorDictBase):
             return _SubTensorDict(node, idx)
-        return self.__dict__["_zr_read"]("/".join(self.__dict__["_zr_prefix"] + key), idx)
+        path = self.__dict__["_zr_prefix"] + tuple(disk_name(p) for p in key)
+        return self.__dict__["_zr_read"]("/".join(path), idx)
 
     def _get_at_str(self, key, idx, default, **kwargs):
         return self._zr_get((key,), idx, default)
@@ -161,7 +112,7 @@ def lazy_source(
     length: int,
     read: Callable[[str, object], torch.Tensor],
 ) -> _LazyColumns:
-    """The structure of ``length`` slots (``specs``: flat key -> dtype, row shape) with
+    """The structure of ``length`` slots (``specs``: stored column -> dtype, row shape) with
     no data: ``_SubTensorDict(source, index)`` is ``storage[index]`` as a read-only view
     whose column ``key`` is ``read(key path, index)``, read on access."""
 
@@ -173,9 +124,9 @@ def lazy_source(
                 continue
             name = parts[len(prefix)]
             if len(parts) == len(prefix) + 1:
-                items[name] = torch.empty((length, *row), dtype=dtype, device="meta")
-            elif name not in items:
-                items[name] = make((*prefix, name))
+                items[user_name(name)] = torch.empty((length, *row), dtype=dtype, device="meta")
+            elif user_name(name) not in items:
+                items[user_name(name)] = make((*prefix, name))
         batch = [length, *batches.get("/".join(prefix), [])]
         return _LazyColumns(items, batch_size=batch)._bind(read, prefix)
 
@@ -219,14 +170,13 @@ def check_schema(schema: Schema, cols: Mapping[str, np.ndarray]) -> None:
     if missing or extra:
         raise SchemaError(
             f"ZarrStorage: the data's keys differ from the storage's: missing "
-            f"{[tuple(k.split('/')) for k in missing]}, unexpected "
-            f"{[tuple(k.split('/')) for k in extra]}"
+            f"{[_shown(k) for k in missing]}, unexpected {[_shown(k) for k in extra]}"
         )
     for k, v in cols.items():
         spec = schema.specs[k]
         if v.dtype != spec.dtype or tuple(v.shape[1:]) != spec.row_shape:
             raise SchemaError(
-                f"ZarrStorage: key {tuple(k.split('/'))} holds {spec.dtype} rows of shape "
+                f"ZarrStorage: key {_shown(k)} holds {spec.dtype} rows of shape "
                 f"{spec.row_shape}, got {v.dtype} rows of shape {tuple(v.shape[1:])}; "
                 "ZarrStorage never casts or broadcasts: convert the data before extend"
             )
@@ -235,3 +185,8 @@ def check_schema(schema: Schema, cols: Mapping[str, np.ndarray]) -> None:
 def show_slots(t: torch.Tensor) -> str:
     v = t.tolist()
     return str(v) if len(v) <= 8 else f"[{v[0]}, {v[1]}, ..., {v[-1]}] ({len(v)})"
+
+
+def _shown(column: str) -> tuple[str, ...]:
+    """The user's key of a stored column."""
+    return tuple(user_name(p) for p in column.split("/"))

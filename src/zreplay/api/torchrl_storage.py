@@ -14,6 +14,7 @@ A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
 
 from __future__ import annotations
 
+import functools
 import json
 import weakref
 from collections.abc import Mapping
@@ -23,14 +24,15 @@ from typing import Unpack
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import TensorDict, is_tensor_collection, is_tensorclass
 from tensordict._td import _SubTensorDict
+from torch.utils._pytree import tree_leaves, tree_map
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..engine.reader import segment_commits
-from ..errors import AppendOnlyError, FormatError, HandoffError, SchemaError
+from ..errors import AppendOnlyError, FormatError, ReadOnlyError, SchemaError
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
@@ -39,14 +41,13 @@ from .batches import torch_dtype
 from .torchrl_columns import (
     OwnCheckpoints,
     Ring,
-    build_td,
     check_schema,
     lazy_source,
     pieces,
     show_slots,
     slot_index,
-    td_columns,
 )
+from .torchrl_forms import Form, encode
 
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
 CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
@@ -116,7 +117,10 @@ class ZarrStorage(TensorStorage):
             self.core.close()
             raise
 
-    def _open_ring(self, state: Mapping | None = None) -> None:
+    def _open_ring(self, state: Mapping | None = None, low_row: int = 0) -> None:
+        """The ring of what the segment holds (``state``: its facade state, default the
+        writer's; ``low_row``: a read-only copy's first visible row, where its row
+        positions start)."""
         saved = dict(self.core.facade_state if state is None else state)
         self._W = self.core.row_range[1]
         if (self.core.num_rows or saved) and saved.get("kind") != KIND:
@@ -131,20 +135,24 @@ class ZarrStorage(TensorStorage):
             )
         # An empty segment is an empty ring, wherever its rows go on from (a clear moves
         # the row counter on to a shard boundary).
-        start = int(saved.get("start", 0)) if self.core.num_rows else self._W
+        start = int(saved.get("start", 0)) - low_row if self.core.num_rows else self._W
         self._ring = Ring(self.max_size, start, int(saved.get("shift", 0)))
         self._ring_guessed = bool(saved.get("guessed", False))
-        self._batches = saved.get("batches")
+        self._form = Form.from_state(saved.get("form"), saved.get("batches"))
+        if self._form is None or self._form.cls is None or "_tc" not in self.__dict__:
+            self._tc = None  # the tensorclass rows come back as (False: not importable)
         self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
         self._source: tuple | None = None  # ((len, epoch), lazy structure of the slots)
         self._epoch = getattr(self, "_epoch", 0) + 1
+        if not self.core.writable:
+            return
         self.core.facade_state = {
             "kind": KIND,
             "max_size": self.max_size,
             "start": self._ring.start,
             "shift": self._ring.shift,
             "guessed": self._ring_guessed,
-            "batches": self._batches,
+            "form": None if self._form is None else self._form.to_state(),
         }
         if self._ring.length(self._W):
             self._set_last_cursor((self._ring.next_slot(self._W) - 1) % self.max_size)
@@ -214,15 +222,7 @@ class ZarrStorage(TensorStorage):
         its first extend to lose."""
         if writer in _FOLLOWED:
             return
-        load, storage = writer.load_state_dict, weakref.ref(self)
-
-        def load_state_dict(state_dict):
-            load(state_dict)
-            s = storage()
-            if s is not None and s._ring_guessed and s.__dict__.get("core") is not None:
-                s._settle_guess(_writer_position(writer)[0])
-
-        writer.load_state_dict = load_state_dict
+        writer.load_state_dict = _FollowedLoad(writer.load_state_dict, self)
         _FOLLOWED.add(writer)
 
     def _writers(self) -> list:
@@ -238,20 +238,28 @@ class ZarrStorage(TensorStorage):
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
         """Append ``data`` (a TensorDict ``[n, ...]``, or ``[]`` for ``add``) at the
         writer's ``cursor``, which must be the next ``n`` slots of the ring."""
+        self._check_writable("extend")
         if not set_cursor:
             raise AppendOnlyError(
                 "ZarrStorage is append-only: rows cannot be overwritten in place "
                 "(storage[idx] = value, rb[idx] = value, write_at); extend instead"
             )
         cur = torch.as_tensor(cursor).reshape(-1).to("cpu", torch.int64)
+        single = isinstance(cursor, int | np.integer) or (
+            isinstance(cursor, torch.Tensor) and cursor.dim() == 0
+        )
         try:
-            data = _rows(data)
-            n = int(data.shape[0])
+            if isinstance(data, list | tuple) and not data:
+                if not self.initialized:
+                    raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
+                return
+            form, cols, tc = encode(data, single)
+            n = len(next(iter(cols.values())))
             if n == 0:
                 if not self.initialized:
                     raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
                 return
-            self._append(cur, data, n)
+            self._append(cur, form, cols, tc, n)
         except BaseException:
             for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
                 count = max(0, _writer_position(w)[1] - cur.numel())
@@ -277,7 +285,7 @@ class ZarrStorage(TensorStorage):
                 return cursor
         return None
 
-    def _append(self, cursor: torch.Tensor, data: TensorDictBase, n: int) -> None:
+    def _append(self, cursor: torch.Tensor, form: Form, cols: dict, tc, n: int) -> None:
         want = self._ring.expected(self._W, n)
         if self._ring_guessed and len(cursor) and not torch.equal(cursor, want):
             self._settle_guess(int(cursor[0]))
@@ -288,24 +296,24 @@ class ZarrStorage(TensorStorage):
                 f"writer asked for {show_slots(cursor)}; only TorchRL's round-robin writers "
                 "are supported (the writer's cursor was put back: extend again)"
             )
-        cols, batches = td_columns(data)
         schema = self.core.schema
-        if schema is not None:
+        if schema is not None and self._form is not None:
+            why = self._form.differs(form)
+            if why:
+                raise SchemaError(f"ZarrStorage: {why}; a storage holds one kind of data")
             check_schema(schema, cols)
-            if batches != self._batches:
-                raise SchemaError(
-                    f"ZarrStorage: the data's TensorDict batch shapes {batches} differ from "
-                    f"the storage's {self._batches} (per row, after the first dim)"
-                )
         else:
             Schema.infer({k: v[:, None] for k, v in cols.items()})
-            self._batches = self.core.facade_state["batches"] = batches
+            self._form = form
+            self.core.facade_state["form"] = form.to_state()
         try:
             self.core.add(pieces(cols, n, self._piece))
         except BaseException:
             if schema is None:
-                self._batches = self.core.facade_state["batches"] = None
+                self._form = self.core.facade_state["form"] = None
             raise
+        if tc is not None:
+            self._tc = tc
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
         m = min(n, self.max_size)
@@ -314,6 +322,7 @@ class ZarrStorage(TensorStorage):
 
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
+        self._check_writable("empty it")
         self.core.facade_state.update(shift=0, guessed=False)
         self.core.clear()
         self._open_ring()  # empty: the ring starts where the rows go on
@@ -326,16 +335,26 @@ class ZarrStorage(TensorStorage):
         ``len(self)`` slots) as a TensorDict; a slice gives a read-only lazy view."""
         if not self.initialized:
             raise RuntimeError("Cannot get elements out of a non-initialized storage.")
-        if isinstance(index, slice):
+        if isinstance(index, slice) and self._lazy_ok():
             return self._view(index)
         slots = slot_index(index, len(self))
         g = self._ring.rows_of(slots.reshape(-1), self._W)
-        return build_td(self.core.rows(g), slots.shape, self._batches, self.device)
+        return self._build(self.core.rows(g), slots.shape)
+
+    def _build(self, flat: dict, lead: tuple[int, ...]):
+        """Rows as the data they were given as (see :mod:`.torchrl_forms`)."""
+        if self._tc is None and self._form.cls is not None:
+            self._tc = self._form.resolve_class() or False
+        return self._form.build(flat, lead, self.device, self._tc or None)
+
+    def _lazy_ok(self) -> bool:
+        """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts only)."""
+        return self._form.kind == "td" and self._form.cls is None
 
     def __getitem__(self, index):
         # A sampler's tuple index (SliceSampler reads flags at it): a lazy view, so only
         # the keys it reads are read; the batch itself comes through get().
-        if isinstance(index, tuple) and self.initialized:
+        if isinstance(index, tuple) and self.initialized and self._lazy_ok():
             return self._view(index)
         return self.get(index)
 
@@ -350,7 +369,8 @@ class ZarrStorage(TensorStorage):
             specs = self.core.schema.specs
             types = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in specs.items()}
             reader = self._column_reader(L, self._epoch)
-            self._source = ((L, self._epoch), lazy_source(types, self._batches, L, reader))
+            batches = self._form.batches
+            self._source = ((L, self._epoch), lazy_source(types, batches, L, reader))
         return self._source[1]
 
     def _small_column(self, key: str) -> torch.Tensor:
@@ -396,11 +416,21 @@ class ZarrStorage(TensorStorage):
         while it is only a guess: as in TorchRL's, the writer's state then says it).  It
         holds every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files
         instead."""
-        self._settle_guess(self._writer_cursor())
+        if self.core.writable:
+            self._settle_guess(self._writer_cursor())
         if not self.initialized:
             return {"_storage": {}, "initialized": False, "_len": 0}
-        td = self._slot_rows(np.arange(self.max_size))
-        out = {"_storage": td.state_dict(), "initialized": True, "_len": len(self)}
+        rows = self._slot_rows(np.arange(self.max_size))
+        if isinstance(rows, TensorDict):
+            rows = rows.state_dict()
+        elif is_tensorclass(rows):
+            rows = rows._tensordict.state_dict()
+        elif not isinstance(rows, torch.Tensor):
+            raise TypeError(
+                "a ZarrStorage of pytrees has no state_dict (nor has TorchRL's); checkpoint "
+                "it with rb.dumps(path)"
+            )
+        out = {"_storage": rows, "initialized": True, "_len": len(self)}
         if not self._ring_guessed:  # a guess is not exported as if it were known
             out["_next_slot"] = self._ring.next_slot(self._W)
         return out
@@ -409,24 +439,29 @@ class ZarrStorage(TensorStorage):
         """Replace the contents with a ``state_dict()`` of this class or of TorchRL's
         tensor storages (a full ring's next slot, which theirs lack, is taken from the
         restored writer's first extend)."""
+        self._check_writable("load state dicts")
         n = int(state_dict["_len"])
         rows = None
         if state_dict.get("initialized") and n:
-            # A copy keeps the OrderedDict's _metadata (batch sizes) that dict() drops.
-            rows = TensorDict().load_state_dict(copy(state_dict["_storage"]), strict=False)
-            if rows.batch_dims == 0:
-                rows.auto_batch_size_(batch_dims=1)
+            rows = state_dict["_storage"]
+            if not isinstance(rows, torch.Tensor):
+                # A copy keeps the OrderedDict's _metadata (batch sizes) that dict() drops.
+                rows = TensorDict().load_state_dict(copy(rows), strict=False)
+                if rows.batch_dims == 0:
+                    rows.auto_batch_size_(batch_dims=1)
         self._import_rows(rows, n, state_dict.get("_next_slot"))
 
     def dumps(self, path) -> None:
         """A copy-free snapshot (a zreplay buffer directory: hard links, or server-side
         copies on S3) at ``path``; ``rb.dumps(dir)`` puts it in ``dir/storage``."""
+        self._check_writable("checkpoint it")
         self._settle_guess(self._writer_cursor())
         self.core.checkpoint(path)
 
     def loads(self, path) -> None:
         """Replace the contents with a checkpoint: this class's (:meth:`dumps`) or a
         ``LazyTensorStorage``/``LazyMemmapStorage`` one (``rb.dumps`` of TorchRL)."""
+        self._check_writable("load checkpoints")
         options = self.core.storage_options
         if is_buffer(path, options):
             self._load_own_checkpoint(locate(path, options))
@@ -447,11 +482,10 @@ class ZarrStorage(TensorStorage):
         cursor = json.loads(writer.read_text()).get("cursor") if writer.is_file() else None
         self._import_rows(rows, n, cursor)
 
-    def _import_rows(
-        self, rows: TensorDictBase | None, n: int, next_slot: int | None, sync: bool = True
-    ) -> None:
+    def _import_rows(self, rows, n: int, next_slot: int | None, sync: bool = True) -> None:
         """Replace the contents with the first ``n`` slots of ``rows`` (a TorchRL
-        ring of ``max_size`` slots; ``None``: nothing) whose writer's next slot is
+        ring of ``max_size`` slots: a TensorDict, tensorclass, tensor or pytree as
+        :meth:`get` gives; ``None``: nothing) whose writer's next slot is
         ``next_slot`` (``None``: ``n % max_size``); ``sync``: move attached writers there.
 
         The rows are appended oldest first: slots ``0 .. n-1`` of a ring that is not
@@ -460,8 +494,8 @@ class ZarrStorage(TensorStorage):
         in TorchRL and the next extend lands at ``c``, where TorchRL's restored writer
         puts it."""
         M = self.max_size
-        if rows is not None and (rows.batch_dims == 0 or rows.shape[0] != M):
-            size = rows.shape[0] if rows.batch_dims else 0
+        size = _leading(rows)
+        if rows is not None and size != M:
             raise ValueError(
                 f"the checkpoint holds a ring of {size} slots; this ZarrStorage has "
                 f"max_size={M} (construct it with max_size={size})"
@@ -470,13 +504,14 @@ class ZarrStorage(TensorStorage):
             raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
         full = n == M
         c = (n if next_slot is None else int(next_slot)) % M if full else 0
+        tc = None
         if rows is None or not n:
             self.core.facade_state.update(shift=0, guessed=False)
             self.core.clear()  # empty: the ring starts where the rows go on
         else:
             order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
-            cols, batches = td_columns(rows[order])
-            ring = {"kind": KIND, "max_size": M, "shift": c, "batches": batches}
+            form, cols, tc = encode(_take(rows, order), single=False)
+            ring = {"kind": KIND, "max_size": M, "shift": c, "form": form.to_state()}
             # Until the restored writer's first extend says where its cursor is (ZarrStorage).
             ring["guessed"] = full and next_slot is None
             state = self.core.state()  # read when the block ends: the ring goes in below
@@ -491,12 +526,14 @@ class ZarrStorage(TensorStorage):
                 raise
             self.core.facade_state = ring
         self._open_ring()
+        if tc is not None:
+            self._tc = tc
         self._bump_mutation_revision()
         if sync:
             self._sync_writers()
 
-    def _slot_rows(self, slots: np.ndarray) -> TensorDict:
-        """Rows of ``slots`` (zeros for slots past ``len``) as a TensorDict ``[len(slots)]``."""
+    def _slot_rows(self, slots: np.ndarray):
+        """Rows of ``slots`` (zeros for slots past ``len``) as :meth:`get` gives them."""
         L, schema = len(self), self.core.schema
         live = slots < L
         got = self.core.rows(self._ring.rows_of(slots[live], self._W))
@@ -505,7 +542,7 @@ class ZarrStorage(TensorStorage):
             col = np.zeros((len(slots), *spec.row_shape), spec.dtype)
             col[live] = got[k]
             flat[k] = col
-        return build_td(flat, (len(slots),), self._batches, self.device)
+        return self._build(flat, (len(slots),))
 
     def _load_own_checkpoint(self, src) -> None:
         """Take over a :meth:`dumps` of a ZarrStorage (hard links / server-side copies)."""
@@ -550,16 +587,69 @@ class ZarrStorage(TensorStorage):
     def close(self) -> None:
         """Commit and release the writer lock (idempotent).  A ring whose next slot was
         only guessed is put in order first if a restored writer knows it."""
-        if not self.core.closed:
+        if not self.core.closed and self.core.writable:
             self._settle_guess(self._writer_cursor())
         self.core.close()
 
-    def __getstate__(self):
-        raise HandoffError(
-            f"ZarrStorage holds the writer lock of {self.core.path} and cannot be pickled "
-            "(shared or multi-process TorchRL buffers are not supported); read it from "
-            "other processes with zreplay.open(path)"
-        )
+    # -- crossing a process boundary --------------------------------------------------
+
+    def __reduce__(self):
+        # The writer stays in this process (it holds the lock); the other side gets a
+        # read-only ZarrStorage of what this one committed (handoff flushes first).
+        h = self.core.handoff("ZarrStorage", "a read-only ZarrStorage", sampler=False)
+        return (_read_only_copy, (h.path, h.storage_options, self.max_size, str(self.device)))
+
+    def _open_copy(self, path, storage_options, max_size: int, device: str) -> None:
+        self.__dict__["core"] = None
+        TensorStorage.__init__(self, storage=None, max_size=max_size, device=device)
+        self._piece = min(self.max_size, MAX_PIECE_ROWS)
+        self._seen: tuple | None | bool = False  # the commit shown (False: none yet)
+        self.core = BufferCore.reader(path, storage_options=storage_options, owner=self)
+        try:
+            self._follow_commit()
+        except BaseException:
+            self.core.close()
+            raise
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this is an unpickled, read-only copy (see :meth:`refresh`)."""
+        return not self.core.writable
+
+    def refresh(self) -> bool:
+        """A read-only copy (what a pickled ZarrStorage becomes: in a worker process, a
+        deep copy) shows the rows committed when it was made; this makes it show those
+        committed since.  True if anything changed.  A writing storage is always
+        current (False)."""
+        if self.core.writable:
+            return False
+        self.core.refresh()
+        return self._follow_commit()
+
+    def _follow_commit(self) -> bool:
+        segs = self.core.segments()
+        ours = [c for _, c in segs if (c.sampler or {}).get("facade", {}).get("kind") == KIND]
+        if len(segs) > 1 or len(ours) != len(segs):
+            raise FormatError(
+                f"{self.core.path} holds {len(segs)} segments, not one written by a "
+                "ZarrStorage; open it with zreplay.open()"
+            )
+        seen = (ours[0].contents, ours[0].low_row, ours[0].n_rows) if ours else None
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        facade = ours[0].sampler["facade"] if ours else {}
+        self._open_ring(facade, low_row=ours[0].low_row if ours else 0)
+        self._bump_mutation_revision()
+        return True
+
+    def _check_writable(self, what: str) -> None:
+        if not self.core.writable:
+            raise ReadOnlyError(
+                f"this ZarrStorage is a read-only copy of {self.core.path} (it was pickled: "
+                f"the storage that writes stays in the process that made it); {what} "
+                "through that one"
+            )
 
     def __repr__(self) -> str:
         keys = self.core.keys if self.__dict__.get("core") is not None else []
@@ -574,6 +664,24 @@ class ZarrStorage(TensorStorage):
 _FOLLOWED: weakref.WeakSet = weakref.WeakSet()  # writers whose load_state_dict we follow
 
 
+class _FollowedLoad:
+    """A writer's ``load_state_dict`` that then settles the storage's guessed next slot
+    (see ``ZarrStorage._follow``); pickled, the writer gets its own method back."""
+
+    def __init__(self, load, storage: ZarrStorage):
+        self._load, self._storage = load, weakref.ref(storage)
+
+    def __call__(self, state_dict) -> None:
+        self._load(state_dict)
+        s = self._storage()
+        if s is not None and s._ring_guessed and s.__dict__.get("core") is not None:
+            s._settle_guess(_writer_position(self._load.__self__)[0])
+
+    def __reduce__(self):
+        writer = self._load.__self__
+        return (functools.partial, (type(writer).load_state_dict, writer))
+
+
 def _writer_position(writer) -> tuple[int, int]:
     """``(cursor, write_count)`` of a TorchRL writer."""
     return int(writer._cursor), int(writer._write_count)
@@ -584,15 +692,25 @@ def _place_writer(writer, cursor: int, write_count: int) -> None:
     writer._write_count = write_count
 
 
-def _rows(data) -> TensorDictBase:
-    """What a writer passes to ``set`` as a dense TensorDict ``[n, ...]``."""
-    if isinstance(data, list | tuple):
-        data = torch.stack(list(data))
-    if not isinstance(data, TensorDictBase):
-        raise TypeError(
-            f"ZarrStorage stores TensorDicts, got {type(data).__name__}; wrap the data in "
-            "tensordict.TensorDict(..., batch_size=[n])"
-        )
-    if isinstance(data, LazyStackedTensorDict):
-        data = data.contiguous()
-    return data.unsqueeze(0) if data.batch_dims == 0 else data
+def _read_only_copy(path, storage_options, max_size: int, device: str) -> ZarrStorage:
+    """What a pickled ZarrStorage becomes (see ``ZarrStorage.__reduce__``)."""
+    storage = ZarrStorage.__new__(ZarrStorage)
+    storage._open_copy(path, storage_options, max_size, device)
+    return storage
+
+
+def _leading(rows) -> int | None:
+    """Rows along dim 0 of a TensorDict, tensorclass, tensor or pytree (0: no batch dim)."""
+    if rows is None:
+        return None
+    if is_tensor_collection(rows):
+        return int(rows.shape[0]) if rows.batch_dims else 0
+    leaves = tree_leaves(rows)
+    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 0
+
+
+def _take(rows, order: torch.Tensor):
+    """``rows[order]`` along dim 0 of a TensorDict, tensor or pytree."""
+    if is_tensor_collection(rows):
+        return rows[order]
+    return tree_map(lambda x: x[order], rows)

@@ -1,0 +1,305 @@
+"""What a :class:`~zreplay.torchrl.ZarrStorage` holds, as TorchRL's tensor storages do:
+TensorDicts, tensorclasses, plain tensors and pytrees (dicts, lists and tuples of
+tensors), and how each becomes flat zreplay columns and comes back.
+
+A :class:`Form` is recorded with the buffer (``facade_state["form"]``) by the first
+extend; every later extend must have the same one.
+
+* TensorDicts (and tensorclasses, whose TensorDict is stored): one column per leaf,
+  ``("next", "obs") -> "next/obs"``; ``batches`` records the batch dims after the first
+  of every (nested) TensorDict so reads rebuild the same structure.  A tensorclass's
+  class is recorded by import name; read back where it cannot be imported (a class
+  defined inside a function, in another process) the rows come back as a TensorDict.
+* Tensors and pytrees (dicts with str/int keys, lists, tuples): leaf ``i`` in order is
+  column ``"i"``; the tree's structure is recorded as JSON.
+
+Column names: a key component that is not a safe zreplay name (``"c"``, ``"a b"``,
+``"zarr.json"``) or that starts with ``"_."`` is stored as ``"_."`` + the hex of its
+UTF-8 bytes; reads give back the user's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tensordict import (
+    LazyStackedTensorDict,
+    TensorDict,
+    TensorDictBase,
+    is_tensor_collection,
+    is_tensorclass,
+)
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import KeyNameError, SchemaError
+from ..schema import as_numpy, check_key_component, safe_component
+
+ESCAPE = "_."  # a stored name starting with it is the hex of the user's name
+
+
+def disk_name(part) -> str:
+    """The stored name of TensorDict key component ``part`` (see module)."""
+    if not isinstance(part, str):
+        raise KeyNameError(f"key component {part!r}: TensorDict keys are str")
+    if safe_component(part) and not part.startswith(ESCAPE):
+        return part
+    name = ESCAPE + part.encode().hex()
+    try:
+        return check_key_component(name)
+    except KeyNameError:
+        raise KeyNameError(
+            f"key {part[:40]!r}: stored as {name[:40]!r}... it is longer than a zreplay "
+            "name may be (128 characters: 63 bytes of a name that needs escaping); "
+            "shorten it"
+        ) from None
+
+
+def user_name(name: str) -> str:
+    """The TensorDict key component stored as ``name`` (inverse of :func:`disk_name`)."""
+    return bytes.fromhex(name[len(ESCAPE) :]).decode() if name.startswith(ESCAPE) else name
+
+
+def disk_path(key: tuple[str, ...]) -> str:
+    return "/".join(disk_name(p) for p in key)
+
+
+@dataclass(frozen=True)
+class Form:
+    """How rows are shaped for TorchRL (see module): ``kind`` ``"td"`` (``batches``;
+    ``cls``: a tensorclass's ``module:qualname``) or ``"tree"`` (``spec``)."""
+
+    kind: str = "td"
+    batches: Mapping[str, list[int]] = field(default_factory=lambda: {"": []})
+    spec: str | None = None
+    cls: str | None = None
+
+    def to_state(self) -> dict:
+        return {
+            "kind": self.kind,
+            "batches": dict(self.batches),
+            "spec": self.spec,
+            "cls": self.cls,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping | None, batches: Mapping | None = None) -> Form | None:
+        """The recorded form (``None``: nothing written yet; buffers written before forms
+        were recorded hold TensorDicts, their ``batches`` recorded apart)."""
+        if state is None:
+            return None if batches is None else cls("td", dict(batches))
+        return cls(state["kind"], dict(state["batches"]), state.get("spec"), state.get("cls"))
+
+    def differs(self, other: Form) -> str | None:
+        """Why rows of ``other`` cannot join rows of this form (``None``: they can)."""
+        if self.kind != other.kind or self.cls != other.cls:
+            return f"the storage holds {self.describe()}, the data is {other.describe()}"
+        if self.spec != other.spec:
+            return "the data's pytree structure differs from the storage's"
+        if dict(self.batches) != dict(other.batches):
+            return (
+                f"the data's TensorDict batch shapes {dict(other.batches)} differ from the "
+                f"storage's {dict(self.batches)} (per row, after the first dim)"
+            )
+        return None
+
+    def describe(self) -> str:
+        if self.kind == "tree":
+            return "tensors or pytrees of tensors"
+        return f"tensorclass {self.cls}" if self.cls else "TensorDicts"
+
+    # -- reading --------------------------------------------------------------------
+
+    def build(
+        self,
+        flat: Mapping[str, np.ndarray | torch.Tensor],
+        lead: tuple[int, ...],
+        device: torch.device,
+        tc: type | None = None,
+    ):
+        """The rows ``flat`` (``{column: [prod(lead), *row]}``) as the data they were:
+        a TensorDict (or tensorclass ``tc``) ``[*lead, *batch]``, a tensor or a pytree."""
+
+        def tensor(value) -> torch.Tensor:
+            t = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            t = t.reshape((*lead, *t.shape[1:]))
+            return t if device.type == "cpu" else t.to(device)
+
+        if self.kind == "tree":
+            leaves = iter([tensor(flat[str(i)]) for i in range(len(flat))])
+            return _rebuild(json.loads(self.spec), leaves)
+        tree: dict = {}
+        for path, value in flat.items():
+            node = tree
+            *parents, leaf = path.split("/")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = tensor(value)
+
+        def make(prefix: str, node: dict) -> TensorDict:
+            items = {
+                user_name(k): make(f"{prefix}/{k}" if prefix else k, v)
+                if isinstance(v, dict)
+                else v
+                for k, v in node.items()
+            }
+            return TensorDict(items, batch_size=[*lead, *self.batches.get(prefix, [])])
+
+        td = make("", tree)
+        if device.type != "cpu":
+            td = td.to(device)  # the batch's device, as TorchRL's storages give it
+        return td if tc is None else tc.from_tensordict(td)
+
+    def resolve_class(self) -> type | None:
+        """The tensorclass named by ``cls`` if it can be imported here (else ``None``:
+        rows come back as TensorDicts, with a warning)."""
+        if self.cls is None:
+            return None
+        module, _, qualname = self.cls.partition(":")
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            warnings.warn(
+                f"ZarrStorage holds tensorclass {self.cls}, which cannot be imported here; "
+                "rows come back as TensorDicts (wrap them: cls.from_tensordict(td))",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        return obj
+
+
+def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], type | None]:
+    """``(form, {column: [n, *row]}, tensorclass or None)`` of what a writer passes to
+    ``set``: a TensorDict, tensorclass, tensor or pytree with the rows along dim 0, a
+    list of items (stacked, as TorchRL's storages do), or one item (``single``: the
+    cursor was an int).  ``SchemaError`` for what cannot be stored."""
+    if isinstance(data, list):
+        data = _stack_items(data)
+    tc = type(data) if is_tensorclass(data) else None
+    if tc is not None:
+        data = data._tensordict
+    if is_tensor_collection(data):
+        if isinstance(data, LazyStackedTensorDict):
+            data = _dense(data)
+        if single:
+            data = data.unsqueeze(0)
+        cols, batches = _td_columns(data)
+        name = f"{tc.__module__}:{tc.__qualname__}" if tc is not None else None
+        return Form("td", batches, None, name), cols, tc
+    leaves: list[torch.Tensor] = []
+    text = json.dumps(_structure(data, leaves))
+    if not leaves:
+        raise SchemaError("ZarrStorage: the data holds no tensors")
+    cols = {}
+    for i, leaf in enumerate(leaves):
+        leaf = leaf.unsqueeze(0) if single else leaf
+        if leaf.dim() == 0:
+            raise SchemaError(f"ZarrStorage: pytree leaf {i} is a scalar; rows need a first dim")
+        cols[str(i)] = np.ascontiguousarray(as_numpy(leaf.detach().cpu(), str(i)))
+    lengths = {len(v) for v in cols.values()}
+    if len(lengths) != 1:
+        raise SchemaError(
+            f"ZarrStorage: the pytree's leaves have {sorted(lengths)} rows; every leaf needs "
+            "the same first dim"
+        )
+    return Form("tree", {"": []}, text), cols, None
+
+
+def _structure(x, leaves: list):
+    """JSON of pytree ``x`` (dicts with str/int keys, lists, tuples; ``None`` marks a
+    leaf), its tensors appended to ``leaves`` in order.  Our own record, not
+    ``treespec_dumps``: libraries register list subclasses under ``builtins.list``, so
+    a structure read back that way can hold another type."""
+    if isinstance(x, torch.Tensor):
+        leaves.append(x)
+        return None
+    if type(x) is dict:
+        for k in x:
+            if type(k) not in (str, int):
+                raise SchemaError(
+                    f"ZarrStorage: a pytree key {k!r} ({type(k).__name__}) cannot be recorded "
+                    "with the buffer; use str or int keys, or a TensorDict"
+                )
+        return {"dict": [[k, _structure(v, leaves)] for k, v in x.items()]}
+    if type(x) in (list, tuple):
+        return {type(x).__name__: [_structure(v, leaves) for v in x]}
+    raise SchemaError(
+        "ZarrStorage stores TensorDicts, tensorclasses, tensors and pytrees of tensors "
+        f"(dicts, lists, tuples); got {type(x).__name__} in {type(x).__module__}"
+    )
+
+
+def _rebuild(s, leaves):
+    """The pytree recorded by :func:`_structure`, its leaves taken from ``leaves``."""
+    if s is None:
+        return next(leaves)
+    ((kind, items),) = s.items()
+    if kind == "dict":
+        return {k: _rebuild(v, leaves) for k, v in items}
+    built = [_rebuild(v, leaves) for v in items]
+    return tuple(built) if kind == "tuple" else built
+
+
+def _stack_items(items: list):
+    """A list of items as one batch (TorchRL's storages stack a list)."""
+    if not items:
+        raise SchemaError("ZarrStorage: an empty list holds no rows")
+    if all(is_tensor_collection(x) for x in items):
+        return torch.stack(items)
+    flat = [tree_flatten(x) for x in items]
+    if not all(isinstance(leaf, torch.Tensor) for leaves, _ in flat for leaf in leaves):
+        kinds = sorted({type(leaf).__name__ for leaves, _ in flat for leaf in leaves})
+        raise SchemaError(
+            "ZarrStorage stores TensorDicts, tensorclasses, tensors and pytrees of tensors; "
+            f"got a list of items with leaves of type {kinds}"
+        )
+    if any(spec != flat[0][1] for _, spec in flat):
+        raise SchemaError("ZarrStorage: the items of the list differ in structure")
+    stacks = [
+        torch.stack(list(group)) for group in zip(*(leaves for leaves, _ in flat), strict=True)
+    ]
+    return tree_unflatten(stacks, flat[0][1])
+
+
+def _dense(td):
+    """A lazy stack of TensorDicts as one dense TensorDict, or a SchemaError that says
+    how to store one whose items differ in shape."""
+    try:
+        return td.contiguous()
+    except RuntimeError as e:
+        raise SchemaError(
+            "ZarrStorage stores rows of one shape per key; this LazyStackedTensorDict's "
+            f"items differ ({str(e).splitlines()[0]}): pad them to one shape, or store "
+            "them as separate keys"
+        ) from None
+
+
+def _td_columns(td: TensorDictBase) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
+    """``({"a/b": [n, *row] array}, {stored td path: extra batch dims})``."""
+    cols: dict[str, np.ndarray] = {}
+    batches = {"": [int(d) for d in td.batch_size[1:]]}
+    for key, value in td.items(include_nested=True, leaves_only=False):
+        key = (key,) if isinstance(key, str) else tuple(key)
+        path = disk_path(key)
+        if isinstance(value, TensorDictBase):
+            if is_tensorclass(value):
+                value = value._tensordict
+            batches[path] = [int(d) for d in value.batch_size[1:]]
+        elif isinstance(value, torch.Tensor):
+            cols[path] = np.ascontiguousarray(as_numpy(value.detach(), str(key)))
+        else:
+            raise SchemaError(
+                f"ZarrStorage: key {key} holds {type(value).__name__}; only tensors are "
+                "stored (drop non-tensor entries before extend)"
+            )
+    if not cols:
+        raise SchemaError("ZarrStorage: the TensorDict holds no tensors")
+    return cols, batches

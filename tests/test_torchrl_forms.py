@@ -1,0 +1,273 @@
+"""``ZarrStorage`` holds what TorchRL's tensor storages hold (tensors, pytrees,
+tensorclasses, any TensorDict key name) and crosses a process boundary as a read-only
+copy; each compared with ``LazyTensorStorage`` under the same seed where TorchRL has an
+answer."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import warnings
+
+import pytest
+import torch
+from conftest import tree_state
+
+torchrl = pytest.importorskip("torchrl")
+
+from tensordict import LazyStackedTensorDict, TensorDict, tensorclass  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer  # noqa: E402
+from torchrl.data.replay_buffers.samplers import SliceSampler  # noqa: E402
+
+import zreplay  # noqa: E402
+from zreplay.errors import KeyNameError, ReadOnlyError, SchemaError  # noqa: E402
+from zreplay.torchrl import ZarrStorage  # noqa: E402
+
+
+@tensorclass
+class Step:  # module level: importable by name in another process
+    obs: torch.Tensor
+    reward: torch.Tensor
+
+
+def tree(n: int, start: int = 0) -> dict:
+    g = torch.arange(start, start + n)
+    return {
+        "a": g[:, None],
+        "b": {"c": [g[:, None].float().expand(n, 3).clone(), (g.to(torch.int16)[:, None],)]},
+        30: (g % 2 == 0),
+    }
+
+
+def same_tree(x, y, what: str) -> None:
+    (lx, sx), (ly, sy) = tree_flatten(x), tree_flatten(y)
+    assert sx == sy, what
+    for a, b in zip(lx, ly, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), (what, a, b)
+
+
+DATA = {
+    "tensor": lambda n, s: torch.arange(s, s + n).view(n, 1).repeat(1, 2),
+    "pytree": tree,
+    "tensorclass": lambda n, s: Step(
+        obs=torch.arange(s, s + n).float()[:, None], reward=torch.ones(n), batch_size=[n]
+    ),
+}
+
+
+def as_tree(x):
+    return x._tensordict.to_dict() if isinstance(x, Step) else x
+
+
+@pytest.mark.parametrize("kind", sorted(DATA))
+def test_tensors_pytrees_and_tensorclasses_as_lazy_tensor_storage(kind, tmp_path):
+    make = DATA[kind]
+    ref = ReplayBuffer(storage=LazyTensorStorage(7), batch_size=5)
+    new = ReplayBuffer(storage=ZarrStorage(7, path=tmp_path / "b", durable=False), batch_size=5)
+    g = 0
+    for n in (3, 1, 9, 4):
+        if n == 1:  # rb.add: one item without the leading dim
+            item = make(1, g)
+            one = (
+                item[0]
+                if kind == "tensorclass"
+                else torch.utils._pytree.tree_map(lambda t: t[0], item)
+            )
+            assert ref.add(one) == new.add(one)
+        else:
+            assert torch.equal(ref.extend(make(n, g)), new.extend(make(n, g)))
+        g += n
+        assert len(ref) == len(new)
+        for idx in (slice(None), torch.tensor([0, -1, 0]), 1):
+            a, b = ref[idx], new[idx]
+            assert type(a) is type(b), kind
+            same_tree(as_tree(a), as_tree(b), f"{kind} [{idx}] after {g}")
+        torch.manual_seed(g)
+        a = ref.sample()
+        torch.manual_seed(g)
+        b = new.sample()
+        same_tree(as_tree(a), as_tree(b), f"{kind} sample after {g}")
+    expected = new[:]
+    new.storage.close()
+    again = ZarrStorage(7, path=tmp_path / "b")  # the form is recorded with the buffer
+    same_tree(as_tree(again[:]), as_tree(expected), f"{kind} reopened")
+    if kind == "tensor":
+        assert torch.equal(again.state_dict()["_storage"], ref.storage.state_dict()["_storage"])
+    again.close()
+
+
+def test_a_list_of_items_is_stacked_as_torchrl_does(tmp_path):
+    ref = ReplayBuffer(storage=LazyTensorStorage(5), batch_size=2)
+    new = ReplayBuffer(storage=ZarrStorage(5, path=tmp_path / "b"), batch_size=2)
+    items = [{"x": torch.tensor([i]), "y": (torch.zeros(2) + i,)} for i in range(3)]
+    ref.extend(items)
+    new.extend(items)
+    same_tree(ref[:], new[:], "list of pytrees")
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        lambda: torch.zeros(3, 2),  # a tensor into a pytree storage
+        lambda: {"a": torch.zeros(3, 1)},  # another structure
+        lambda: {**tree(3), "a": torch.zeros(3, 1)},  # another dtype
+        lambda: TensorDict({"a": torch.zeros(3, 1)}, [3]),  # a TensorDict
+    ],
+)
+def test_other_data_than_the_first_is_refused_before_anything_is_written(second, tmp_path):
+    rb = ReplayBuffer(storage=ZarrStorage(8, path=tmp_path / "b"), batch_size=2)
+    rb.extend(tree(4))
+    rb.storage.flush()
+    before = tree_state(tmp_path / "b")
+    with pytest.raises(SchemaError):
+        rb.extend(second())
+    assert tree_state(tmp_path / "b") == before
+    assert len(rb) == 4 and rb.writer._cursor == 4
+    rb.extend(tree(2, 4))
+    assert rb[:]["a"].ravel().tolist() == list(range(6))
+
+
+def test_what_cannot_be_stored_says_so(tmp_path):
+    rb = ReplayBuffer(storage=ZarrStorage(8, path=tmp_path / "b"), batch_size=2)
+    with pytest.raises(SchemaError, match="pytrees of tensors"):
+        rb.extend([("a", 1), ("b", 2)])
+    with pytest.raises(SchemaError, match="cannot be recorded"):
+        rb.extend({(1, 2): torch.zeros(3)})  # tuple keys: no serializable structure
+    ragged = LazyStackedTensorDict(
+        TensorDict({"x": torch.zeros(2)}, []), TensorDict({"x": torch.zeros(3)}, [])
+    )
+    with pytest.raises(SchemaError, match="pad them"):
+        rb.extend(ragged)
+    assert (
+        len(rb) == 0
+        and not (tmp_path / "b" / "segments").exists()
+        or (zreplay.open(tmp_path / "b").num_rows == 0)
+    )
+
+
+KEYS = ["c", "zarr.json", "a b", "_.63", "ключ", "x/y", ".hidden", "end."]
+
+
+def test_any_key_name_tensordict_allows_comes_back(tmp_path):
+    td = TensorDict(
+        {k: torch.arange(4.0) + i for i, k in enumerate(KEYS)}
+        | {("b", "c"): torch.ones(4, 2), ("n", "c", "c"): torch.zeros(4, dtype=torch.int8)},
+        [4],
+    )
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(6), batch_size=3)
+    new = TensorDictReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "b"), batch_size=3)
+    ref.extend(td.clone())
+    new.extend(td.clone())
+    assert set(new[:].keys(True, True)) == set(ref[:].keys(True, True))
+    for k in ref[:].keys(True, True):
+        assert torch.equal(new[:][k], ref[:][k]), k
+        assert torch.equal(new.storage.get(torch.tensor([1, 3]))[k], ref[[1, 3]][k]), k
+    new.storage.flush()
+    stored = set(zreplay.open(tmp_path / "b").keys())  # escaped on disk, never unsafe
+    assert {"_.63", "_.5f2e3633", "b/_.63", "n/_.63/_.63"} <= stored  # c, _.63, (b, c)
+    assert all(p not in {"c", "zarr.json"} for k in stored for p in k.split("/"))
+    with pytest.raises(KeyNameError, match="shorten"):
+        new.extend(TensorDict({"é" * 70: torch.zeros(2)}, [2]))
+    assert len(new) == 4
+
+
+def test_a_slice_sampler_reads_an_escaped_end_key(tmp_path):
+    done = torch.tensor([0, 0, 1, 0, 0, 1, 0, 0, 1, 0]).bool()[:, None]
+    td = TensorDict({"obs": torch.arange(10.0), ("next", "c"): done}, [10])
+    out = []
+    for storage in (LazyTensorStorage(10), ZarrStorage(10, path=tmp_path / "b")):
+        rb = TensorDictReplayBuffer(
+            storage=storage,
+            sampler=SliceSampler(slice_len=3, end_key=("next", "c")),
+            batch_size=6,
+        )
+        rb.extend(td.clone())
+        torch.manual_seed(0)
+        out.append(rb.sample()["obs"])
+    assert torch.equal(out[0], out[1])
+
+
+# -- crossing a process boundary ---------------------------------------------------------
+
+
+def test_a_pickled_storage_is_a_read_only_copy_that_follows_commits(tmp_path):
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(5, path=tmp_path / "b"), batch_size=4)
+    rb.extend(TensorDict({"x": torch.arange(7)}, [7]))  # wrapped: slots show 5, 6, 2, 3, 4
+    copy = pickle.loads(pickle.dumps(rb))  # pickling commits what was added
+    assert type(copy.storage) is ZarrStorage and copy.storage.read_only
+    assert not rb.storage.read_only
+    assert copy.storage[:]["x"].tolist() == [5, 6, 2, 3, 4] and len(copy) == 5
+    rb.extend(TensorDict({"x": torch.arange(7, 9)}, [2]))
+    rb.storage.flush()
+    assert copy.storage[:]["x"].tolist() == [5, 6, 2, 3, 4]  # what it was made with
+    assert copy.storage.refresh() and copy.storage[:]["x"].tolist() == [5, 6, 7, 8, 4]
+    assert not copy.storage.refresh()
+    before = tree_state(tmp_path / "b")
+    for write in (
+        lambda: copy.extend(TensorDict({"x": torch.arange(2)}, [2])),
+        lambda: copy.empty(),
+        lambda: copy.storage.load_state_dict(rb.storage.state_dict()),
+        lambda: copy.storage.dumps(tmp_path / "ckpt"),
+    ):
+        with pytest.raises(ReadOnlyError, match="read-only copy"):
+            write()
+    assert tree_state(tmp_path / "b") == before
+    rb.empty()
+    rb.storage.flush()
+    assert copy.storage.refresh() and len(copy) == 0
+    deep = pickle.loads(pickle.dumps(copy.storage))  # a copy of a copy
+    assert deep.read_only and len(deep) == 0
+
+
+def test_a_temporary_storage_is_not_pickled(tmp_path):
+    storage = ZarrStorage(5)
+    with pytest.raises(TypeError, match="path="):
+        pickle.dumps(storage)
+    storage.close()
+
+
+def _sample_in_child(rb, queue) -> None:
+    torch.manual_seed(3)
+    queue.put((len(rb), rb.sample()["x"].tolist(), type(rb.storage[0:2]).__name__))
+
+
+def _tensorclass_in_child(storage, queue) -> None:
+    queue.put(type(storage[0:2]).__name__)
+
+
+def test_another_process_samples_a_pickled_buffer(tmp_path):
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(50, path=tmp_path / "b"), batch_size=8)
+    rb.extend(TensorDict({"x": torch.arange(30)}, [30]))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_sample_in_child, args=(rb, queue))
+    p.start()
+    n, xs, _ = queue.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0 and n == 30 and len(xs) == 8 and set(xs) <= set(range(30))
+    st = ZarrStorage(4, path=tmp_path / "tc")
+    st.set(torch.arange(3), DATA["tensorclass"](3, 0))
+    p = ctx.Process(target=_tensorclass_in_child, args=(st, queue))
+    p.start()
+    assert queue.get(timeout=120) == "Step"  # importable there: the class comes back
+    p.join(60)
+    st.close()
+
+
+def test_a_tensorclass_not_importable_comes_back_as_a_tensordict(tmp_path):
+    @tensorclass
+    class Local:
+        obs: torch.Tensor
+
+    st = ZarrStorage(4, path=tmp_path / "b")
+    st.set(torch.arange(2), Local(obs=torch.zeros(2, 3), batch_size=[2]))
+    assert type(st[0:2]) is Local
+    st.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = ZarrStorage(4, path=tmp_path / "b")
+        got = again[0:2]
+    assert type(got) is TensorDict and got["obs"].shape == (2, 3)
+    assert any("cannot be imported" in str(w.message) for w in caught)
+    again.close()
