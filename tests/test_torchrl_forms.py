@@ -271,3 +271,81 @@ def test_a_tensorclass_not_importable_comes_back_as_a_tensordict(tmp_path):
     assert type(got) is TensorDict and got["obs"].shape == (2, 3)
     assert any("cannot be imported" in str(w.message) for w in caught)
     again.close()
+
+
+# -- ndim > 1: [envs, time] batches -------------------------------------------------------
+
+
+def env_batch(t: int, start: int, envs: int = 2) -> TensorDict:
+    """``[envs, t]`` steps; ``g`` numbers them env-major."""
+    g = torch.arange(start, start + envs * t).view(envs, t)
+    return TensorDict(
+        {
+            "g": g,
+            "obs": g[..., None].float().expand(envs, t, 3).clone(),
+            ("next", "done"): (g % 5 == 4)[..., None],
+        },
+        [envs, t],
+    )
+
+
+def test_ndim_2_storage_as_lazy_tensor_storage(tmp_path):
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(22, ndim=2), batch_size=6)
+    new = TensorDictReplayBuffer(
+        storage=ZarrStorage(22, path=tmp_path / "b", ndim=2, durable=False), batch_size=6
+    )
+    g = 0
+    for t in (2, 3, 2, 4, 5, 9):  # wraps the 11 slots along time
+        assert torch.equal(ref.extend(env_batch(t, g)), new.extend(env_batch(t, g)))
+        g += 2 * t
+        A, B = ref.storage, new.storage
+        assert (len(A), A.shape, A.max_size, A._is_full) == (
+            len(B),
+            B.shape,
+            B.max_size,
+            B._is_full,
+        )
+        for idx in (
+            (torch.tensor([0, 1, -1]), torch.tensor([1, 0, 1])),  # what samplers pass
+            1,
+            torch.tensor([0, 0, -1]),
+            slice(1, None),
+            (slice(None), 1),
+        ):
+            x, y = A[idx], B[idx]
+            assert x.shape == y.shape and torch.equal(x["g"], y["g"]), (t, idx)
+        torch.manual_seed(g)
+        x = ref.sample()
+        torch.manual_seed(g)
+        y = new.sample()
+        assert torch.equal(x["g"], y["g"]) and torch.equal(x["index"], y["index"])
+    assert new.storage.core.num_rows <= 11 + 11 - 1  # rows along time: bounded by the ring
+    new.storage.close()
+    again = ZarrStorage(22, path=tmp_path / "b", ndim=2)
+    assert again.shape == ref.storage.shape and torch.equal(again[:]["g"], ref.storage[:]["g"])
+    again.close()
+    with pytest.raises(ValueError, match="ndim=2"):
+        ZarrStorage(22, path=tmp_path / "b")  # another ndim is refused, as another max_size
+
+
+def test_ndim_2_state_dicts_cross_with_lazy_tensor_storage(tmp_path):
+    ref = LazyTensorStorage(12, ndim=2)
+    rb = TensorDictReplayBuffer(storage=ref, batch_size=2)
+    rb.extend(env_batch(4, 0, envs=3))
+    new = ZarrStorage(12, path=tmp_path / "b", ndim=2)
+    new.load_state_dict(ref.state_dict())
+    assert len(new) == 12 and new.shape == ref.shape and torch.equal(new[:]["g"], ref[:]["g"])
+    back = LazyTensorStorage(12, ndim=2)
+    back.load_state_dict(new.state_dict())
+    assert torch.equal(back[:]["g"], ref[:]["g"])
+    new.close()
+
+
+def test_ndim_needs_that_many_batch_dims(tmp_path):
+    st = ZarrStorage(10, path=tmp_path / "b", ndim=3)
+    with pytest.raises(SchemaError, match="at least 3 batch dims"):
+        st.set(torch.arange(2), env_batch(2, 0))
+    assert len(st) == 0 and st.shape is None
+    st.set(torch.arange(2), TensorDict({"x": torch.zeros(2, 2, 3)}, [2, 2, 3]))
+    assert st.shape == (2, 2, 3) and len(st) == 12 and st.max_size == 12
+    st.close()

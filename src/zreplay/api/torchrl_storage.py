@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import weakref
 from collections.abc import Mapping
 from copy import copy
@@ -86,6 +87,7 @@ class ZarrStorage(TensorStorage):
         path: str | Path | None = None,
         *,
         device: torch.device | str = "cpu",
+        ndim: int = 1,
         **store: Unpack[StoreOptions],
     ):
         opts = store_options("ZarrStorage", store)
@@ -98,9 +100,10 @@ class ZarrStorage(TensorStorage):
             )
         ram_budget_bytes = opts.pop("ram_budget_bytes")
         max_size = as_int(max_size, "max_size (rows)", minimum=1)
+        ndim = as_int(ndim, "ndim", minimum=1)
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
-        super().__init__(storage=None, max_size=max_size, device=device)
-        M = self.max_size
+        super().__init__(storage=None, max_size=max_size, device=device, ndim=ndim)
+        self._given_max = M = max_size
         self._piece = min(M, MAX_PIECE_ROWS)
         self.core = BufferCore.writer(
             path,
@@ -128,15 +131,20 @@ class ZarrStorage(TensorStorage):
                 f"{self.core.path} holds a zreplay buffer not written by ZarrStorage; "
                 "open it with zreplay.open() or pick another path"
             )
-        if saved.get("max_size", self.max_size) != self.max_size:
-            raise ValueError(
-                f"{self.core.path} is a ZarrStorage of max_size={saved['max_size']}, not "
-                f"{self.max_size}; pass max_size={saved['max_size']} (or overwrite=True)"
-            )
+        for name, mine in (("max_size", self._given_max), ("ndim", self.ndim)):
+            theirs = saved.get(name, 1 if name == "ndim" and saved else mine)
+            if theirs != mine:
+                raise ValueError(
+                    f"{self.core.path} is a ZarrStorage of {name}={theirs}, not {mine}; pass "
+                    f"{name}={theirs} (or overwrite=True)"
+                )
+        dims = saved.get("dims")
+        self._dims = None if dims is None else tuple(int(d) for d in dims)
+        M0 = self._slots_along_dim0(self._dims)
         # An empty segment is an empty ring, wherever its rows go on from (a clear moves
         # the row counter on to a shard boundary).
         start = int(saved.get("start", 0)) - low_row if self.core.num_rows else self._W
-        self._ring = Ring(self.max_size, start, int(saved.get("shift", 0)))
+        self._ring = Ring(M0, start, int(saved.get("shift", 0)))
         self._ring_guessed = bool(saved.get("guessed", False))
         self._form = Form.from_state(saved.get("form"), saved.get("batches"))
         if self._form is None or self._form.cls is None or "_tc" not in self.__dict__:
@@ -148,20 +156,40 @@ class ZarrStorage(TensorStorage):
             return
         self.core.facade_state = {
             "kind": KIND,
-            "max_size": self.max_size,
+            "max_size": self._given_max,
+            "ndim": self.ndim,
+            "dims": None if self._dims is None else list(self._dims),
             "start": self._ring.start,
             "shift": self._ring.shift,
             "guessed": self._ring_guessed,
             "form": None if self._form is None else self._form.to_state(),
         }
+        if self._dims is not None:
+            self.core.set_capacity(M0 + self._piece - 1)  # see __init__
         if self._ring.length(self._W):
-            self._set_last_cursor((self._ring.next_slot(self._W) - 1) % self.max_size)
+            self._set_last_cursor((self._ring.next_slot(self._W) - 1) % M0)
+
+    def _slots_along_dim0(self, dims: tuple[int, ...] | None) -> int:
+        """The ring's slots (TorchRL's ``_max_size_along_dim0``), ``max_size`` set as
+        TorchRL's storages set it once the dims after the first are known (``dims``:
+        ``None`` for ``ndim=1`` and until the first extend of ``ndim > 1``)."""
+        if dims is None:
+            self.max_size, self._per_slot = self._given_max, 1
+            return self._given_max
+        self._per_slot = math.prod(dims)
+        M0 = -(-self._given_max // self._per_slot)
+        self.max_size = M0 * self._per_slot
+        if self._piece > M0:
+            self._piece = M0
+        return M0
 
     # -- sizes and state TorchRL reads -------------------------------------------------
 
     @property
     def _len(self) -> int:
-        return 0 if self.__dict__.get("core") is None else self._ring.length(self._W)
+        if self.__dict__.get("core") is None:
+            return 0
+        return self._ring.length(self._W) * self._per_slot
 
     @_len.setter
     def _len(self, value: int) -> None:
@@ -181,8 +209,22 @@ class ZarrStorage(TensorStorage):
         pass  # derived from the buffer's schema
 
     @property
-    def shape(self) -> torch.Size:
-        return torch.Size([len(self)])
+    def shape(self) -> torch.Size | None:
+        if self.ndim == 1:
+            return torch.Size([len(self)])
+        if self._dims is None:
+            return None
+        return torch.Size([self._ring.length(self._W), *self._dims])
+
+    @property
+    def _total_shape(self) -> torch.Size | None:
+        if self.ndim > 1 and self._dims is None:
+            return None
+        return torch.Size([self._ring.max_size, *(self._dims or ())])
+
+    @property
+    def _len_along_dim0(self) -> int:
+        return self._ring.length(self._W)
 
     @property
     def checkpointer(self):
@@ -272,9 +314,10 @@ class ZarrStorage(TensorStorage):
         """A TorchRL state dict of a full ring does not say where its writer's cursor
         is; a restored writer does (``cursor``): re-append the ring once, from there."""
         if self._ring_guessed and cursor is not None:
-            if int(cursor) % self.max_size != self._ring.next_slot(self._W):
-                rows = self._slot_rows(np.arange(self.max_size))
-                self._import_rows(rows, self.max_size, int(cursor), sync=False)
+            M0 = self._ring.max_size
+            if int(cursor) % M0 != self._ring.next_slot(self._W):
+                rows = self._slot_rows(np.arange(M0))
+                self._import_rows(rows, len(self), int(cursor), sync=False)
 
     def _writer_cursor(self) -> int | None:
         """The cursor of an attached writer that was restored or has written (a fresh
@@ -286,6 +329,24 @@ class ZarrStorage(TensorStorage):
         return None
 
     def _append(self, cursor: torch.Tensor, form: Form, cols: dict, tc, n: int) -> None:
+        if self._dims is None and self.ndim > 1:
+            dims = _dims_after_first(form, cols, self.ndim)
+            ring, piece = self._ring, self._piece
+            M0 = self._slots_along_dim0(dims)
+            self._ring = Ring(M0, self._W)
+            try:
+                self._append_rows(cursor, form, cols, tc, n)
+            except BaseException:
+                self._ring, self._piece = ring, piece
+                self._slots_along_dim0(None)
+                raise
+            self._dims = dims
+            self.core.facade_state.update(dims=list(dims))
+            self.core.set_capacity(M0 + self._piece - 1)
+            return
+        self._append_rows(cursor, form, cols, tc, n)
+
+    def _append_rows(self, cursor: torch.Tensor, form: Form, cols: dict, tc, n: int) -> None:
         want = self._ring.expected(self._W, n)
         if self._ring_guessed and len(cursor) and not torch.equal(cursor, want):
             self._settle_guess(int(cursor[0]))
@@ -316,7 +377,7 @@ class ZarrStorage(TensorStorage):
             self._tc = tc
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
-        m = min(n, self.max_size)
+        m = min(n, self._ring.max_size)
         for key, col in self._small.items():  # the slots just written, no duplicates
             col[want[-m:]] = torch.from_numpy(cols[key][-m:])
 
@@ -335,6 +396,8 @@ class ZarrStorage(TensorStorage):
         ``len(self)`` slots) as a TensorDict; a slice gives a read-only lazy view."""
         if not self.initialized:
             raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+        if self.ndim > 1:
+            return self._get_along_dims(index)
         if isinstance(index, slice) and self._lazy_ok():
             return self._view(index)
         slots = slot_index(index, len(self))
@@ -347,9 +410,26 @@ class ZarrStorage(TensorStorage):
             self._tc = self._form.resolve_class() or False
         return self._form.build(flat, lead, self.device, self._tc or None)
 
+    def _get_along_dims(self, index):
+        """``storage[index]`` of an ``ndim > 1`` storage (shape ``[len along dim 0,
+        *dims]``): the slots ``index[0]`` names are read once each, and the index is
+        applied to them with its first part renumbered (torch's semantics, dense)."""
+        L0 = self._ring.length(self._W)
+        first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        if isinstance(first, slice):
+            slots, pos = np.arange(*first.indices(L0)), slice(None)
+        else:
+            wanted = slot_index(first, L0)
+            slots, inv = np.unique(wanted.reshape(-1), return_inverse=True)
+            pos = torch.from_numpy(inv.reshape(wanted.shape))
+            pos = int(pos) if pos.dim() == 0 else pos
+        rows = self._build(self.core.rows(self._ring.rows_of(slots, self._W)), (len(slots),))
+        key = (pos, *rest)
+        return rows[key] if is_tensor_collection(rows) else tree_map(lambda x: x[key], rows)
+
     def _lazy_ok(self) -> bool:
-        """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts only)."""
-        return self._form.kind == "td" and self._form.cls is None
+        """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts, ``ndim=1``)."""
+        return self._form.kind == "td" and self._form.cls is None and self.ndim == 1
 
     def __getitem__(self, index):
         # A sampler's tuple index (SliceSampler reads flags at it): a lazy view, so only
@@ -380,7 +460,8 @@ class ZarrStorage(TensorStorage):
         col = self._small.get(key)
         if col is None:
             spec, L = self.core.schema.specs[key], len(self)
-            col = torch.zeros((self.max_size, *spec.row_shape), dtype=torch_dtype(spec.dtype))
+            M0 = self._ring.max_size
+            col = torch.zeros((M0, *spec.row_shape), dtype=torch_dtype(spec.dtype))
             if L:
                 g = self._ring.rows_of(np.arange(L), self._W)
                 col[:L] = torch.from_numpy(self.core.rows(g, [key])[key])
@@ -420,7 +501,7 @@ class ZarrStorage(TensorStorage):
             self._settle_guess(self._writer_cursor())
         if not self.initialized:
             return {"_storage": {}, "initialized": False, "_len": 0}
-        rows = self._slot_rows(np.arange(self.max_size))
+        rows = self._slot_rows(np.arange(self._ring.max_size))
         if isinstance(rows, TensorDict):
             rows = rows.state_dict()
         elif is_tensorclass(rows):
@@ -447,8 +528,8 @@ class ZarrStorage(TensorStorage):
             if not isinstance(rows, torch.Tensor):
                 # A copy keeps the OrderedDict's _metadata (batch sizes) that dict() drops.
                 rows = TensorDict().load_state_dict(copy(rows), strict=False)
-                if rows.batch_dims == 0:
-                    rows.auto_batch_size_(batch_dims=1)
+                if rows.batch_dims < self.ndim:
+                    rows.auto_batch_size_(batch_dims=self.ndim)
         self._import_rows(rows, n, state_dict.get("_next_slot"))
 
     def dumps(self, path) -> None:
@@ -483,9 +564,9 @@ class ZarrStorage(TensorStorage):
         self._import_rows(rows, n, cursor)
 
     def _import_rows(self, rows, n: int, next_slot: int | None, sync: bool = True) -> None:
-        """Replace the contents with the first ``n`` slots of ``rows`` (a TorchRL
-        ring of ``max_size`` slots: a TensorDict, tensorclass, tensor or pytree as
-        :meth:`get` gives; ``None``: nothing) whose writer's next slot is
+        """Replace the contents with the first ``len = n`` elements of ``rows`` (a
+        TorchRL ring of ``max_size`` slots along dim 0: a TensorDict, tensorclass, tensor
+        or pytree as :meth:`get` gives; ``None``: nothing) whose writer's next slot is
         ``next_slot`` (``None``: ``n % max_size``); ``sync``: move attached writers there.
 
         The rows are appended oldest first: slots ``0 .. n-1`` of a ring that is not
@@ -493,7 +574,11 @@ class ZarrStorage(TensorStorage):
         slot, with the ring's ``shift`` set to ``c``; every slot then shows what it showed
         in TorchRL and the next extend lands at ``c``, where TorchRL's restored writer
         puts it."""
-        M = self.max_size
+        dims = self._dims
+        if self.ndim > 1 and rows is not None:
+            dims = _dims_after_first(*encode(_take(rows, torch.arange(0)), False)[:2], self.ndim)
+        M = self._slots_along_dim0(dims) if dims is not None else self._ring.max_size
+        n = -(-int(n) // (math.prod(dims) if dims else 1))  # slots along dim 0
         size = _leading(rows)
         if rows is not None and size != M:
             raise ValueError(
@@ -511,7 +596,8 @@ class ZarrStorage(TensorStorage):
         else:
             order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
             form, cols, tc = encode(_take(rows, order), single=False)
-            ring = {"kind": KIND, "max_size": M, "shift": c, "form": form.to_state()}
+            ring = {"kind": KIND, "max_size": self._given_max, "shift": c}
+            ring.update(form=form.to_state(), ndim=self.ndim, dims=dims and list(dims))
             # Until the restored writer's first extend says where its cursor is (ZarrStorage).
             ring["guessed"] = full and next_slot is None
             state = self.core.state()  # read when the block ends: the ring goes in below
@@ -558,10 +644,11 @@ class ZarrStorage(TensorStorage):
             return
         state = dict(commit.sampler)
         facade = dict(state["facade"])
-        if facade.get("max_size") != self.max_size:
+        if facade.get("max_size") != self._given_max or facade.get("ndim", 1) != self.ndim:
             raise ValueError(
-                f"{src} is a ZarrStorage of max_size={facade.get('max_size')}; this one has "
-                f"max_size={self.max_size}"
+                f"{src} is a ZarrStorage of max_size={facade.get('max_size')}, ndim="
+                f"{facade.get('ndim', 1)}; this one has max_size={self._given_max}, "
+                f"ndim={self.ndim}"
             )
         try:
             self.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
@@ -597,12 +684,14 @@ class ZarrStorage(TensorStorage):
         # The writer stays in this process (it holds the lock); the other side gets a
         # read-only ZarrStorage of what this one committed (handoff flushes first).
         h = self.core.handoff("ZarrStorage", "a read-only ZarrStorage", sampler=False)
-        return (_read_only_copy, (h.path, h.storage_options, self.max_size, str(self.device)))
+        args = (h.path, h.storage_options, self._given_max, str(self.device), self.ndim)
+        return (_read_only_copy, args)
 
-    def _open_copy(self, path, storage_options, max_size: int, device: str) -> None:
+    def _open_copy(self, path, storage_options, max_size: int, device: str, ndim: int) -> None:
         self.__dict__["core"] = None
-        TensorStorage.__init__(self, storage=None, max_size=max_size, device=device)
-        self._piece = min(self.max_size, MAX_PIECE_ROWS)
+        TensorStorage.__init__(self, storage=None, max_size=max_size, device=device, ndim=ndim)
+        self._given_max = max_size
+        self._piece = min(max_size, MAX_PIECE_ROWS)
         self._seen: tuple | None | bool = False  # the commit shown (False: none yet)
         self.core = BufferCore.reader(path, storage_options=storage_options, owner=self)
         try:
@@ -692,11 +781,31 @@ def _place_writer(writer, cursor: int, write_count: int) -> None:
     writer._write_count = write_count
 
 
-def _read_only_copy(path, storage_options, max_size: int, device: str) -> ZarrStorage:
+def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int = 1):
     """What a pickled ZarrStorage becomes (see ``ZarrStorage.__reduce__``)."""
     storage = ZarrStorage.__new__(ZarrStorage)
-    storage._open_copy(path, storage_options, max_size, device)
+    storage._open_copy(path, storage_options, max_size, device, ndim)
     return storage
+
+
+def _dims_after_first(form: Form, cols: Mapping[str, np.ndarray], ndim: int) -> tuple:
+    """The storage dims after the first (TorchRL's ``shape[1:ndim]``) of the first
+    extend of an ``ndim > 1`` storage."""
+    if form.kind == "td":
+        batch = form.batches[""]
+        if len(batch) < ndim - 1:
+            raise SchemaError(
+                f"ZarrStorage(ndim={ndim}) stores TensorDicts with at least {ndim} batch "
+                f"dims; got batch dims {[len(next(iter(cols.values()))), *batch]}"
+            )
+        return tuple(batch[: ndim - 1])
+    shapes = {v.shape[1:ndim] for v in cols.values()}
+    if len(shapes) != 1 or any(len(v.shape) < ndim for v in cols.values()):
+        raise SchemaError(
+            f"ZarrStorage(ndim={ndim}): every leaf needs the same first {ndim} dims; got "
+            f"{sorted({v.shape[:ndim] for v in cols.values()})}"
+        )
+    return tuple(int(d) for d in shapes.pop())
 
 
 def _leading(rows) -> int | None:

@@ -401,6 +401,10 @@ class BufferCore:
         self._bound.admitted(items, keep)
         return out
 
+    def set_capacity(self, capacity: int) -> None:
+        """See :meth:`~zreplay.engine.writer.SegmentWriter.set_capacity`."""
+        self._writer().set_capacity(capacity)
+
     def reserve_trajectory_ids(self, stop: int) -> None:
         self._writer().reserve_trajectory_ids(stop)
 

@@ -437,6 +437,19 @@ class SegmentWriter:
             st.index.evict_to(st.capacity)  # a rank's block may not fit a small buffer
             self._committer.request()
 
+    def set_capacity(self, capacity: int) -> None:
+        """Keep at most ``capacity`` rows from now on (``capacity`` given when the
+        writer's owner learns it only from its first rows); whole oldest trajectories
+        past it leave with the next commit."""
+        capacity = as_int(capacity, "capacity (rows)", minimum=1)
+        with self.cond:
+            self._check_open()
+            st = self.state
+            st.capacity = capacity
+            if st.index.visible_rows > capacity:
+                st.index.evict_to(capacity)
+                self._committer.request()
+
     def give_up(self, why: str, error: type[Exception] = BufferClosedError) -> None:
         """Stop this writer for good (it must never commit its stale state) and unlock,
         so that reopening the buffer finishes a change that failed (:mod:`.replace`);
