@@ -4,7 +4,9 @@
 Systems: ``LazyTensorStorage`` (RAM), ``LazyMemmapStorage`` (uncompressed memory-mapped
 files), ``ZarrStorage`` (default RAM tier of 1 GiB: every row of these workloads stays
 decoded in RAM too) and ``ZarrStorage`` with ``ram_budget_bytes=0`` (committed rows are
-read from disk; the page cache is warm, as after a fill).
+read from disk; the page cache is warm, as after a fill) and ``ZarrStorage`` with
+``flush_each_extend=True`` (each extend returns once its rows are committed and fsynced:
+what a ``kill -9`` cannot lose).
 
 Workloads (rows of a TensorDict, ``episode`` = row // 100):
 
@@ -44,7 +46,13 @@ from pathlib import Path
 import benchlib
 import numpy as np
 
-SYSTEMS = ("LazyTensorStorage", "LazyMemmapStorage", "ZarrStorage", "ZarrStorage (disk)")
+SYSTEMS = (
+    "LazyTensorStorage",
+    "LazyMemmapStorage",
+    "ZarrStorage",
+    "ZarrStorage (disk)",
+    "ZarrStorage (flush each)",
+)
 WORKLOADS = {"pixels": (20_000, 4_000), "vectors": (500_000, 50_000)}
 BATCH, SAMPLE, SLICE_LEN, EPISODE = 1_000, 256, 32, 100
 
@@ -96,6 +104,8 @@ def storage_for(system: str, M: int, wdir: Path):
         return LazyMemmapStorage(M, scratch_dir=str(wdir / "memmap"))
     if system == "ZarrStorage":
         return ZarrStorage(M, path=wdir / "zarr")
+    if system == "ZarrStorage (flush each)":
+        return ZarrStorage(M, path=wdir / "zarr", flush_each_extend=True)
     return ZarrStorage(M, path=wdir / "zarr", ram_budget_bytes=0)
 
 
@@ -155,6 +165,7 @@ def rate(res: dict, key: str) -> float | None:
 def table(results: dict) -> str:
     """Markdown: one row per workload and figure, one column per system, same-run ratios."""
     head = ["workload", "figure", *SYSTEMS, "Zarr / LazyTensor", "Zarr / LazyMemmap"]
+    head.append("flush each / LazyMemmap")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(v, unit):
@@ -182,6 +193,7 @@ def table(results: dict) -> str:
             rats = [
                 benchlib.ratio(z, vals["LazyTensorStorage"]),
                 benchlib.ratio(z, vals["LazyMemmapStorage"]),
+                benchlib.ratio(vals["ZarrStorage (flush each)"], vals["LazyMemmapStorage"]),
             ]
             row = [kind, name, *(cell(vals[s], unit) for s in SYSTEMS)]
             row += ["n/a" if r is None else f"{r:.2f}x" for r in rats]

@@ -349,3 +349,38 @@ def test_ndim_needs_that_many_batch_dims(tmp_path):
     st.set(torch.arange(2), TensorDict({"x": torch.zeros(2, 2, 3)}, [2, 2, 3]))
     assert st.shape == (2, 2, 3) and len(st) == 12 and st.max_size == 12
     st.close()
+
+
+# -- durability --------------------------------------------------------------------------
+
+KILLED_AFTER_EXTEND = """
+import sys, time, torch
+from tensordict import TensorDict
+from torchrl.data import TensorDictReplayBuffer
+from zreplay.torchrl import ZarrStorage
+rb = TensorDictReplayBuffer(storage=ZarrStorage(100, path=sys.argv[1], flush_each_extend=True))
+for i in range(3):
+    rb.extend(TensorDict({"x": torch.arange(10) + 10 * i}, [10]))
+print("extended", flush=True)
+time.sleep(600)
+"""
+
+
+def test_flush_each_extend_survives_kill_9_right_after_extend(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_AFTER_EXTEND, str(tmp_path / "b")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "extended"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    again = ZarrStorage(100, path=tmp_path / "b", break_lock=True)
+    assert len(again) == 30 and again[:]["x"].tolist() == list(range(30))
+    again.close()

@@ -71,6 +71,12 @@ class ZarrStorage(TensorStorage):
             (``max_size`` must be the one it was written with).  ``None``: a private
             temporary store removed on :meth:`close`.
         device: where returned TensorDicts live (rows are stored on disk and in RAM).
+        ndim: storage dims, as ``LazyTensorStorage(max_size, ndim=...)``: ``[envs, time]``
+            batches; the ring runs along dim 0 (``max_size`` counts elements).
+        flush_each_extend: every ``extend``/``add`` returns only once its rows are
+            committed (fsynced too with ``durable=True``, the default), so a ``kill -9``
+            right after it loses nothing; default ``False``: commits run in the
+            background and :meth:`flush` waits for them.
         **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
             ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
             ``storage_options``, ``ram_budget_bytes`` (default 1 GiB of the newest rows),
@@ -88,6 +94,7 @@ class ZarrStorage(TensorStorage):
         *,
         device: torch.device | str = "cpu",
         ndim: int = 1,
+        flush_each_extend: bool = False,
         **store: Unpack[StoreOptions],
     ):
         opts = store_options("ZarrStorage", store)
@@ -104,6 +111,7 @@ class ZarrStorage(TensorStorage):
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
         super().__init__(storage=None, max_size=max_size, device=device, ndim=ndim)
         self._given_max = M = max_size
+        self._flush_each = bool(flush_each_extend)
         self._piece = min(M, MAX_PIECE_ROWS)
         self.core = BufferCore.writer(
             path,
@@ -309,6 +317,8 @@ class ZarrStorage(TensorStorage):
             raise
         self._set_last_cursor(cursor)
         self._bump_mutation_revision()
+        if self._flush_each:
+            self.core.flush()  # committed (and fsynced if durable) before extend returns
 
     def _settle_guess(self, cursor: int | None) -> None:
         """A TorchRL state dict of a full ring does not say where its writer's cursor
