@@ -21,7 +21,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler  # noqa: E402
 
 import zreplay  # noqa: E402
-from zreplay.errors import KeyNameError, ReadOnlyError, SchemaError  # noqa: E402
+from zreplay.errors import KeyNameError, ReadOnlyError, SchemaError, StackError  # noqa: E402
 from zreplay.torchrl import ZarrStorage  # noqa: E402
 
 
@@ -29,6 +29,12 @@ from zreplay.torchrl import ZarrStorage  # noqa: E402
 class Step:  # module level: importable by name in another process
     obs: torch.Tensor
     reward: torch.Tensor
+
+
+@tensorclass
+class Outer:  # a tensorclass nesting another, as TorchRL's own tests build them
+    obs: torch.Tensor
+    next: Step
 
 
 def tree(n: int, start: int = 0) -> dict:
@@ -104,6 +110,48 @@ def test_a_list_of_items_is_stacked_as_torchrl_does(tmp_path):
     ref.extend(items)
     new.extend(items)
     same_tree(ref[:], new[:], "list of pytrees")
+
+
+def test_nested_tensorclasses_and_ragged_lazy_stacks_come_back_as_they_went_in(tmp_path):
+    outer = Outer(
+        obs=torch.arange(6.0).view(3, 2),
+        next=Step(obs=torch.ones(3, 1), reward=torch.arange(3.0), batch_size=[3]),
+        batch_size=[3],
+    )
+    ragged = LazyStackedTensorDict(  # a collector's heterogeneous envs: stacked along dim 1
+        TensorDict(a=torch.arange(40.0).view(5, 4, 2), batch_size=5),
+        TensorDict(a=-torch.arange(30.0).view(5, 3, 2), batch_size=5),
+        stack_dim=1,
+    )
+    for name, data, n in (("outer", outer, 3), ("ragged", ragged, 5)):
+        ref = ReplayBuffer(storage=LazyTensorStorage(6), batch_size=2)
+        new = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / name), batch_size=2)
+        ref.extend(data)
+        new.extend(data)
+        for idx in (slice(None), torch.tensor([2, 0]), 1):
+            a, b = ref[idx], new[idx]
+            assert type(a) is type(b) and a.shape == b.shape, (name, idx)
+            if name == "ragged":
+                a, b = a.tensordicts, b.tensordicts
+                assert all(torch.equal(x["a"], y["a"]) for x, y in zip(a, b, strict=True))
+            else:
+                assert type(b.next) is Step and torch.equal(a.next.reward, b.next.reward)
+        kind = type(new[0:2])
+        new.storage.close()
+        again = ZarrStorage(6, path=tmp_path / name)
+        assert type(again[0:2]) is kind and len(again) == n
+        again.close()
+    rb = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "rows"), batch_size=2)
+    with pytest.raises(SchemaError, match="pad them"):  # rows of differing shapes
+        rb.extend(LazyStackedTensorDict(TensorDict(a=torch.zeros(2)), TensorDict(a=torch.zeros(3))))
+
+
+def test_a_list_that_does_not_stack_raises_as_torchrl_does(tmp_path):
+    rb = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "b"), batch_size=2)
+    with pytest.raises(RuntimeError, match="Stacking the elements of the list") as err:
+        rb.extend([torch.zeros(4), torch.zeros(1)])
+    assert isinstance(err.value, StackError) and isinstance(err.value, SchemaError)
+    assert len(rb) == 0 and rb.writer._cursor == 0
 
 
 @pytest.mark.parametrize(
@@ -384,3 +432,19 @@ def test_flush_each_extend_survives_kill_9_right_after_extend(tmp_path):
     again = ZarrStorage(100, path=tmp_path / "b", break_lock=True)
     assert len(again) == 30 and again[:]["x"].tolist() == list(range(30))
     again.close()
+
+
+def test_a_buffer_the_program_dropped_reopens_with_its_rows(tmp_path):
+    """No close(): TorchRL code drops its buffer; the next construction on the path (this
+    process, as a notebook cell run again) resumes it, rows and cursor."""
+    import gc
+
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(8, path=tmp_path / "b"), batch_size=2)
+    rb.extend(TensorDict({"x": torch.arange(11)}, [11]))
+    del rb
+    gc.collect()
+    again = TensorDictReplayBuffer(storage=ZarrStorage(8, path=tmp_path / "b"), batch_size=2)
+    assert len(again) == 8 and again.writer._cursor == 3
+    assert again[:]["x"].tolist() == [8, 9, 10, 3, 4, 5, 6, 7]
+    again.extend(TensorDict({"x": torch.arange(11, 13)}, [2]))
+    assert again[:]["x"].tolist() == [8, 9, 10, 11, 12, 5, 6, 7]

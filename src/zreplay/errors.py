@@ -39,6 +39,11 @@ class EmptyTrajectoryError(SchemaError):
     """A trajectory with no rows (T == 0 or B == 0) was added."""
 
 
+class StackError(SchemaError, RuntimeError):
+    """A list of items given to ``ZarrStorage`` does not stack into one batch (also a
+    ``RuntimeError``, which TorchRL's storages raise there)."""
+
+
 class CapacityError(ZReplayError, ValueError):
     """A single trajectory is larger than the buffer's capacity (or than the RAM the
     writer needs to stage it)."""

@@ -7,9 +7,10 @@ extend; every later extend must have the same one.
 
 * TensorDicts (and tensorclasses, whose TensorDict is stored): one column per leaf,
   ``("next", "obs") -> "next/obs"``; ``batches`` records the batch dims after the first
-  of every (nested) TensorDict so reads rebuild the same structure.  A tensorclass's
-  class is recorded by import name; read back where it cannot be imported (a class
-  defined inside a function, in another process) the rows come back as a TensorDict.
+  of every (nested) TensorDict so reads rebuild the same structure.  Tensorclasses (the
+  data itself or nested in it) are recorded by import name; read back where one cannot
+  be imported (a class defined inside a function, in another process) its rows come back
+  as a TensorDict, with a warning.
 * Tensors and pytrees (dicts with str/int keys, lists, tuples): leaf ``i`` in order is
   column ``"i"``; the tree's structure is recorded as JSON.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,16 +32,16 @@ import torch
 from tensordict import (
     LazyStackedTensorDict,
     TensorDict,
-    TensorDictBase,
     is_tensor_collection,
     is_tensorclass,
 )
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import KeyNameError, SchemaError
+from ..errors import KeyNameError, SchemaError, StackError
 from ..schema import as_numpy, check_key_component, safe_component
 
 ESCAPE = "_."  # a stored name starting with it is the hex of the user's name
+ITEM = ESCAPE + "item"  # not hex: item i of a ragged lazy stack is stored under _.item<i>/
 
 
 def disk_name(part) -> str:
@@ -72,19 +73,25 @@ def disk_path(key: tuple[str, ...]) -> str:
 @dataclass(frozen=True)
 class Form:
     """How rows are shaped for TorchRL (see module): ``kind`` ``"td"`` (``batches``;
-    ``cls``: a tensorclass's ``module:qualname``) or ``"tree"`` (``spec``)."""
+    ``classes``: stored td path -> tensorclass ``module:qualname``, ``""`` for the data
+    itself) or ``"tree"`` (``spec``)."""
 
     kind: str = "td"
     batches: Mapping[str, list[int]] = field(default_factory=lambda: {"": []})
     spec: str | None = None
-    cls: str | None = None
+    classes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def cls(self) -> str | None:
+        """The data's own tensorclass, if it is one."""
+        return self.classes.get("")
 
     def to_state(self) -> dict:
         return {
             "kind": self.kind,
             "batches": dict(self.batches),
             "spec": self.spec,
-            "cls": self.cls,
+            "classes": dict(self.classes),
         }
 
     @classmethod
@@ -93,11 +100,12 @@ class Form:
         were recorded hold TensorDicts, their ``batches`` recorded apart)."""
         if state is None:
             return None if batches is None else cls("td", dict(batches))
-        return cls(state["kind"], dict(state["batches"]), state.get("spec"), state.get("cls"))
+        classes = dict(state.get("classes") or {})
+        return cls(state["kind"], dict(state["batches"]), state.get("spec"), classes)
 
     def differs(self, other: Form) -> str | None:
         """Why rows of ``other`` cannot join rows of this form (``None``: they can)."""
-        if self.kind != other.kind or self.cls != other.cls:
+        if self.kind != other.kind or dict(self.classes) != dict(other.classes):
             return f"the storage holds {self.describe()}, the data is {other.describe()}"
         if self.spec != other.spec:
             return "the data's pytree structure differs from the storage's"
@@ -111,6 +119,8 @@ class Form:
     def describe(self) -> str:
         if self.kind == "tree":
             return "tensors or pytrees of tensors"
+        if self.kind == "lazy":
+            return "lazy stacks of TensorDicts that differ in shape"
         return f"tensorclass {self.cls}" if self.cls else "TensorDicts"
 
     # -- reading --------------------------------------------------------------------
@@ -120,10 +130,11 @@ class Form:
         flat: Mapping[str, np.ndarray | torch.Tensor],
         lead: tuple[int, ...],
         device: torch.device,
-        tc: type | None = None,
+        resolve: Callable[[str], type | None] = lambda name: None,
     ):
         """The rows ``flat`` (``{column: [prod(lead), *row]}``) as the data they were:
-        a TensorDict (or tensorclass ``tc``) ``[*lead, *batch]``, a tensor or a pytree."""
+        a TensorDict or tensorclass ``[*lead, *batch]``, a tensor or a pytree
+        (``resolve``: a recorded tensorclass name -> the class, ``None``: a TensorDict)."""
 
         def tensor(value) -> torch.Tensor:
             t = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
@@ -133,6 +144,14 @@ class Form:
         if self.kind == "tree":
             leaves = iter([tensor(flat[str(i)]) for i in range(len(flat))])
             return _rebuild(json.loads(self.spec), leaves)
+        if self.kind == "lazy":  # see _ragged
+            meta = json.loads(self.spec)
+            items = []
+            for i in range(meta["items"]):
+                p = f"{ITEM}{i}"
+                form = Form("td", _under(self.batches, p), None, _under(self.classes, p))
+                items.append(form.build(_under(flat, p), lead, device, resolve))
+            return LazyStackedTensorDict(*items, stack_dim=meta["stack_dim"] + len(lead) - 1)
         tree: dict = {}
         for path, value in flat.items():
             node = tree
@@ -141,59 +160,58 @@ class Form:
                 node = node.setdefault(p, {})
             node[leaf] = tensor(value)
 
-        def make(prefix: str, node: dict) -> TensorDict:
+        def make(prefix: str, node: dict):
             items = {
                 user_name(k): make(f"{prefix}/{k}" if prefix else k, v)
                 if isinstance(v, dict)
                 else v
                 for k, v in node.items()
             }
-            return TensorDict(items, batch_size=[*lead, *self.batches.get(prefix, [])])
+            td = TensorDict(items, batch_size=[*lead, *self.batches.get(prefix, [])])
+            tc = resolve(self.classes[prefix]) if prefix in self.classes else None
+            return td if tc is None else tc.from_tensordict(td)
 
-        td = make("", tree)
-        if device.type != "cpu":
-            td = td.to(device)  # the batch's device, as TorchRL's storages give it
-        return td if tc is None else tc.from_tensordict(td)
-
-    def resolve_class(self) -> type | None:
-        """The tensorclass named by ``cls`` if it can be imported here (else ``None``:
-        rows come back as TensorDicts, with a warning)."""
-        if self.cls is None:
-            return None
-        module, _, qualname = self.cls.partition(":")
-        try:
-            obj = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError):
-            warnings.warn(
-                f"ZarrStorage holds tensorclass {self.cls}, which cannot be imported here; "
-                "rows come back as TensorDicts (wrap them: cls.from_tensordict(td))",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None
-        return obj
+        out = make("", tree)
+        return out if device.type == "cpu" else out.to(device)  # as TorchRL's storages do
 
 
-def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], type | None]:
-    """``(form, {column: [n, *row]}, tensorclass or None)`` of what a writer passes to
+def import_class(name: str) -> type | None:
+    """The tensorclass recorded as ``module:qualname`` if it can be imported here (else
+    ``None``, with a warning: its rows come back as TensorDicts)."""
+    module, _, qualname = name.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        warnings.warn(
+            f"ZarrStorage holds tensorclass {name}, which cannot be imported here; its rows "
+            "come back as TensorDicts (wrap them: cls.from_tensordict(td))",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    return obj
+
+
+def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], dict[str, type]]:
+    """``(form, {column: [n, *row]}, {recorded name: tensorclass})`` of what a writer passes to
     ``set``: a TensorDict, tensorclass, tensor or pytree with the rows along dim 0, a
     list of items (stacked, as TorchRL's storages do), or one item (``single``: the
     cursor was an int).  ``SchemaError`` for what cannot be stored."""
     if isinstance(data, list):
         data = _stack_items(data)
-    tc = type(data) if is_tensorclass(data) else None
-    if tc is not None:
-        data = data._tensordict
     if is_tensor_collection(data):
-        if isinstance(data, LazyStackedTensorDict):
-            data = _dense(data)
         if single:
             data = data.unsqueeze(0)
-        cols, batches = _td_columns(data)
-        name = f"{tc.__module__}:{tc.__qualname__}" if tc is not None else None
-        return Form("td", batches, None, name), cols, tc
+        if isinstance(data, LazyStackedTensorDict):
+            try:
+                data = data.contiguous()
+            except RuntimeError as e:  # its items differ in shape
+                return _ragged(data, e)
+        cols, batches, classes = _td_columns(data)
+        names = {path: name for path, (name, _) in classes.items()}
+        return Form("td", batches, None, names), cols, dict(classes.values())
     leaves: list[torch.Tensor] = []
     text = json.dumps(_structure(data, leaves))
     if not leaves:
@@ -210,7 +228,7 @@ def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], type | None
             f"ZarrStorage: the pytree's leaves have {sorted(lengths)} rows; every leaf needs "
             "the same first dim"
         )
-    return Form("tree", {"": []}, text), cols, None
+    return Form("tree", {"": []}, text), cols, {}
 
 
 def _structure(x, leaves: list):
@@ -252,6 +270,17 @@ def _stack_items(items: list):
     """A list of items as one batch (TorchRL's storages stack a list)."""
     if not items:
         raise SchemaError("ZarrStorage: an empty list holds no rows")
+    try:
+        return _stacked(items)
+    except RuntimeError as e:  # torch's: the items differ in shape
+        raise StackError(
+            "Stacking the elements of the list resulted in an error (ZarrStorage, as "
+            f"TorchRL's storages, stacks a list of items: {str(e).splitlines()[0]}); pass "
+            "items of one shape, or a tuple (a pytree whose leaves already hold the batch)"
+        ) from None
+
+
+def _stacked(items: list):
     if all(is_tensor_collection(x) for x in items):
         return torch.stack(items)
     flat = [tree_flatten(x) for x in items]
@@ -269,29 +298,47 @@ def _stack_items(items: list):
     return tree_unflatten(stacks, flat[0][1])
 
 
-def _dense(td):
-    """A lazy stack of TensorDicts as one dense TensorDict, or a SchemaError that says
-    how to store one whose items differ in shape."""
-    try:
-        return td.contiguous()
-    except RuntimeError as e:
+def _ragged(ltd: LazyStackedTensorDict, error: RuntimeError):
+    """``encode`` of a lazy stack whose items differ in shape: stacked along a dim after
+    the first, each item is stored as TensorDict rows of its own under ``_.item<i>/``
+    (``_.`` + non-hex never names a user's key) and read back as the same lazy stack.
+    Items that are rows (``stack_dim=0``) cannot be columns: SchemaError."""
+    if ltd.stack_dim == 0:
         raise SchemaError(
             "ZarrStorage stores rows of one shape per key; this LazyStackedTensorDict's "
-            f"items differ ({str(e).splitlines()[0]}): pad them to one shape, or store "
+            f"rows differ ({str(error).splitlines()[0]}): pad them to one shape, or store "
             "them as separate keys"
-        ) from None
+        )
+    cols, batches, names, found = {}, {}, {}, {}
+    for i, item in enumerate(ltd.tensordicts):
+        c, b, cl = _td_columns(item)
+        p = f"{ITEM}{i}"
+        cols.update({f"{p}/{k}": v for k, v in c.items()})
+        batches.update({f"{p}/{k}" if k else p: v for k, v in b.items()})
+        names.update({f"{p}/{k}" if k else p: name for k, (name, _) in cl.items()})
+        found.update(dict(cl.values()))
+    spec = json.dumps({"stack_dim": ltd.stack_dim, "items": len(ltd.tensordicts)})
+    return Form("lazy", batches, spec, names), cols, found
 
 
-def _td_columns(td: TensorDictBase) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-    """``({"a/b": [n, *row] array}, {stored td path: extra batch dims})``."""
+def _under(mapping: Mapping[str, object], prefix: str) -> dict:
+    """The entries of ``mapping`` at or under path ``prefix``, keyed relative to it."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in mapping.items() if k == prefix or k.startswith(prefix + "/")}
+
+
+def _td_columns(td) -> tuple[dict[str, np.ndarray], dict[str, list[int]], dict]:
+    """``({"a/b": [n, *row] array}, {stored td path: extra batch dims}, {stored td path:
+    (recorded name, tensorclass)})`` of a TensorDict or tensorclass."""
     cols: dict[str, np.ndarray] = {}
+    classes = {"": _named(type(td))} if is_tensorclass(td) else {}
     batches = {"": [int(d) for d in td.batch_size[1:]]}
     for key, value in td.items(include_nested=True, leaves_only=False):
         key = (key,) if isinstance(key, str) else tuple(key)
         path = disk_path(key)
-        if isinstance(value, TensorDictBase):
+        if is_tensor_collection(value):
             if is_tensorclass(value):
-                value = value._tensordict
+                classes[path] = _named(type(value))
             batches[path] = [int(d) for d in value.batch_size[1:]]
         elif isinstance(value, torch.Tensor):
             cols[path] = np.ascontiguousarray(as_numpy(value.detach(), str(key)))
@@ -302,4 +349,8 @@ def _td_columns(td: TensorDictBase) -> tuple[dict[str, np.ndarray], dict[str, li
             )
     if not cols:
         raise SchemaError("ZarrStorage: the TensorDict holds no tensors")
-    return cols, batches
+    return cols, batches, classes
+
+
+def _named(cls: type) -> tuple[str, type]:
+    return f"{cls.__module__}:{cls.__qualname__}", cls

@@ -48,7 +48,7 @@ from .torchrl_columns import (
     show_slots,
     slot_index,
 )
-from .torchrl_forms import Form, encode
+from .torchrl_forms import Form, encode, import_class
 
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
 CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
@@ -155,8 +155,8 @@ class ZarrStorage(TensorStorage):
         self._ring = Ring(M0, start, int(saved.get("shift", 0)))
         self._ring_guessed = bool(saved.get("guessed", False))
         self._form = Form.from_state(saved.get("form"), saved.get("batches"))
-        if self._form is None or self._form.cls is None or "_tc" not in self.__dict__:
-            self._tc = None  # the tensorclass rows come back as (False: not importable)
+        if "_classes" not in self.__dict__:
+            self._classes: dict[str, type | None] = {}  # recorded name -> class (None: a TD)
         self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
         self._source: tuple | None = None  # ((len, epoch), lazy structure of the slots)
         self._epoch = getattr(self, "_epoch", 0) + 1
@@ -303,13 +303,13 @@ class ZarrStorage(TensorStorage):
                 if not self.initialized:
                     raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
                 return
-            form, cols, tc = encode(data, single)
+            form, cols, classes = encode(data, single)
             n = len(next(iter(cols.values())))
             if n == 0:
                 if not self.initialized:
                     raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
                 return
-            self._append(cur, form, cols, tc, n)
+            self._append(cur, form, cols, classes, n)
         except BaseException:
             for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
                 count = max(0, _writer_position(w)[1] - cur.numel())
@@ -338,14 +338,14 @@ class ZarrStorage(TensorStorage):
                 return cursor
         return None
 
-    def _append(self, cursor: torch.Tensor, form: Form, cols: dict, tc, n: int) -> None:
+    def _append(self, cursor: torch.Tensor, form: Form, cols: dict, classes, n: int) -> None:
         if self._dims is None and self.ndim > 1:
             dims = _dims_after_first(form, cols, self.ndim)
             ring, piece = self._ring, self._piece
             M0 = self._slots_along_dim0(dims)
             self._ring = Ring(M0, self._W)
             try:
-                self._append_rows(cursor, form, cols, tc, n)
+                self._append_rows(cursor, form, cols, classes, n)
             except BaseException:
                 self._ring, self._piece = ring, piece
                 self._slots_along_dim0(None)
@@ -354,9 +354,9 @@ class ZarrStorage(TensorStorage):
             self.core.facade_state.update(dims=list(dims))
             self.core.set_capacity(M0 + self._piece - 1)
             return
-        self._append_rows(cursor, form, cols, tc, n)
+        self._append_rows(cursor, form, cols, classes, n)
 
-    def _append_rows(self, cursor: torch.Tensor, form: Form, cols: dict, tc, n: int) -> None:
+    def _append_rows(self, cursor: torch.Tensor, form: Form, cols: dict, classes, n) -> None:
         want = self._ring.expected(self._W, n)
         if self._ring_guessed and len(cursor) and not torch.equal(cursor, want):
             self._settle_guess(int(cursor[0]))
@@ -383,8 +383,7 @@ class ZarrStorage(TensorStorage):
             if schema is None:
                 self._form = self.core.facade_state["form"] = None
             raise
-        if tc is not None:
-            self._tc = tc
+        self._classes.update(classes)
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
         m = min(n, self._ring.max_size)
@@ -416,9 +415,14 @@ class ZarrStorage(TensorStorage):
 
     def _build(self, flat: dict, lead: tuple[int, ...]):
         """Rows as the data they were given as (see :mod:`.torchrl_forms`)."""
-        if self._tc is None and self._form.cls is not None:
-            self._tc = self._form.resolve_class() or False
-        return self._form.build(flat, lead, self.device, self._tc or None)
+        return self._form.build(flat, lead, self.device, self._class)
+
+    def _class(self, name: str) -> type | None:
+        """The tensorclass recorded as ``name``: the one extended in this process, else
+        imported (once; ``None`` and one warning if it cannot be: rows are TensorDicts)."""
+        if name not in self._classes:
+            self._classes[name] = import_class(name)
+        return self._classes[name]
 
     def _get_along_dims(self, index):
         """``storage[index]`` of an ``ndim > 1`` storage (shape ``[len along dim 0,
@@ -439,7 +443,7 @@ class ZarrStorage(TensorStorage):
 
     def _lazy_ok(self) -> bool:
         """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts, ``ndim=1``)."""
-        return self._form.kind == "td" and self._form.cls is None and self.ndim == 1
+        return self._form.kind == "td" and not self._form.classes and self.ndim == 1
 
     def __getitem__(self, index):
         # A sampler's tuple index (SliceSampler reads flags at it): a lazy view, so only
@@ -512,10 +516,10 @@ class ZarrStorage(TensorStorage):
         if not self.initialized:
             return {"_storage": {}, "initialized": False, "_len": 0}
         rows = self._slot_rows(np.arange(self._ring.max_size))
-        if isinstance(rows, TensorDict):
-            rows = rows.state_dict()
-        elif is_tensorclass(rows):
+        if is_tensorclass(rows):
             rows = rows._tensordict.state_dict()
+        elif is_tensor_collection(rows):
+            rows = rows.state_dict()
         elif not isinstance(rows, torch.Tensor):
             raise TypeError(
                 "a ZarrStorage of pytrees has no state_dict (nor has TorchRL's); checkpoint "
@@ -599,13 +603,13 @@ class ZarrStorage(TensorStorage):
             raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
         full = n == M
         c = (n if next_slot is None else int(next_slot)) % M if full else 0
-        tc = None
+        classes = {}
         if rows is None or not n:
             self.core.facade_state.update(shift=0, guessed=False)
             self.core.clear()  # empty: the ring starts where the rows go on
         else:
             order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
-            form, cols, tc = encode(_take(rows, order), single=False)
+            form, cols, classes = encode(_take(rows, order), single=False)
             ring = {"kind": KIND, "max_size": self._given_max, "shift": c}
             ring.update(form=form.to_state(), ndim=self.ndim, dims=dims and list(dims))
             # Until the restored writer's first extend says where its cursor is (ZarrStorage).
@@ -622,8 +626,7 @@ class ZarrStorage(TensorStorage):
                 raise
             self.core.facade_state = ring
         self._open_ring()
-        if tc is not None:
-            self._tc = tc
+        self._classes.update(classes)
         self._bump_mutation_revision()
         if sync:
             self._sync_writers()
@@ -801,6 +804,11 @@ def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int
 def _dims_after_first(form: Form, cols: Mapping[str, np.ndarray], ndim: int) -> tuple:
     """The storage dims after the first (TorchRL's ``shape[1:ndim]``) of the first
     extend of an ``ndim > 1`` storage."""
+    if form.kind == "lazy":
+        raise SchemaError(
+            f"ZarrStorage(ndim={ndim}) does not store lazy stacks whose items differ in "
+            "shape; pad them to one shape"
+        )
     if form.kind == "td":
         batch = form.batches[""]
         if len(batch) < ndim - 1:
