@@ -448,3 +448,25 @@ def test_a_buffer_the_program_dropped_reopens_with_its_rows(tmp_path):
     assert again[:]["x"].tolist() == [8, 9, 10, 3, 4, 5, 6, 7]
     again.extend(TensorDict({"x": torch.arange(11, 13)}, [2]))
     assert again[:]["x"].tolist() == [8, 9, 10, 11, 12, 5, 6, 7]
+
+
+def test_a_commit_of_the_first_ndim_extend_holds_its_dims(tmp_path):
+    """The background writer may commit between the rows' add and the end of ``set``: the
+    dims must already be in that commit, or a crash there reopens a ring of the wrong
+    size over the rows."""
+    st = ZarrStorage(12, path=tmp_path / "b", ndim=2)
+    seen = []
+    add = st.core.add
+
+    def add_then_commit(items):
+        out = add(items)
+        st.core.flush()  # what the committer may do at any moment
+        seen.append(pickle.loads(pickle.dumps(st)))  # a read-only copy of that commit
+        return out
+
+    st.core.add = add_then_commit
+    st.set(torch.arange(3), env_batch(2, 0, envs=3))  # [3, 2]: 3 slots of 2
+    del st.core.add
+    copy = seen[0]
+    assert copy.shape == (3, 2) and len(copy) == 6 and torch.equal(copy[:]["g"], st[:]["g"])
+    st.close()

@@ -343,15 +343,16 @@ class ZarrStorage(TensorStorage):
             dims = _dims_after_first(form, cols, self.ndim)
             ring, piece = self._ring, self._piece
             M0 = self._slots_along_dim0(dims)
-            self._ring = Ring(M0, self._W)
+            self._ring, self._dims = Ring(M0, self._W), dims
+            # In the facade state before the rows: a commit that holds them holds the dims.
+            self.core.facade_state.update(dims=list(dims), start=self._W)
             try:
                 self._append_rows(cursor, form, cols, classes, n)
             except BaseException:
-                self._ring, self._piece = ring, piece
+                self._ring, self._piece, self._dims = ring, piece, None
                 self._slots_along_dim0(None)
+                self.core.facade_state.update(dims=None, start=ring.start)
                 raise
-            self._dims = dims
-            self.core.facade_state.update(dims=list(dims))
             self.core.set_capacity(M0 + self._piece - 1)
             return
         self._append_rows(cursor, form, cols, classes, n)
