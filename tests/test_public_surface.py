@@ -156,9 +156,12 @@ def test_a_writer_crosses_a_process_boundary_one_way(tmp_path):
     from zreplay.torchrl import ZarrStorage
 
     storage = ZarrStorage(10, str(tmp_path / "z"))
-    with pytest.raises(HandoffError, match="zreplay.open"):
-        pickle.dumps(storage)
+    copy = pickle.loads(pickle.dumps(storage))  # a read-only ZarrStorage
+    assert type(copy) is ZarrStorage and copy.read_only and not storage.read_only
+    copy.close()
     storage.close()
+    with pytest.raises(HandoffError, match="path="):
+        pickle.dumps(ZarrStorage(10))  # a private temporary store
     rb = zreplay.ReplayBuffer(100, path=str(tmp_path / "e"))
     rb.write_episode({"obs": np.zeros((5, 2), np.float32), "action": np.zeros((5, 1))})
     replica = pickle.loads(pickle.dumps(rb))  # a DataLoader worker's copy
