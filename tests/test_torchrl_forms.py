@@ -15,7 +15,7 @@ from conftest import tree_state
 
 torchrl = pytest.importorskip("torchrl")
 
-from tensordict import LazyStackedTensorDict, TensorDict, tensorclass  # noqa: E402
+from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict, tensorclass  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer  # noqa: E402
 from torchrl.data.replay_buffers.samplers import SliceSampler  # noqa: E402
@@ -187,6 +187,12 @@ def test_what_cannot_be_stored_says_so(tmp_path):
     )
     with pytest.raises(SchemaError, match="pad them"):
         rb.extend(ragged)
+    with pytest.raises(SchemaError, match="bfloat16"):
+        rb.extend(torch.zeros(3, 2, dtype=torch.bfloat16))
+    with pytest.raises(SchemaError, match="complex64"):
+        rb.extend(TensorDict({"z": torch.zeros(3, dtype=torch.complex64)}, [3]))
+    with pytest.raises(SchemaError, match="NonTensorData"):
+        rb.extend(TensorDict({"x": torch.zeros(3), "s": NonTensorData("a", batch_size=[3])}, [3]))
     assert (
         len(rb) == 0
         and not (tmp_path / "b" / "segments").exists()
@@ -470,3 +476,117 @@ def test_a_commit_of_the_first_ndim_extend_holds_its_dims(tmp_path):
     copy = seen[0]
     assert copy.shape == (3, 2) and len(copy) == 6 and torch.equal(copy[:]["g"], st[:]["g"])
     st.close()
+
+
+# -- found by an adversarial pass ----------------------------------------------------------
+
+
+def test_a_read_only_copy_follows_its_writer_once_its_rows_left_the_disk(tmp_path):
+    def rows(a, b):
+        g = torch.arange(a, b)
+        return TensorDict({"g": g, "obs": g.float()[:, None].expand(b - a, 300).clone()}, [b - a])
+
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(4, path=tmp_path / "b", durable=False))
+    rb.extend(rows(0, 4))
+    rb.extend(rows(4, 11))  # wrapped: the seam is after slot 2
+    copy = pickle.loads(pickle.dumps(rb.storage))
+
+    def last(st):
+        return int(torch.as_tensor(st._last_cursor).reshape(-1)[-1])
+
+    assert last(copy) == last(rb.storage) == 2  # SliceSampler's seam
+    for i in range(5):  # wraps evict the rows the copy showed
+        rb.extend(rows(100 + 4 * i, 104 + 4 * i))
+    rb.storage.flush()
+    got = copy.get(torch.arange(4))  # the reader moved on: the copy follows, whole rows
+    assert got["g"].tolist() == rb.storage.get(torch.arange(4))["g"].tolist()
+    assert torch.equal(got["obs"][:, 0], got["g"].float())
+    copy.close()
+
+
+def test_an_extend_interrupted_after_its_rows_went_in_keeps_them_and_the_cursor(tmp_path):
+    st = ZarrStorage(6, path=tmp_path / "b")
+    rb = TensorDictReplayBuffer(storage=st, batch_size=2)
+    rb.extend(TensorDict({"g": torch.arange(2)}, [2]))
+    add = st.core.add
+
+    def add_then_interrupt(items):
+        add(items)
+        raise KeyboardInterrupt  # Ctrl-C as the add returns
+
+    st.core.add = add_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        rb.extend(TensorDict({"g": torch.arange(2, 4)}, [2]))
+    del st.core.add
+    assert len(rb) == 4 and rb.writer._cursor == 4 and rb.write_count == 4  # it went in
+    rb.extend(TensorDict({"g": torch.arange(4, 7)}, [3]))
+    assert rb[:]["g"].tolist() == [6, 1, 2, 3, 4, 5]
+    st.close()
+    assert ZarrStorage(6, path=tmp_path / "b")[:]["g"].tolist() == [6, 1, 2, 3, 4, 5]
+
+
+def test_a_state_dict_keeps_the_storages_tensorclass(tmp_path):
+    rb = ReplayBuffer(storage=ZarrStorage(4, path=tmp_path / "b"), batch_size=2)
+    rb.extend(DATA["tensorclass"](3, 0))
+    rb.load_state_dict(rb.state_dict())  # TensorDicts in the state dict, as TorchRL's
+    assert type(rb[0:2]) is Step
+    rb.extend(DATA["tensorclass"](2, 3))  # still the same kind of data
+    assert rb[:].obs.ravel().tolist() == [4.0, 1.0, 2.0, 3.0]
+
+
+def test_ndim_state_dicts_of_a_ring_not_full_and_a_refused_one(tmp_path):
+    ref = TensorDictReplayBuffer(storage=LazyTensorStorage(12, ndim=2), batch_size=2)
+    new = TensorDictReplayBuffer(storage=ZarrStorage(12, path=tmp_path / "b", ndim=2))
+    ref.extend(env_batch(2, 0))
+    new.extend(env_batch(2, 0))
+    a, b = ref.storage.state_dict(), new.storage.state_dict()
+    assert a["_len"] == b["_len"] == 4  # TorchRL's slots past len hold torch.empty's bytes
+    assert torch.equal(a["_storage"]["g"][:2], b["_storage"]["g"][:2])
+    wrong = LazyTensorStorage(30, ndim=2)
+    TensorDictReplayBuffer(storage=wrong).extend(env_batch(3, 0, envs=2))
+    before = (len(new), new.storage.max_size, new.storage.shape, new.writer._cursor)
+    with pytest.raises(ValueError, match="max_size=30"):
+        new.storage.load_state_dict(wrong.state_dict())
+    assert (len(new), new.storage.max_size, new.storage.shape, new.writer._cursor) == before
+    ref.extend(env_batch(3, 4))
+    new.extend(env_batch(3, 4))
+    assert torch.equal(ref.storage[:]["g"], new.storage[:]["g"])
+
+
+def test_ndim_3_ellipsis_and_none_indices_as_torch(tmp_path):
+    td = TensorDict({"x": torch.arange(60.0).view(5, 2, 3, 2)}, [5, 2, 3])
+    ref, new = LazyTensorStorage(30, ndim=3), ZarrStorage(30, path=tmp_path / "b", ndim=3)
+    for st in (ref, new):
+        st.set(torch.arange(5), td)
+    for idx in ((..., 0), (1, ..., 2), (None, 0), (slice(None), None, 1)):
+        assert torch.equal(ref[idx]["x"], new[idx]["x"]), idx
+
+
+def test_a_ragged_lazy_stack_of_another_shape_is_a_schema_error(tmp_path):
+    def ragged(k: int):
+        return LazyStackedTensorDict(
+            TensorDict(x=torch.zeros(3, 4), batch_size=3),
+            TensorDict(x=torch.zeros(3, k), batch_size=3),
+            stack_dim=1,
+        )
+
+    rb = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "b"), batch_size=2)
+    rb.extend(ragged(2))
+    with pytest.raises(SchemaError, match="_.item1"):
+        rb.extend(ragged(5))
+    assert len(rb) == 3
+
+
+def test_a_read_only_copy_of_an_emptied_storage_reads_as_the_writer(tmp_path):
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(4, path=tmp_path / "b"), batch_size=2)
+    rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+    copy = pickle.loads(pickle.dumps(rb.storage))
+    rb.empty()
+    rb.storage.flush()
+    assert copy.refresh() and len(copy) == 0
+    assert copy[:].shape == rb.storage[:].shape == (0,)
+    assert copy[:]["x"].shape == (0,)
+    rb.extend(TensorDict({"x": torch.arange(5, 7)}, [2]))
+    rb.storage.flush()
+    assert copy.refresh() and copy[:]["x"].tolist() == [5, 6]
+    copy.close()

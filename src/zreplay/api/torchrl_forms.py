@@ -32,6 +32,7 @@ import torch
 from tensordict import (
     LazyStackedTensorDict,
     TensorDict,
+    is_non_tensor,
     is_tensor_collection,
     is_tensorclass,
 )
@@ -63,7 +64,12 @@ def disk_name(part) -> str:
 
 def user_name(name: str) -> str:
     """The TensorDict key component stored as ``name`` (inverse of :func:`disk_name`)."""
-    return bytes.fromhex(name[len(ESCAPE) :]).decode() if name.startswith(ESCAPE) else name
+    if not name.startswith(ESCAPE):
+        return name
+    try:
+        return bytes.fromhex(name[len(ESCAPE) :]).decode()
+    except ValueError:  # not an escaped name: one of ours (_.item<i>)
+        return name
 
 
 def disk_path(key: tuple[str, ...]) -> str:
@@ -336,6 +342,11 @@ def _td_columns(td) -> tuple[dict[str, np.ndarray], dict[str, list[int]], dict]:
     for key, value in td.items(include_nested=True, leaves_only=False):
         key = (key,) if isinstance(key, str) else tuple(key)
         path = disk_path(key)
+        if is_non_tensor(value):
+            raise SchemaError(
+                f"ZarrStorage: key {key} holds {type(value).__name__}; only tensors are "
+                "stored (drop non-tensor entries before extend)"
+            )
         if is_tensor_collection(value):
             if is_tensorclass(value):
                 classes[path] = _named(type(value))

@@ -20,6 +20,7 @@ import math
 import weakref
 from collections.abc import Mapping
 from copy import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Unpack
 
@@ -160,6 +161,8 @@ class ZarrStorage(TensorStorage):
         self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
         self._source: tuple | None = None  # ((len, epoch), lazy structure of the slots)
         self._epoch = getattr(self, "_epoch", 0) + 1
+        if self._ring.length(self._W):  # SliceSampler's seam: where the newest row is
+            self._set_last_cursor((self._ring.next_slot(self._W) - 1) % M0)
         if not self.core.writable:
             return
         self.core.facade_state = {
@@ -174,8 +177,6 @@ class ZarrStorage(TensorStorage):
         }
         if self._dims is not None:
             self.core.set_capacity(M0 + self._piece - 1)  # see __init__
-        if self._ring.length(self._W):
-            self._set_last_cursor((self._ring.next_slot(self._W) - 1) % M0)
 
     def _slots_along_dim0(self, dims: tuple[int, ...] | None) -> int:
         """The ring's slots (TorchRL's ``_max_size_along_dim0``), ``max_size`` set as
@@ -210,7 +211,7 @@ class ZarrStorage(TensorStorage):
     @property
     def initialized(self) -> bool:
         core = self.__dict__.get("core")
-        return core is not None and core.schema is not None
+        return core is not None and core.schema is not None and self._form is not None
 
     @initialized.setter
     def initialized(self, value: bool) -> None:
@@ -311,14 +312,28 @@ class ZarrStorage(TensorStorage):
                 return
             self._append(cur, form, cols, classes, n)
         except BaseException:
+            added = self._resync()
             for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
-                count = max(0, _writer_position(w)[1] - cur.numel())
+                count = _writer_position(w)[1] - (0 if added else cur.numel())
+                count = max(0, count)
                 _place_writer(w, self._ring.next_slot(self._W), count)
             raise
         self._set_last_cursor(cursor)
         self._bump_mutation_revision()
         if self._flush_each:
             self.core.flush()  # committed (and fsynced if durable) before extend returns
+
+    def _resync(self) -> bool:
+        """After an exception in ``set``: if the rows were added before it (a Ctrl-C
+        after the add), the extend happened: the ring goes on after them, as the
+        segment does (True)."""
+        if self.core.closed or self.core.row_range[1] == self._W:
+            return False
+        self._W = self.core.row_range[1]
+        self._small, self._source = {}, None
+        self._epoch += 1
+        self._ring_guessed = self.core.facade_state["guessed"] = False
+        return True
 
     def _settle_guess(self, cursor: int | None) -> None:
         """A TorchRL state dict of a full ring does not say where its writer's cursor
@@ -349,6 +364,8 @@ class ZarrStorage(TensorStorage):
             try:
                 self._append_rows(cursor, form, cols, classes, n)
             except BaseException:
+                if self.core.closed or self.core.row_range[1] != self._W:
+                    raise  # the rows are in: so are the dims (see _resync)
                 self._ring, self._piece, self._dims = ring, piece, None
                 self._slots_along_dim0(None)
                 self.core.facade_state.update(dims=None, start=ring.start)
@@ -411,8 +428,28 @@ class ZarrStorage(TensorStorage):
         if isinstance(index, slice) and self._lazy_ok():
             return self._view(index)
         slots = slot_index(index, len(self))
-        g = self._ring.rows_of(slots.reshape(-1), self._W)
-        return self._build(self.core.rows(g), slots.shape)
+        return self._build(self._rows_at(lambda: slots.reshape(-1)), slots.shape)
+
+    def _rows_at(self, slots, keys: list[str] | None = None) -> dict:
+        """``core.rows`` of the rows the slots ``slots()`` show.  A read-only copy's reader
+        moves on to the newest commit by itself when rows it showed have left the disk;
+        the copy then follows it (see :meth:`refresh`) and reads again, so no read mixes
+        two commits' rows."""
+        while True:
+            want = slots()
+            try:
+                got = self.core.rows(self._ring.rows_of(want, self._W), keys)
+            except IndexError:  # positions of an older commit than the reader's now
+                if self.core.writable or not self._follow_commit():
+                    raise
+                continue
+            if self.core.writable or not self._follow_commit():
+                return got
+            if len(want) and want.max() >= self._ring.length(self._W):
+                raise IndexError(
+                    f"the writer of {self.core.path} replaced the rows this read-only copy "
+                    f"showed and now shows {len(self)}; index it again"
+                )
 
     def _build(self, flat: dict, lead: tuple[int, ...]):
         """Rows as the data they were given as (see :mod:`.torchrl_forms`)."""
@@ -431,6 +468,10 @@ class ZarrStorage(TensorStorage):
         applied to them with its first part renumbered (torch's semantics, dense)."""
         L0 = self._ring.length(self._W)
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(p is Ellipsis or p is None for p in parts):  # dims move: index every row
+            rows = self._build(self._rows_at(lambda: np.arange(L0)), (L0,))
+            return rows[index] if is_tensor_collection(rows) else tree_map(lambda x: x[index], rows)
         if isinstance(first, slice):
             slots, pos = np.arange(*first.indices(L0)), slice(None)
         else:
@@ -438,7 +479,7 @@ class ZarrStorage(TensorStorage):
             slots, inv = np.unique(wanted.reshape(-1), return_inverse=True)
             pos = torch.from_numpy(inv.reshape(wanted.shape))
             pos = int(pos) if pos.dim() == 0 else pos
-        rows = self._build(self.core.rows(self._ring.rows_of(slots, self._W)), (len(slots),))
+        rows = self._build(self._rows_at(lambda: slots), (len(slots),))
         key = (pos, *rest)
         return rows[key] if is_tensor_collection(rows) else tree_map(lambda x: x[key], rows)
 
@@ -478,8 +519,7 @@ class ZarrStorage(TensorStorage):
             M0 = self._ring.max_size
             col = torch.zeros((M0, *spec.row_shape), dtype=torch_dtype(spec.dtype))
             if L:
-                g = self._ring.rows_of(np.arange(L), self._W)
-                col[:L] = torch.from_numpy(self.core.rows(g, [key])[key])
+                col[:L] = torch.from_numpy(self._rows_at(lambda: np.arange(L), [key])[key])
             self._small[key] = col
         return col
 
@@ -499,7 +539,12 @@ class ZarrStorage(TensorStorage):
                 col = self._small_column(key)[:L]  # a slice of it is a view: no copy
                 return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
             slots = slot_index(idx, L)
-            got = self.core.rows(self._ring.rows_of(slots.reshape(-1), self._W), [key])[key]
+            got = self._rows_at(lambda: slots.reshape(-1), [key])[key]
+            if self._epoch != epoch:  # a copy that followed its reader: another commit's
+                raise RuntimeError(
+                    "the rows this view showed left the disk (a read-only copy follows its "
+                    "writer's newest commit then); index the storage again"
+                )
             return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
 
         return read
@@ -592,13 +637,15 @@ class ZarrStorage(TensorStorage):
         dims = self._dims
         if self.ndim > 1 and rows is not None:
             dims = _dims_after_first(*encode(_take(rows, torch.arange(0)), False)[:2], self.ndim)
-        M = self._slots_along_dim0(dims) if dims is not None else self._ring.max_size
-        n = -(-int(n) // (math.prod(dims) if dims else 1))  # slots along dim 0
+        per = math.prod(dims) if dims else 1
+        M = -(-self._given_max // per) if dims is not None else self._ring.max_size
+        n = -(-int(n) // per)  # slots along dim 0
         size = _leading(rows)
         if rows is not None and size != M:
             raise ValueError(
-                f"the checkpoint holds a ring of {size} slots; this ZarrStorage has "
-                f"max_size={M} (construct it with max_size={size})"
+                f"the checkpoint holds a ring of {size * per} elements ({size} slots); this "
+                f"ZarrStorage has max_size={self._given_max} (construct it with "
+                f"max_size={size * per})"
             )
         if not 0 <= n <= M:
             raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
@@ -611,6 +658,14 @@ class ZarrStorage(TensorStorage):
         else:
             order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
             form, cols, classes = encode(_take(rows, order), single=False)
+            old = self._form
+            if (
+                old is not None
+                and old.classes
+                and not form.classes
+                and not old.differs(replace(form, classes=old.classes))
+            ):  # a state dict holds TensorDicts: the storage keeps its tensorclasses
+                form = replace(form, classes=dict(old.classes))
             ring = {"kind": KIND, "max_size": self._given_max, "shift": c}
             ring.update(form=form.to_state(), ndim=self.ndim, dims=dims and list(dims))
             # Until the restored writer's first extend says where its cursor is (ZarrStorage).
@@ -634,9 +689,9 @@ class ZarrStorage(TensorStorage):
 
     def _slot_rows(self, slots: np.ndarray):
         """Rows of ``slots`` (zeros for slots past ``len``) as :meth:`get` gives them."""
-        L, schema = len(self), self.core.schema
+        L, schema = self._ring.length(self._W), self.core.schema
         live = slots < L
-        got = self.core.rows(self._ring.rows_of(slots[live], self._W))
+        got = self._rows_at(lambda: slots[live])
         flat = {}
         for k, spec in schema.specs.items():
             col = np.zeros((len(slots), *spec.row_shape), spec.dtype)
@@ -707,6 +762,7 @@ class ZarrStorage(TensorStorage):
         self._given_max = max_size
         self._piece = min(max_size, MAX_PIECE_ROWS)
         self._seen: tuple | None | bool = False  # the commit shown (False: none yet)
+        self._facade_seen: dict = {}
         self.core = BufferCore.reader(path, storage_options=storage_options, owner=self)
         try:
             self._follow_commit()
@@ -741,7 +797,12 @@ class ZarrStorage(TensorStorage):
         if seen == self._seen:
             return False
         self._seen = seen
-        facade = ours[0].sampler["facade"] if ours else {}
+        if ours:
+            self._facade_seen = dict(ours[0].sampler["facade"])
+        # An emptied segment is not listed: an empty ring of the kind of data it held.
+        facade = self._facade_seen
+        if not ours and facade:
+            facade = dict(facade, start=0, shift=0)
         self._open_ring(facade, low_row=ours[0].low_row if ours else 0)
         self._bump_mutation_revision()
         return True
