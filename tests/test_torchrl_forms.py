@@ -590,3 +590,26 @@ def test_a_read_only_copy_of_an_emptied_storage_reads_as_the_writer(tmp_path):
     rb.storage.flush()
     assert copy.refresh() and copy[:]["x"].tolist() == [5, 6]
     copy.close()
+
+
+def test_a_buffer_written_before_forms_were_recorded_reads_as_tensordicts(tmp_path):
+    import json
+
+    st = ZarrStorage(5, path=tmp_path / "b")
+    st.set(torch.arange(3), TensorDict({"x": torch.arange(3), ("n", "y"): torch.ones(3, 2)}, [3]))
+    st.close()
+    commit = tmp_path / "b" / "segments" / "default" / "zreplay" / "commit.json"
+    record = json.loads(commit.read_text())
+    facade = record["sampler"]["facade"]
+    for name in ("form", "ndim", "dims"):  # what an earlier version wrote
+        del facade[name]
+    facade["batches"] = {"": [], "n": []}
+    commit.write_text(json.dumps(record))
+    again = ZarrStorage(5, path=tmp_path / "b")
+    got = again[:]
+    assert type(got).__name__ == "_SubTensorDict" and got["x"].tolist() == [0, 1, 2]
+    again.set(
+        torch.arange(3, 4), TensorDict({"x": torch.tensor([3]), ("n", "y"): torch.ones(1, 2)}, [1])
+    )
+    assert again.get(torch.arange(4))["n", "y"].shape == (4, 2)
+    again.close()
