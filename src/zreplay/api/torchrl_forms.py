@@ -114,6 +114,8 @@ class Form:
         if self.kind != other.kind or dict(self.classes) != dict(other.classes):
             return f"the storage holds {self.describe()}, the data is {other.describe()}"
         if self.spec != other.spec:
+            if self.kind == "lazy":
+                return f"the data is a lazy stack {other.spec}, the storage holds {self.spec}"
             return "the data's pytree structure differs from the storage's"
         if dict(self.batches) != dict(other.batches):
             return (
@@ -227,7 +229,7 @@ def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], dict[str, t
         leaf = leaf.unsqueeze(0) if single else leaf
         if leaf.dim() == 0:
             raise SchemaError(f"ZarrStorage: pytree leaf {i} is a scalar; rows need a first dim")
-        cols[str(i)] = np.ascontiguousarray(as_numpy(leaf.detach().cpu(), str(i)))
+        cols[str(i)] = np.ascontiguousarray(as_numpy(leaf, str(i)))
     lengths = {len(v) for v in cols.values()}
     if len(lengths) != 1:
         raise SchemaError(
