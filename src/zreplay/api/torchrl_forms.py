@@ -80,7 +80,8 @@ def disk_path(key: tuple[str, ...]) -> str:
 class Form:
     """How rows are shaped for TorchRL (see module): ``kind`` ``"td"`` (``batches``;
     ``classes``: stored td path -> tensorclass ``module:qualname``, ``""`` for the data
-    itself) or ``"tree"`` (``spec``)."""
+    itself), ``"tree"`` (``spec``: the pytree's structure) or ``"lazy"`` (a ragged lazy
+    stack: ``spec`` holds its stack dim and item count, see :func:`_ragged`)."""
 
     kind: str = "td"
     batches: Mapping[str, list[int]] = field(default_factory=lambda: {"": []})
