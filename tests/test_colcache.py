@@ -286,6 +286,37 @@ def test_a_writers_own_sample_and_clear_use_the_file(tmp_path, cols):
         assert {int(x) // 10000 for x in r.ravel()} <= set(range(30, 38))
 
 
+def test_a_writers_sample_never_waits_for_another_process_filling_the_file(tmp_path, cols):
+    """A writer samples under its own lock: while another process holds the file's lock
+    (a view filling 300M rows takes ~40 s), the writer reads the store instead."""
+    import fcntl
+    import threading
+
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(tmp_path / "b"), cache_size=1, sample_window_size=0
+    ) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(8)])
+        buf.flush()
+        buf.sample(64)  # the file holds those rows
+        lock = buf.core.engine.snapshot().parts[0].cache.path.with_suffix(".lock")
+        buf.add_trajectories([make_traj(i) for i in range(8, 16)])
+        buf.flush()  # the next sample must fill more of the file
+        fd = os.open(lock, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # "another process" fills the file
+        got = []
+        t = threading.Thread(target=lambda: got.append(buf.sample(256)), daemon=True)
+        try:
+            t.start()
+            t.join(60)
+            assert not t.is_alive(), "the writer's sample waited for the other fill"
+        finally:
+            os.close(fd)
+        t.join(60)
+        r = got[0]["rewards"][..., 0].numpy()
+        assert {int(x) // 10000 for x in r.ravel()} <= set(range(16))
+        assert {int(x) // 10000 for x in r.ravel()} & set(range(8, 15))  # older rows too
+
+
 def test_a_large_fill_lets_the_page_cache_drop_the_chunks_it_read(tmp_path, cols, monkeypatch):
     from zreplay.store.backend_local import LocalBackend
 

@@ -247,9 +247,11 @@ class ColumnCache:
     """Rows ``[lo, hi)`` of a segment's small keys, decoded, in a ring shared through a
     file (see the module docstring).  ``max_rows`` = the budget over the cached keys' row
     bytes.  Not thread-safe: its owner calls it under :attr:`lock` (one thread of a
-    process at a time; other processes coordinate through the file)."""
+    process at a time; other processes coordinate through the file).  ``wait=False`` (a
+    writer, which reads under its own lock): a fill never waits for another process's
+    fill of the file; the rows are read from the store meanwhile."""
 
-    def __init__(self, schema: Schema, budget_bytes: int):
+    def __init__(self, schema: Schema, budget_bytes: int, wait: bool = True):
         self.keys = small_keys(schema) if budget_bytes > 0 else []
         self._specs = {k: schema.specs[k] for k in self.keys}
         self.row_bytes = sum(s.row_bytes for s in self._specs.values())
@@ -264,6 +266,7 @@ class ColumnCache:
         self._capped = 0.0  # until then, the disk had no room for more rows: do not ask
         self.last_read: int | None = None  # first row the last cover() read, if any
         self.lock = threading.Lock()
+        self._wait = wait
 
     def holds(self, key: str) -> bool:
         return key in self._key_set
@@ -330,7 +333,8 @@ class ColumnCache:
 
     @contextlib.contextmanager
     def _exclusive(self, path: Path | None):
-        """Hold the file's lock (nothing for this process's memory)."""
+        """Hold the file's lock (nothing for this process's memory); yields False when
+        another process holds it and this cache does not wait (see ``wait``)."""
         fd = None
         if path is not None:
             try:
@@ -339,12 +343,16 @@ class ColumnCache:
             except OSError as e:
                 self._go_private(path.parent, e)
         if fd is None:
-            yield
+            yield True
             return
         _HELD.add(fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if self._wait else fcntl.LOCK_NB))
+            except BlockingIOError:  # another process fills the file: not waited for
+                yield False
+                return
+            yield True
         finally:
             _HELD.discard(fd)
             os.close(fd)  # releases the lock
@@ -387,7 +395,9 @@ class ColumnCache:
         r = self._ring
         if r is not None and r.hi >= hi and (r.lo <= want_lo or time.monotonic() < self._capped):
             return r.lo  # (a ring that cannot hold older rows holds the newest it can)
-        with self._exclusive(path):
+        with self._exclusive(path) as locked:
+            if not locked:
+                return hi  # nothing held: the caller reads the store
             path = self._bind(ident)  # another process may have grown or filled it
             r = self._ring
             if r is not None and r.lo <= want_lo and r.hi >= hi:

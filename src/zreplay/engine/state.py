@@ -96,7 +96,8 @@ class SegmentState:
         """Small keys of committed rows below the RAM tier, decoded on first use."""
         if self.schema is None or self.ram.column_budget <= 0:
             return None
-        return ColumnCache(self.schema, self.ram.column_budget)
+        # A writer samples under its lock: never behind another process's fill.
+        return ColumnCache(self.schema, self.ram.column_budget, wait=False)
 
     def _cache_id(self) -> str | None:
         """What names the committed rows for the column cache's file (see
