@@ -459,3 +459,23 @@ def test_a_directory_saved_over_is_another_cache(tmp_path, cols):
     r = flat(view.rows(np.arange(view.num_rows)))["rewards"][:, 0]
     assert {int(x) // 10000 for x in r} == set(range(12))
     check_all(view, ckpt)
+
+
+def test_no_memory_for_a_mapping_reads_the_store(tmp_path, cols, monkeypatch):
+    """mmap failing (ENOMEM: no address space or memory) for the file and for process
+    memory alike leaves the rows to the store: every read still exact, no error."""
+    import mmap as mmap_module
+
+    path = tmp_path / "b"
+    write(path, range(12))
+
+    class NoMemory:
+        def __init__(self, *a, **k):
+            raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(colcache.mmap, "mmap", NoMemory)
+    with pytest.warns(RuntimeWarning, match="Cannot allocate memory"):
+        view = zreplay.open(path)
+        check_all(view, path)
+    monkeypatch.setattr(colcache.mmap, "mmap", mmap_module.mmap)
+    check_all(view, path)  # and stay so once memory is back

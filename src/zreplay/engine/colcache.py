@@ -215,6 +215,8 @@ class _Ring:
             if size < _PAGE:
                 return None
             mm = mmap.mmap(fd, size)
+        except OSError:  # no address space or memory for the mapping (ENOMEM)
+            return None
         finally:
             os.close(fd)
         h = np.frombuffer(mm, np.int64, count=8)
@@ -473,7 +475,11 @@ class ColumnCache:
                 self._go_private(path.parent, e)
                 return self._ensure(None, None, need, start, start)
         else:
-            new = _Ring.make(self._specs, slots, None)
+            try:
+                new = _Ring.make(self._specs, slots, None)
+            except OSError:  # no memory for it (ENOMEM): the rows are read from the store
+                self._capped = time.monotonic() + _RETRY_ROOM_S
+                return r
         lo = max(keep, r.lo) if r is not None and not renew else start
         try:
             if lo < start:
