@@ -227,6 +227,12 @@ def test_any_key_name_tensordict_allows_comes_back(tmp_path):
     with pytest.raises(KeyNameError, match="shorten"):
         new.extend(TensorDict({"é" * 70: torch.zeros(2)}, [2]))
     assert len(new) == 4
+    edge = ZarrStorage(2, path=tmp_path / "edge")  # an escaped name: at most 63 bytes
+    edge.set(torch.arange(1), TensorDict({"c" * 62 + " ": torch.zeros(1)}, [1]))
+    assert list(edge[0:1].keys()) == ["c" * 62 + " "]
+    with pytest.raises(KeyNameError, match="63 bytes"):
+        edge.set(torch.arange(1, 2), TensorDict({"c" * 63 + " ": torch.zeros(1)}, [1]))
+    edge.close()
 
 
 def test_a_slice_sampler_reads_an_escaped_end_key(tmp_path):
