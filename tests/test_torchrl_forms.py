@@ -318,6 +318,29 @@ def test_another_process_samples_a_pickled_buffer(tmp_path):
     st.close()
 
 
+def _collector(path: str, i: int) -> None:
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(50, path=path, writer_id=f"collector-{i}"))
+    rb.extend(TensorDict({"x": torch.arange(10) + 100 * i}, [10]))
+    rb.storage.close()
+
+
+def test_collector_processes_each_write_a_storage_and_a_learner_reads_them_all(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_collector, args=(str(tmp_path / "b"), i)) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    view = zreplay.open(tmp_path / "b")
+    assert view.num_rows == 20
+    xs = set(view.sample(200)["x"].ravel().tolist())
+    assert xs <= set(range(10)) | set(range(100, 110)) and xs & {100, 101, 102, 103, 104}
+    mine = ZarrStorage(50, path=tmp_path / "b", writer_id="collector-1")  # each its own ring
+    assert mine[:]["x"].tolist() == list(range(100, 110))
+    mine.close()
+
+
 def test_a_tensorclass_not_importable_comes_back_as_a_tensordict(tmp_path):
     @tensorclass
     class Local:
