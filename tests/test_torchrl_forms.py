@@ -546,6 +546,16 @@ def test_an_extend_interrupted_after_its_rows_went_in_keeps_them_and_the_cursor(
         add(items)
         raise KeyboardInterrupt  # Ctrl-C as the add returns
 
+    def interrupt(items):
+        raise KeyboardInterrupt  # Ctrl-C before the add
+
+    st.flush()
+    before = tree_state(tmp_path / "b")
+    st.core.add = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        rb.extend(TensorDict({"g": torch.arange(2, 4)}, [2]))
+    assert len(rb) == 2 and rb.writer._cursor == 2 and rb.write_count == 2
+    assert tree_state(tmp_path / "b") == before
     st.core.add = add_then_interrupt
     with pytest.raises(KeyboardInterrupt):
         rb.extend(TensorDict({"g": torch.arange(2, 4)}, [2]))
