@@ -262,7 +262,9 @@ def test_a_full_disk_keeps_the_newest_rows_that_fit(tmp_path, cols, monkeypatch)
     c = cache_of(view)
     Usage.free = colcache.RESERVE_BYTES + 4096 + 100 * c.row_bytes  # 8 GiB < a tenth
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage)
-    view.sample(8)
+    monkeypatch.setattr(colcache, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="disk room for 100 of the"):
+        view.sample(8)
     assert c.capacity == 100 and c.lo == view.num_rows - 100 and c.hi == view.num_rows
     check_all(view, path)
 

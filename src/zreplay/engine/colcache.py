@@ -466,6 +466,7 @@ class ColumnCache:
                 slots = min(slots, max(0, room - _PAGE) // max(1, self.row_bytes))
                 if slots < need:  # the rows that do not fit are read from the store
                     self._capped = time.monotonic() + _RETRY_ROOM_S
+                    _warn_no_room(path.parent, max(0, slots), need)
                     if r is not None and slots <= r.slots or slots < 1:
                         return r
                 _prune(path.parent)
@@ -517,6 +518,21 @@ class ColumnCache:
     def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``key`` in ``slots``: one fancy index."""
         return self._ring.arrays[key].take(slots, axis=0, out=out, mode="clip")
+
+
+def _warn_no_room(where: Path, slots: int, need: int) -> None:
+    """Once per directory: its disk keeps the cache smaller than the rows read."""
+    key = f"room:{where}"
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(
+            f"zreplay: the column cache in {where} has disk room for {slots} of the {need} "
+            "rows read (it leaves a tenth of the disk, at most 8 GiB, free); older rows of "
+            "small keys are read from the buffer, slower: free space there or set "
+            "ZREPLAY_CACHE_DIR to a disk with room",
+            RuntimeWarning,
+            stacklevel=7,
+        )
 
 
 def _prune(directory: Path) -> None:
