@@ -176,21 +176,21 @@ class ZarrStorage(TensorStorage):
             "form": None if self._form is None else self._form.to_state(),
         }
         if self._dims is not None:
-            self.core.set_capacity(M0 + self._piece - 1)  # see __init__
+            self._fit_capacity()
 
     def _slots_along_dim0(self, dims: tuple[int, ...] | None) -> int:
         """The ring's slots (TorchRL's ``_max_size_along_dim0``), ``max_size`` set as
         TorchRL's storages set it once the dims after the first are known (``dims``:
         ``None`` for ``ndim=1`` and until the first extend of ``ndim > 1``)."""
-        if dims is None:
-            self.max_size, self._per_slot = self._given_max, 1
-            return self._given_max
-        self._per_slot = math.prod(dims)
-        M0 = -(-self._given_max // self._per_slot)
+        M0, self._per_slot = _ring_slots(self._given_max, dims)
         self.max_size = M0 * self._per_slot
-        if self._piece > M0:
-            self._piece = M0
+        self._piece = min(self._piece, M0)
         return M0
+
+    def _fit_capacity(self) -> None:
+        """The segment keeps the ring's rows and no more (see ``__init__``), once the
+        dims of an ``ndim > 1`` storage tell its slots."""
+        self.core.set_capacity(self._ring.max_size + self._piece - 1)
 
     # -- sizes and state TorchRL reads -------------------------------------------------
 
@@ -300,12 +300,10 @@ class ZarrStorage(TensorStorage):
             isinstance(cursor, torch.Tensor) and cursor.dim() == 0
         )
         try:
-            if isinstance(data, list | tuple) and not data:
-                if not self.initialized:
-                    raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
-                return
-            form, cols, classes = encode(data, single)
-            n = len(next(iter(cols.values())))
+            n = 0
+            if not (isinstance(data, list | tuple) and not data):
+                form, cols, classes = encode(data, single)
+                n = len(next(iter(cols.values())))
             if n == 0:
                 if not self.initialized:
                     raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
@@ -314,8 +312,7 @@ class ZarrStorage(TensorStorage):
         except BaseException:
             added = self._resync()
             for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
-                count = _writer_position(w)[1] - (0 if added else cur.numel())
-                count = max(0, count)
+                count = max(0, _writer_position(w)[1] - (0 if added else cur.numel()))
                 _place_writer(w, self._ring.next_slot(self._W), count)
             raise
         self._set_last_cursor(cursor)
@@ -329,10 +326,8 @@ class ZarrStorage(TensorStorage):
         segment does (True)."""
         if self.core.closed or self.core.row_range[1] == self._W:
             return False
-        self._W = self.core.row_range[1]
-        self._small, self._source = {}, None
-        self._epoch += 1
-        self._ring_guessed = self.core.facade_state["guessed"] = False
+        self.core.facade_state["guessed"] = False
+        self._open_ring()
         return True
 
     def _settle_guess(self, cursor: int | None) -> None:
@@ -370,7 +365,7 @@ class ZarrStorage(TensorStorage):
                 self._slots_along_dim0(None)
                 self.core.facade_state.update(dims=None, start=ring.start)
                 raise
-            self.core.set_capacity(M0 + self._piece - 1)
+            self._fit_capacity()
             return
         self._append_rows(cursor, form, cols, classes, n)
 
@@ -470,8 +465,7 @@ class ZarrStorage(TensorStorage):
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
         parts = index if isinstance(index, tuple) else (index,)
         if any(p is Ellipsis or p is None for p in parts):  # dims move: index every row
-            rows = self._build(self._rows_at(lambda: np.arange(L0)), (L0,))
-            return rows[index] if is_tensor_collection(rows) else tree_map(lambda x: x[index], rows)
+            return _take(self._build(self._rows_at(lambda: np.arange(L0)), (L0,)), index)
         if isinstance(first, slice):
             slots, pos = np.arange(*first.indices(L0)), slice(None)
         else:
@@ -479,9 +473,7 @@ class ZarrStorage(TensorStorage):
             slots, inv = np.unique(wanted.reshape(-1), return_inverse=True)
             pos = torch.from_numpy(inv.reshape(wanted.shape))
             pos = int(pos) if pos.dim() == 0 else pos
-        rows = self._build(self._rows_at(lambda: slots), (len(slots),))
-        key = (pos, *rest)
-        return rows[key] if is_tensor_collection(rows) else tree_map(lambda x: x[key], rows)
+        return _take(self._build(self._rows_at(lambda: slots), (len(slots),)), (pos, *rest))
 
     def _lazy_ok(self) -> bool:
         """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts, ``ndim=1``)."""
@@ -637,8 +629,7 @@ class ZarrStorage(TensorStorage):
         dims = self._dims
         if self.ndim > 1 and rows is not None:
             dims = _dims_after_first(*encode(_take(rows, torch.arange(0)), False)[:2], self.ndim)
-        per = math.prod(dims) if dims else 1
-        M = -(-self._given_max // per) if dims is not None else self._ring.max_size
+        M, per = _ring_slots(self._given_max, dims)
         n = -(-int(n) // per)  # slots along dim 0
         size = _leading(rows)
         if rows is not None and size != M:
@@ -863,6 +854,13 @@ def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int
     return storage
 
 
+def _ring_slots(max_size: int, dims: tuple[int, ...] | None) -> tuple[int, int]:
+    """``(slots along dim 0, elements per slot)`` of a storage of ``max_size`` elements
+    whose dims after the first are ``dims`` (``None``: one element a slot)."""
+    per = math.prod(dims) if dims else 1
+    return -(-max_size // per), per
+
+
 def _dims_after_first(form: Form, cols: Mapping[str, np.ndarray], ndim: int) -> tuple:
     """The storage dims after the first (TorchRL's ``shape[1:ndim]``) of the first
     extend of an ``ndim > 1`` storage."""
@@ -898,8 +896,8 @@ def _leading(rows) -> int | None:
     return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 0
 
 
-def _take(rows, order: torch.Tensor):
-    """``rows[order]`` along dim 0 of a TensorDict, tensor or pytree."""
+def _take(rows, index):
+    """``rows[index]`` of a TensorDict, tensorclass, tensor or pytree (leaf by leaf)."""
     if is_tensor_collection(rows):
-        return rows[order]
-    return tree_map(lambda x: x[order], rows)
+        return rows[index]
+    return tree_map(lambda x: x[index], rows)
