@@ -362,15 +362,12 @@ class ColumnCache:
     def _go_private(self, where: Path, e: OSError) -> None:
         """The cache directory cannot be used: keep rows in this process's memory."""
         self._private, self._ring = True, None
-        if str(where) not in _warned:
-            _warned.add(str(where))
-            warnings.warn(
-                f"zreplay: cannot keep small columns in {where} ({e}); each process keeps"
-                " them in its own memory instead (set ZREPLAY_CACHE_DIR to a writable"
-                " local directory)",
-                RuntimeWarning,
-                stacklevel=6,
-            )
+        _warn_once(
+            str(where),
+            f"zreplay: cannot keep small columns in {where} ({e}); each process keeps them"
+            " in its own memory instead (set ZREPLAY_CACHE_DIR to a writable local directory)",
+            stacklevel=7,
+        )
 
     # -- filling ----------------------------------------------------------------------
 
@@ -466,7 +463,15 @@ class ColumnCache:
                 slots = min(slots, max(0, room - _PAGE) // max(1, self.row_bytes))
                 if slots < need:  # the rows that do not fit are read from the store
                     self._capped = time.monotonic() + _RETRY_ROOM_S
-                    _warn_no_room(path.parent, max(0, slots), need)
+                    _warn_once(
+                        f"room:{path.parent}",
+                        f"zreplay: the column cache in {path.parent} has disk room for "
+                        f"{max(0, slots)} of the {need} rows read (it leaves a tenth of the "
+                        "disk, at most 8 GiB, free); older rows of small keys are read from "
+                        "the buffer, slower: free space there or set ZREPLAY_CACHE_DIR to a "
+                        "disk with room",
+                        stacklevel=8,
+                    )
                     if r is not None and slots <= r.slots or slots < 1:
                         return r
                 _prune(path.parent)
@@ -494,16 +499,14 @@ class ColumnCache:
                 new.header[_H_LO] = new.header[_H_HI] = start
             if new.path is not None:
                 os.replace(new.path, path)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                new.path.unlink()
-            self._go_private(path.parent, e)
-            return self._ensure(None, None, need, start, start)
-        except BaseException:  # a Ctrl-C mid-copy leaves no temporary behind
+        except BaseException as e:  # a failed or interrupted copy leaves no temporary
             if new.path is not None:
                 with contextlib.suppress(OSError):
                     new.path.unlink()
-            raise
+            if not isinstance(e, OSError) or path is None:
+                raise
+            self._go_private(path.parent, e)
+            return self._ensure(None, None, need, start, start)
         if new.path is not None:
             new.path = path
             if r is not None and r.path is not None:
@@ -520,19 +523,11 @@ class ColumnCache:
         return self._ring.arrays[key].take(slots, axis=0, out=out, mode="clip")
 
 
-def _warn_no_room(where: Path, slots: int, need: int) -> None:
-    """Once per directory: its disk keeps the cache smaller than the rows read."""
-    key = f"room:{where}"
+def _warn_once(key: str, message: str, stacklevel: int) -> None:
+    """A RuntimeWarning the first time ``key`` (a cache directory's trouble) is met."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(
-            f"zreplay: the column cache in {where} has disk room for {slots} of the {need} "
-            "rows read (it leaves a tenth of the disk, at most 8 GiB, free); older rows of "
-            "small keys are read from the buffer, slower: free space there or set "
-            "ZREPLAY_CACHE_DIR to a disk with room",
-            RuntimeWarning,
-            stacklevel=7,
-        )
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
 def _prune(directory: Path) -> None:

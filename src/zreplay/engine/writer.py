@@ -431,11 +431,8 @@ class SegmentWriter:
         """Read the segment afresh from its commit (after its files were replaced; with
         ``cond`` held, inside :meth:`exclusive`); rows past a ``capacity`` are evicted."""
         self._priorities = None
-        st = self.state
-        st.reopen(open_segment(self.root, self.writer_id, self.durable))
-        if st.capacity is not None and st.index.visible_rows > st.capacity:
-            st.index.evict_to(st.capacity)  # a rank's block may not fit a small buffer
-            self._committer.request()
+        self.state.reopen(open_segment(self.root, self.writer_id, self.durable))
+        self._evict_past_capacity()  # a rank's block may not fit a small buffer
 
     def set_capacity(self, capacity: int) -> None:
         """Keep at most ``capacity`` rows from now on (``capacity`` given when the
@@ -444,11 +441,16 @@ class SegmentWriter:
         capacity = as_int(capacity, "capacity (rows)", minimum=1)
         with self.cond:
             self._check_open()
-            st = self.state
-            st.capacity = capacity
-            if st.index.visible_rows > capacity:
-                st.index.evict_to(capacity)
-                self._committer.request()
+            self.state.capacity = capacity
+            self._evict_past_capacity()
+
+    def _evict_past_capacity(self) -> None:
+        """With ``cond`` held: whole oldest trajectories past ``capacity`` leave, with a
+        commit asked for."""
+        st = self.state
+        if st.capacity is not None and st.index.visible_rows > st.capacity:
+            st.index.evict_to(st.capacity)
+            self._committer.request()
 
     def give_up(self, why: str, error: type[Exception] = BufferClosedError) -> None:
         """Stop this writer for good (it must never commit its stale state) and unlock,
