@@ -415,13 +415,41 @@ def _torchrl_state_dict(paths, so):
         s.close()
 
 
-def observe_torchrl(path, so) -> State:
-    """A ZarrStorage's slots (its rows' ``g`` in slot order) reopened; verify clean."""
-    s = _storage(path, so)
+def _nd_storage(path, so=None):
+    """An ``ndim=2`` ZarrStorage whose extends commit before they return."""
+    from zreplay.torchrl import ZarrStorage
+
+    return ZarrStorage(2 * TORCHRL_SLOTS, path, ndim=2, flush_each_extend=True, storage_options=so)
+
+
+def _setup_torchrl_ndim(paths, so):
+    _nd_storage(paths["buf"], so).close()  # its dims come with the first extend
+
+
+def _torchrl_ndim_extend(paths, so):
+    """The first extend of [2 envs, 13 steps]: dims and rows in one commit, the ring of
+    10 slots wrapped and the segment's capacity fitted to it (evicting)."""
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import TensorDictReplayBuffer
+
+    g = torch.arange(26).view(2, 13)
+    data = TensorDict({"g": g, "obs": g.float().unsqueeze(-1).expand(2, 13, 3).clone()}, [2, 13])
+    s = _nd_storage(paths["buf"], so)
     try:
-        n = len(s)
-        g = tuple(int(x) for x in s.get(list(range(n)))["g"].tolist()) if n else ()
-        obs = s.get(list(range(n)))["obs"][:, 0].tolist() if n else []
+        TensorDictReplayBuffer(storage=s, batch_size=1).extend(data)
+    finally:
+        s.close()
+
+
+def observe_torchrl(path, so, make=_storage) -> State:
+    """A ZarrStorage's slots (its rows' ``g`` in slot order) reopened; verify clean."""
+    s = make(path, so)
+    try:
+        n = s.shape[0] if len(s) else 0
+        rows = s.get(list(range(n))) if n else None
+        g = tuple(int(x) for x in rows["g"].reshape(-1).tolist()) if n else ()
+        obs = rows["obs"][..., 0].reshape(-1).tolist() if n else []
         assert [float(x) for x in g] == obs, "a row's fields from different writes"
     finally:
         s.close()
@@ -469,10 +497,15 @@ SCENARIOS = {
     "torchrl dumps over one": (_setup_torchrl_dump, _torchrl_dump, {}, "torchrl dump", False),
     "torchrl loads": (_setup_torchrl_load, _torchrl_loads, {}, "torchrl", False),
     "torchrl state dict": (_setup_torchrl_state_dict, _torchrl_state_dict, {}, "torchrl", False),
+    "torchrl ndim first extend": (
+        _setup_torchrl_ndim, _torchrl_ndim_extend, {}, "torchrl ndim", False,
+    ),
 }  # fmt: skip
 # Scenarios whose action is not a TrajectoryReplayBuffer's: act(paths, so) as it is.
-DIRECT = {"progress", "torchrl", "torchrl dump"}
-TORCHRL = {"torchrl dumps over one", "torchrl loads", "torchrl state dict"}
+DIRECT = {"progress", "torchrl", "torchrl dump", "torchrl ndim"}
+TORCHRL = {
+    "torchrl dumps over one", "torchrl loads", "torchrl state dict", "torchrl ndim first extend",
+}  # fmt: skip
 # Sweeps of the issue-20 scenarios run fewer points in CI (they repeat code paths the
 # others cover at every point; ZREPLAY_FAULT_POINTS=all runs every call).
 SMALLER = {
@@ -512,6 +545,8 @@ def look(observed: str, paths: dict, so, prioritized=False, used_ids=None) -> St
         return observe_torchrl(paths["buf"], so)
     if observed == "torchrl dump":
         return observe_torchrl_dump(paths, so)
+    if observed == "torchrl ndim":
+        return observe_torchrl(paths["buf"], so, _nd_storage)
     if observed == "rlinf":
         return observe_rlinf(paths["ckpt"])
     if observed == "hdf5":

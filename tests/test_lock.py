@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,6 +219,26 @@ def test_a_lock_object_dropped_without_release_leaves_no_flock_behind(tmp_path):
     assert probe(lk.path) is True
     lk._flock.__del__()  # what the garbage collector does with a forgotten lock
     assert probe(lk.path) is False
+
+
+def test_a_lock_whose_first_lease_beat_failed_is_not_kept(bufpath, monkeypatch):
+    """An I/O error writing the first beat (the lock file made, its flock held) fails the
+    open and holds nothing: the next open in this process (or any other) takes it."""
+    from zreplay.store.liveness import probe
+
+    beat = lockmod.WriterLock._beat
+
+    def failing(self):
+        raise OSError(5, "injected: the beat could not be written")
+
+    monkeypatch.setattr(lockmod.WriterLock, "_beat", failing)
+    with pytest.raises(OSError, match="beat could not"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    monkeypatch.setattr(lockmod.WriterLock, "_beat", beat)
+    lock = Path(bufpath) / "segments" / "default" / "zreplay" / "writer.lock"
+    assert not lock.exists() or probe(lock) is False
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    buf.close()
 
 
 def test_the_same_process_is_told_what_holds_its_segment(bufpath):

@@ -142,6 +142,14 @@ class WriterLock:
     # -- taking it ------------------------------------------------------------------
 
     def acquire(self, break_lock: bool = False) -> None:
+        try:
+            self._acquire(break_lock)
+        except BaseException:
+            if self.held:  # made, then failed (its first lease beat, a takeover's check):
+                self.release()  # nothing stays held by an object nobody has
+            raise
+
+    def _acquire(self, break_lock: bool) -> None:
         legacy = self.holder(self._legacy)
         if legacy is not None and not break_lock and self.judge(legacy, self._legacy) != STALE:
             raise self._locked(legacy)
