@@ -655,3 +655,18 @@ def test_a_buffer_written_before_forms_were_recorded_reads_as_tensordicts(tmp_pa
     )
     assert again.get(torch.arange(4))["n", "y"].shape == (4, 2)
     again.close()
+
+
+def test_numpy_and_torch_scalars_where_ints_are_expected(tmp_path):
+    import numpy as np
+
+    st = ZarrStorage(np.int64(8), path=tmp_path / "b", ndim=torch.tensor(2))
+    assert (st.max_size, st.ndim) == (8, 2)
+    st.set(np.arange(2), TensorDict({"x": torch.arange(6.0).view(2, 3)}, [2, 3]))
+    st.set(np.int64(2), TensorDict({"x": torch.ones(3)}, [3]))  # one item: add
+    assert len(st) == 9 and st.shape == (3, 3) and st._last_cursor_index == 2
+    assert st[2]["x"].tolist() == [1.0, 1.0, 1.0]
+    for bad in (2.5, "8"):
+        with pytest.raises((TypeError, ValueError)):
+            ZarrStorage(bad, path=tmp_path / "bad")
+    st.close()

@@ -315,7 +315,9 @@ class ZarrStorage(TensorStorage):
                 count = max(0, _writer_position(w)[1] - (0 if added else cur.numel()))
                 _place_writer(w, self._ring.next_slot(self._W), count)
             raise
-        self._set_last_cursor(cursor)
+        # The cursor as read above: TorchRL's setter fails on a numpy array after the rows
+        # went in (its own storages call it before they write).
+        self._set_last_cursor(int(cur[0]) if single else cur)
         self._bump_mutation_revision()
         if self._flush_each:
             self.core.flush()  # committed (and fsynced if durable) before extend returns
