@@ -304,25 +304,23 @@ def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
             sel, rows = (miss if sel is None else sel[miss]), rows[miss]
     cache = part.cache
     if cache is not None and not (len(rows) >= BULK_ROWS and _contiguous(rows)):
-        cached = [m for m in members if cache.holds(m[1])]
+        cached, members = _split(members, cache)
         if cached:
-            members = [m for m in members if not cache.holds(m[1])]
             with cache.lock:
                 lo = _cover(part, cache)
-                hit = rows >= lo
-                if hit.all():
-                    r, h = rows, None
-                    s = cache.slots(r)
-                    _fill(pending, cached, sel, None, lambda k, out: cache.gather(k, s, out))
-                elif hit.any():
+                if lo <= part.low_row or int(rows.min()) >= lo:  # it holds every row
+                    h, r = None, rows
+                else:
+                    hit = rows >= lo
                     h = np.flatnonzero(hit)
                     r = rows[h]
+                    if len(h):  # the rows it does not hold are read from the store
+                        miss = np.flatnonzero(~hit)
+                        msel = miss if sel is None else sel[miss]
+                        pending.reads.append(_DiskRead(part, msel, rows[miss], cached))
+                if len(r):
                     s = cache.slots(r)
                     _fill(pending, cached, sel, h, lambda k, out: cache.gather(k, s, out))
-                    miss = np.flatnonzero(~hit)
-                    msel = miss if sel is None else sel[miss]
-                    pending.reads.append(_DiskRead(part, msel, rows[miss], cached))
-                if hit.any():
                     if cache.lo > lo:  # another process reused their slots meanwhile
                         hsel = h if sel is None else (sel if h is None else sel[h])
                         pending.reads.append(_DiskRead(part, hsel, r, cached))
@@ -331,6 +329,14 @@ def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
                 members = members + cached
     if members:
         pending.reads.append(_DiskRead(part, sel, rows, members))
+
+
+def _split(members, cache: ColumnCache) -> tuple[list, list]:
+    """``members`` as (those whose key ``cache`` holds, the others)."""
+    held, other = [], []
+    for m in members:
+        (held if cache.holds(m[1]) else other).append(m)
+    return held, other
 
 
 def _cover(part: Part, cache: ColumnCache) -> int:

@@ -135,7 +135,9 @@ class EpisodeView:
     def locate(cum: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Flat unit index -> (episode, index of the unit inside the episode)."""
         ep = np.searchsorted(cum, k, side="right")
-        start = np.where(ep > 0, cum[np.maximum(ep - 1, 0)], 0)
+        # (cum[-1] for episode 0 is replaced by 0: no episode before it)
+        start = cum.take(ep - 1, mode="wrap")
+        start[ep == 0] = 0
         return ep, k - start
 
 

@@ -57,8 +57,8 @@ class ClipPlan:
     """Rows to gather per key (``[n, h]`` strided or ``[n, span]`` dense) and pad masks."""
 
     rows: dict[str, np.ndarray]
-    pad: dict[str, np.ndarray]
-    is_pad: np.ndarray
+    pad: dict[str, np.ndarray | None]  # None: no padded frames (pad=None)
+    is_pad: np.ndarray | None
     episode: np.ndarray
     start: np.ndarray
 
@@ -67,22 +67,32 @@ def plan_clips(view: EpisodeView, spec: ClipSpec, flat: np.ndarray, keys: list[s
     """Rows of clips at flat clip indices ``flat`` (in ``[0, spec.num_clips(view))``)."""
     cum = spec.cumulative(view)
     ep, k = EpisodeView.locate(cum, np.asarray(flat, np.int64))
-    s0 = k - spec.pad_left
+    s0 = k - spec.pad_left if spec.pad_left else k
     h, fs = spec.history_len, spec.frameskip
-    strided = s0[:, None] + np.arange(h) * fs
-    rows_s = view.rows(ep[:, None], np.maximum(strided, 0))
-    pad_s = strided < 0
+    rows_s, pad_s = _rows(view, ep, s0, np.arange(0, h * fs, fs), spec)
     rows, pad = {}, {}
     dense = None
     for key in keys:
-        if _is_action(key, spec.action_keys) and fs > 1:
+        if fs > 1 and _is_action(key, spec.action_keys):
             if dense is None:
-                steps = s0[:, None] + np.arange(h * fs)
-                dense = (view.rows(ep[:, None], np.maximum(steps, 0)), steps < 0)
+                dense = _rows(view, ep, s0, np.arange(h * fs), spec)
             rows[key], pad[key] = dense
         else:
             rows[key], pad[key] = rows_s, pad_s
     return ClipPlan(rows, pad, pad_s, ep, s0)
+
+
+def _rows(view: EpisodeView, ep: np.ndarray, s0: np.ndarray, steps: np.ndarray, spec: ClipSpec):
+    """Rows ``[n, len(steps)]`` of steps ``s0 + steps`` of episodes ``ep`` (steps before 0
+    clamped to 0), and the mask of those clamped (None without padding: there are none)."""
+    if not spec.pad_left:  # every step is inside its episode
+        if view.multi:  # an episode's rows may lie in several pieces
+            rows = view.rows(ep[:, None], s0[:, None] + steps)
+        else:
+            rows = view.rows(ep, s0)[:, None] + steps
+        return rows, (None if spec.pad is None else np.zeros(rows.shape, bool))
+    strided = s0[:, None] + steps
+    return view.rows(ep[:, None], np.maximum(strided, 0)), strided < 0
 
 
 def _is_action(key: str, action_keys: tuple[str, ...]) -> bool:
