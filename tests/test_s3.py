@@ -318,6 +318,71 @@ def test_s3_a_view_keeps_decoded_chunks_and_reads_them_once(url, s3, monkeypatch
     assert req.gets["range"] + req.gets["whole"] > 1  # without it, every read fetches
 
 
+def test_s3_a_view_keeps_the_chunks_a_read_brought_back_beside_those_it_needed(
+    url, s3, monkeypatch
+):
+    """A ranged GET (merged across small gaps) and a shard fetched whole bring back chunks
+    nobody asked for: the view keeps them, encoded, and a later read of their rows makes
+    no request for them, with the same rows a view without caches reads.  A shard whose
+    wanted chunks are close enough for the merged ranges to span it is fetched whole (one
+    request, no index round)."""
+    import s3fs
+
+    rng = np.random.default_rng(5)
+    layout = {
+        "frame": {"chunk_rows": 1, "shard_rows": 256},  # 3 MiB a shard: ranged reads
+        "state": {"chunk_rows": 4, "shard_rows": 16},  # 192 B a shard: fetched whole
+    }
+    rb = zreplay.ReplayBuffer(1000, path=url, storage_options=s3, layout=layout)
+    for _ in range(4):
+        rb.write_episode(
+            {
+                "frame": rng.integers(0, 255, (64, 64, 64, 3), np.uint8),
+                "state": rng.standard_normal((64, 3)).astype(np.float32),
+            }
+        )
+    rb.close()
+    view = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    plain = zreplay.open(url, storage_options=s3, column_cache_bytes=0, chunk_cache_bytes=0)
+    req = Requests(_backend(url, s3), monkeypatch)
+    view.rows(np.array([0, 40]))  # frames: the index, then one ranged GET; states whole
+    assert req.gets["range"] == 1 and req.gets["suffix"] == 1, req.gets
+    req.reset()
+    between = np.array([1, 7, 33, 39, 2, 5, 14])  # inside what those requests brought
+    got = view.rows(between)
+    assert req.gets["range"] == 0 and req.calls["get"] == 1, (req.calls, req.gets)  # commit
+    for k, v in plain.rows(between).items():
+        np.testing.assert_array_equal(got[k], v)
+    req.reset()
+    got = view.rows(np.array([60, 100]))  # beyond the range: read from the store
+    assert req.gets["range"] == 1, req.gets
+    for k, v in plain.rows(np.array([60, 100])).items():
+        np.testing.assert_array_equal(got[k], v)
+    # Damage in a chunk held this way is still damage: a read of it fails as it would
+    # without the cache (the held bytes fail their checksum, the store's too).
+    fs = s3fs.S3FileSystem(**s3)
+    shard = url[len("s3://") :] + "/segments/default/data/frame/c/0/0/0/0"
+    raw = bytearray(fs.cat_file(shard))
+    index = np.frombuffer(bytes(raw[-(16 * 256 + 4) : -4]), "<u8").reshape(-1, 2)
+    raw[int(index[2, 0]) + 100] ^= 0xFF  # inside chunk 2 (row 2)
+    fs.pipe_file(shard, bytes(raw))
+    fresh = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    fresh.rows(np.array([1, 41]))  # holds chunk 2's damaged bytes beside those
+    with pytest.raises(CorruptBufferError, match="frame"):
+        fresh.rows(np.array([2]))
+    np.testing.assert_array_equal(fresh.rows(np.array([3]))["frame"], plain.rows([3])["frame"])
+    # Three chunks wanted, at most GAP apart on average: the whole shard in one request.
+    spread = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    req.reset()
+    spread.rows(np.array([10, 120, 250]))
+    assert req.gets["suffix"] == 0 and req.gets["range"] == 0, req.gets
+    req.reset()
+    got = spread.rows(np.array([0, 3, 121, 255]))  # chunk 2 is damaged: not among these
+    assert req.calls["get"] == 1 and req.gets["range"] == 0, (req.calls, req.gets)
+    for k, v in plain.rows(np.array([0, 3, 121, 255])).items():
+        np.testing.assert_array_equal(got[k], v)
+
+
 def test_s3_index_cache_follows_commits_while_the_newest_rows_are_sampled(
     url, s3, tmp_path, monkeypatch
 ):

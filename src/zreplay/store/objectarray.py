@@ -8,11 +8,17 @@ backend's ``get``/``put`` (see :mod:`zreplay.store.objectio`).
 Reading sorted rows of a sharded array costs at most two rounds of concurrent requests:
 
 1. the index of every touched shard that :class:`SegmentCache` cannot vouch for (one
-   suffix GET of ``16 * chunks + 4`` bytes each; a shard object expected to be smaller
-   than ``GAP`` is fetched whole instead, index and chunks at once);
+   suffix GET of ``16 * chunks + 4`` bytes each); a shard whose wanted chunks lie at
+   most ``GAP`` bytes apart on average (so the merged ranges would span it anyway; a
+   small shard) is fetched whole instead, index and chunks at once;
 2. the inner chunks the rows need, ranges of one shard merged where at most ``GAP``
    bytes lie between them (``GAP`` = 1 MiB: on S3 and moto the request count, not the
    bytes, sets the cost; see benchmarks/README.md).
+
+A merged range brings back the chunks between those needed too (a sample of random rows
+fetches most of every shard it touches): a reader with a chunk cache keeps their bytes,
+still encoded, where its index vouches for them (complete, committed chunks), so later
+reads decode them without a request.
 
 Chunks are checksummed (crc32c) on decode.  An index taken from the cache that no longer
 matches the object (its shard was rewritten, or replaced by a writer that cleared the
@@ -55,15 +61,18 @@ class SegmentCache:
     shards the writer reclaimed are dropped; everything is forgotten when the segment was
     cleared or replaced (:meth:`seen`).
 
-    Readers also keep decoded chunks wholly below ``known_rows`` (complete and
-    committed: they never change), least recently used out beyond ``chunk_bytes``, so a
-    view that draws the same rows again reads nothing from the store."""
+    Readers also keep chunks wholly below ``known_rows`` (complete and committed: they
+    never change), least recently used out beyond ``chunk_bytes``: decoded ones they
+    read, and the encoded bytes of the others a ranged read brought back, so a view that
+    draws the same rows again, or rows near those it drew, reads nothing from the
+    store."""
 
     def __init__(self, chunk_bytes: int = 0):
         self.lock = threading.Lock()
         self.known_rows = 0
         self.chunk_bytes = int(chunk_bytes)
-        self._chunks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        # (array, chunk) -> (decoded block, or its encoded bytes; the chunk's rows)
+        self._chunks: OrderedDict[tuple[str, int], tuple[np.ndarray | bytes, int]] = OrderedDict()
         self._held = 0
         self._indexes: dict[tuple[str, int], tuple[np.ndarray, int, int]] = {}
         self.writers: dict[str, ShardWriter] = {}
@@ -83,40 +92,64 @@ class SegmentCache:
             gone = [k for k, v in self._indexes.items() if v[2] <= reclaimed_below]
             for k in gone:
                 del self._indexes[k]
-            old = [k for k, b in self._chunks.items() if (k[1] + 1) * len(b) <= reclaimed_below]
+            old = [k for k, (_, cr) in self._chunks.items() if (k[1] + 1) * cr <= reclaimed_below]
             for k in old:
-                self._held -= self._chunks.pop(k).nbytes
+                self._held -= _size(self._chunks.pop(k)[0])
 
     def chunks(self, array: str, uniq: np.ndarray) -> list:
-        """The decoded chunks ``uniq`` of ``array`` held (None where not)."""
+        """The chunks ``uniq`` of ``array`` held: a decoded block, the chunk's encoded
+        bytes (``bytes``), or None."""
         if not self.chunk_bytes:
             return [None] * len(uniq)
         out = []
         with self.lock:
             for c in uniq.tolist():
-                b = self._chunks.get((array, c))
-                if b is not None:
+                got = self._chunks.get((array, c))
+                if got is not None:
                     self._chunks.move_to_end((array, c))
-                out.append(b)
+                out.append(None if got is None else got[0])
         return out
 
     def put_chunks(self, array: str, uniq, blocks, chunk_rows: int) -> None:
-        """Keep the decoded ``blocks`` of chunks ``uniq`` that are complete and committed."""
+        """Keep the decoded ``blocks`` of chunks ``uniq`` that are complete and committed
+        (in place of their encoded bytes where those were held)."""
+        self._put(array, uniq, blocks, chunk_rows, replace=True)
+
+    def put_encoded(self, array: str, chunks, bodies, chunk_rows: int) -> None:
+        """Keep the encoded ``bodies`` of ``chunks`` that are complete and committed and
+        not held yet (bytes a ranged read brought back beside those it needed)."""
+        self._put(array, chunks, bodies, chunk_rows, replace=False)
+
+    def drop_chunk(self, array: str, c: int) -> None:
+        """Forget chunk ``c`` of ``array`` (its held bytes did not decode)."""
+        with self.lock:
+            got = self._chunks.pop((array, int(c)), None)
+            if got is not None:
+                self._held -= _size(got[0])
+
+    def _put(self, array: str, uniq, blocks, chunk_rows: int, replace: bool) -> None:
         if not self.chunk_bytes:
             return
         with self.lock:
-            for c, b in zip(uniq.tolist(), blocks, strict=True):
-                if (c + 1) * chunk_rows > self.known_rows or (array, c) in self._chunks:
+            for c, b in zip(np.asarray(uniq).tolist(), blocks, strict=True):
+                if (c + 1) * chunk_rows > self.known_rows:
                     continue
-                self._chunks[(array, c)] = b
-                self._held += b.nbytes
+                old = self._chunks.get((array, c))
+                if old is not None:
+                    if not replace or not isinstance(old[0], bytes):
+                        continue
+                    self._held -= _size(old[0])
+                self._chunks[(array, c)] = (b, chunk_rows)
+                self._held += _size(b)
             while self._held > self.chunk_bytes and self._chunks:
-                self._held -= self._chunks.popitem(last=False)[1].nbytes
+                self._held -= _size(self._chunks.popitem(last=False)[1][0])
 
-    def index(self, array: str, shard: int, max_row: int) -> np.ndarray | None:
+    def index(self, array: str, shard: int, max_row: int) -> tuple[np.ndarray, int] | None:
+        """The shard's cached index and the rows it vouches for, if those cover
+        ``max_row``."""
         with self.lock:
             hit = self._indexes.get((array, shard))
-        return hit[0] if hit is not None and max_row < hit[1] else None
+        return hit[:2] if hit is not None and max_row < hit[1] else None
 
     def put_index(self, array: str, shard: int, index: np.ndarray, covers: int, end: int) -> None:
         with self.lock:
@@ -126,6 +159,10 @@ class SegmentCache:
         with self.lock:
             for s in shards:
                 self._indexes.pop((array, int(s)), None)
+
+
+def _size(block) -> int:
+    return len(block) if isinstance(block, bytes) else block.nbytes
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -208,6 +245,7 @@ class ObjectArray:
         uniq, first = np.unique(chunk, return_index=True)
         bounds = np.append(first, len(rows))
         blocks = self.cache.chunks(self.key, uniq)
+        self._decode_held(uniq, blocks)
         miss = [j for j, b in enumerate(blocks) if b is None]
         if miss:
             if len(miss) < len(uniq):  # read only the chunks not held
@@ -229,6 +267,24 @@ class ObjectArray:
             a, z = bounds[j], bounds[j + 1]
             out[a:z] = b[rows[a:z] - uniq[j] * cr]
         return out
+
+    def _decode_held(self, uniq: np.ndarray, blocks: list) -> None:
+        """Decode the chunks held as encoded bytes (kept decoded from now on); one that
+        does not decode is forgotten and left to be read from the store (None)."""
+        done = []
+        for j, b in enumerate(blocks):
+            if isinstance(b, bytes):
+                try:
+                    blocks[j] = self.meta.codec.decode(memoryview(b))
+                except ChunkError:
+                    self.cache.drop_chunk(self.key, int(uniq[j]))
+                    blocks[j] = None
+                    continue
+                done.append(j)
+        if done:
+            self.cache.put_chunks(
+                self.key, uniq[done], [blocks[j] for j in done], self.meta.chunk_rows
+            )
 
     def _read_blocks(self, uniq, rows, bounds) -> list:
         """The decoded chunks ``uniq`` (sorted) holding ``rows`` (sorted; ``bounds``:
@@ -270,22 +326,27 @@ class ObjectArray:
         sbounds = np.append(sfirst, len(uniq))
         known = max(cache.known_rows, int(rows[-1]) + 1)
         indexes: dict[int, np.ndarray | None] = {}
+        covers: dict[int, int] = {}  # rows each index vouches for
         whole: dict[int, memoryview] = {}
-        need = []
+        need, wanted = [], []
         for i, s in enumerate(shards.tolist()):
             max_row = int(rows[bounds[sbounds[i + 1]] - 1])
-            idx = cache.index(self.key, s, max_row) if use_cache else None
-            if idx is None:
+            hit = cache.index(self.key, s, max_row) if use_cache else None
+            if hit is None:
                 need.append(s)
+                wanted.append(int(sbounds[i + 1] - sbounds[i]))
             else:
-                indexes[s] = idx
+                indexes[s], covers[s] = hit
         if not use_cache:
             cache.drop(self.key, need)
-        # Round 1: the indexes not cached (small objects whole).
+        # Round 1: the indexes not cached.  A shard whose chunks the merged ranges would
+        # span anyway (at most GAP bytes between the chunks wanted, on average, before
+        # compression) is fetched whole instead: index and chunks in one request.
         reqs = []
-        for s in need:
+        for s, n in zip(need, wanted, strict=True):
             stored = (min((s + 1) * sr, known) - s * sr) * m.row_bytes  # before compression
-            reqs.append((self._obj(s), None if stored <= GAP else (-m.index_nbytes, None)))
+            whole_get = stored <= GAP * n
+            reqs.append((self._obj(s), None if whole_get else (-m.index_nbytes, None)))
         got = self.backend.get(reqs, True) if reqs else []
         for s, (_, rng), body in zip(need, reqs, got, strict=True):
             if body is None:
@@ -294,8 +355,8 @@ class ObjectArray:
                 continue
             mv = memoryview(body).cast("B")
             idx = parse_index(mv[-m.index_nbytes :], m)
-            covers = min((s + 1) * sr, known // cr * cr)
-            cache.put_index(self.key, s, idx, covers, (s + 1) * sr)
+            covers[s] = min((s + 1) * sr, known // cr * cr)
+            cache.put_index(self.key, s, idx, covers[s], (s + 1) * sr)
             indexes[s] = idx
             if rng is None:
                 whole[s] = mv
@@ -320,6 +381,7 @@ class ObjectArray:
                 for j in np.flatnonzero(stored):
                     a = int(off[j])
                     blocks[lo + j] = m.codec.decode(body[a : a + int(nb[j])])
+                self._keep_between(s, idx, covers[s], body, 0, len(body), uniq[lo:hi])
                 continue
             js = np.flatnonzero(stored)
             order = js[np.argsort(off[js], kind="stable")]
@@ -327,14 +389,34 @@ class ObjectArray:
             ends = starts + nb[order].astype(np.int64)
             for a, z in merge_ranges(starts, ends, GAP):
                 reqs.append((self._obj(s), (a, z)))
-                where.append((lo, a, off, nb, order[(starts >= a) & (ends <= z)]))
+                where.append((lo, hi, s, a, off, nb, order[(starts >= a) & (ends <= z)]))
         got = self.backend.get(reqs) if reqs else []
-        for (lo, a, off, nb, members), body in zip(where, got, strict=True):
+        for (lo, hi, s, a, off, nb, members), body in zip(where, got, strict=True):
             mv = memoryview(body).cast("B")
             for j in members:
                 b = int(off[j]) - a
                 blocks[lo + j] = m.codec.decode(mv[b : b + int(nb[j])])
+            self._keep_between(s, indexes[s], covers[s], mv, a, a + len(mv), uniq[lo:hi])
         return blocks
+
+    def _keep_between(self, s: int, idx, covers: int, body, a: int, z: int, needed) -> None:
+        """Keep, encoded, the chunks of shard ``s`` that ``body`` (its bytes ``[a, z)``)
+        holds beside the ``needed`` ones, where ``idx`` vouches for them (chunks wholly
+        below ``covers``: complete and committed when it was read)."""
+        if not self.cache.chunk_bytes:
+            return
+        m = self.meta
+        off, nb = idx[:, 0], idx[:, 1]
+        inside = off != np.uint64(MISSING)
+        start = np.where(inside, off, 0).astype(np.int64)
+        end = start + nb.astype(np.int64)
+        inside &= (start >= a) & (end <= z)
+        chunk = s * m.chunks_per_shard + np.arange(len(idx))
+        inside &= ((chunk + 1) * m.chunk_rows <= covers) & ~np.isin(chunk, needed)
+        keep = np.flatnonzero(inside)
+        if len(keep):
+            bodies = [bytes(body[start[j] - a : end[j] - a]) for j in keep.tolist()]
+            self.cache.put_encoded(self.key, chunk[keep], bodies, m.chunk_rows)
 
     # -- writes (the segment's writer) -------------------------------------------------
 
