@@ -151,6 +151,40 @@ def test_an_interrupted_fill_leaves_nothing_published(tmp_path, cols, monkeypatc
     check_all(view, path)
 
 
+def test_a_fill_a_writer_evicts_under_keeps_the_rows_still_live(tmp_path, cols, monkeypatch):
+    """A writer at capacity evicts the oldest rows while a view fills its cache (a fill
+    of 300M rows takes a minute; a full buffer evicts at every add): what was read of the
+    rows still live is published, only the evicted ones are not, and the view's next
+    sample reads only the rows added since (it used to throw the whole fill away and
+    start again, and could fail to sample while the writer kept adding)."""
+    path = tmp_path / "b"
+    writer = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), capacity=12 * 18
+    )
+    writer.add_trajectories([make_traj(i) for i in range(12)])  # 18 rows each: full
+    writer.flush()
+    view = zreplay.open(path)
+    monkeypatch.setattr(colcache, "_FILL_BYTES", 600)  # a fill of many pieces
+    orig, calls = Segment.read_range, []
+
+    def evicting(self, key, a, b):
+        calls.append(key)
+        if len(calls) == 12:  # mid-fill: two more trajectories evict the two oldest
+            writer.add_trajectories([make_traj(i) for i in (12, 13)])
+            writer.flush()
+        return orig(self, key, a, b)
+
+    monkeypatch.setattr(Segment, "read_range", evicting)
+    got = view.sample(64)  # the fill's rows went stale: drawn again on a new snapshot
+    assert len(got["rewards"]) == 64
+    c = cache_of(view)
+    assert view.num_rows == 12 * 18 and c.lo == 2 * 18 and c.hi == 14 * 18
+    assert c.last_read == 12 * 18  # only the two new trajectories were read again
+    monkeypatch.setattr(Segment, "read_range", orig)
+    writer.close()
+    check_all(view, path)
+
+
 def test_slots_another_process_reuses_mid_read_are_read_from_the_store(tmp_path, cols, monkeypatch):
     path = tmp_path / "b"
     write(path, range(12))

@@ -372,14 +372,21 @@ class ColumnCache:
     # -- filling ----------------------------------------------------------------------
 
     def cover(
-        self, read_range, low_row: int, hi: int, ident: str | None = None, check=None, forget=None
+        self,
+        read_range,
+        low_row: int,
+        hi: int,
+        ident: str | None = None,
+        live_from=None,
+        forget=None,
     ):
         """Hold the newest rows of ``[low_row, hi)`` that fit, reading what is missing with
         ``read_range(key, start, stop) -> future`` with ``.result()``; returns the first
         row held (rows ``[lo, hi)`` are then in the ring).  ``ident`` names the segment's
-        contents (None: not shareable, this process's memory); ``check(row)`` says
-        whether the rows from ``row`` on that were read may be gone (then nothing is
-        published and :class:`StaleRead` is raised); ``forget(key, start, stop)``, called
+        contents (None: not shareable, this process's memory); ``live_from()`` says
+        from which row on the rows read are still the segment's (None: none are): rows
+        a writer evicted meanwhile may have been read as the zeros of deleted shards, so
+        only those from there on are published (:class:`StaleRead` where none are); ``forget(key, start, stop)``, called
         piece by piece in a fill of :data:`FORGET_AFTER_ROWS` rows or more, lets the page
         cache drop the store's chunks as they are decoded (they compete with the file for
         it otherwise: at 300M rows of state data 10 GB of chunks and the 13.5 GB file do
@@ -436,8 +443,12 @@ class ColumnCache:
                 if forget is not None and hi - start >= FORGET_AFTER_ROWS:
                     for k in self.keys:
                         forget(k, a, b)
-            if check is not None and check(start):
-                raise StaleRead()
+            if live_from is not None:
+                live = live_from()
+                if live is None or live >= hi:
+                    raise StaleRead()
+                if live > r.lo:  # what was read below it is not published
+                    r.header[_H_LO] = live
             r.header[_H_HI] = hi
             self.last_read = start
             return r.lo

@@ -59,10 +59,11 @@ class Part:
     below ``cache_hi`` (default ``n_rows``); ``reclaimed(row)``: for segments another
     process writes, whether that writer has since published a commit under which ``row``
     is gone (evicted and reclaimed, the segment cleared or replaced): then a failed or
-    fill-value read means the rows went, not that they are damaged."""
+    fill-value read means the rows went, not that they are damaged; ``live_from()``: the
+    first row no such commit took away (None: none), for the column cache's fills."""
 
     __slots__ = ("segment", "index", "pos0", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
-    __slots__ += ("cache", "cache_hi", "cache_id")
+    __slots__ += ("cache", "cache_hi", "cache_id", "live_from")
 
     def __init__(
         self,
@@ -77,12 +78,13 @@ class Part:
         cache: ColumnCache | None = None,
         cache_hi: int | None = None,
         cache_id: str | None = None,
+        live_from: Callable[[], int | None] | None = None,
     ):
         self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
         self.pos0, self.tier, self.tier_lo, self.reclaimed = pos0, tier, tier_lo, reclaimed
         self.cache = cache if cache is not None and cache.keys else None
         self.cache_hi = n_rows if cache_hi is None else cache_hi
-        self.cache_id = cache_id
+        self.cache_id, self.live_from = cache_id, live_from
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
         if self.pos0 == self.low_row:
@@ -347,7 +349,7 @@ def _cover(part: Part, cache: ColumnCache) -> int:
     try:
         seg = part.segment
         return cache.cover(
-            seg.read_range, part.low_row, part.cache_hi, part.cache_id, part.reclaimed,
+            seg.read_range, part.low_row, part.cache_hi, part.cache_id, part.live_from,
             seg.forget_pages,
         )  # fmt: skip
     except StaleRead:

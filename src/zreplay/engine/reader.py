@@ -62,17 +62,25 @@ class _SegmentState:
         """Has the writer, since this state was read, published a commit under which
         ``row`` is gone (evicted and its shard reclaimed, or the segment cleared or
         replaced)?  Then a failed read of it is no damage: draw again."""
+        live = self.live_from()
+        return live is None or row < live
+
+    def live_from(self) -> int | None:
+        """The first row that no commit published since this state was read has taken
+        away (rows below it were evicted, perhaps reclaimed): what was read of rows from
+        there on is theirs.  None: no row is (the segment was cleared, replaced or
+        removed)."""
         try:
             now = read_commit(self.segment.dir)
         except CorruptBufferError:
-            return False
+            return 0
         if now is None:
-            return True  # the buffer was removed (overwrite=True) under the reader
+            return None  # the buffer was removed (overwrite=True) under the reader
         if now.gen == self.commit.gen and now.contents == self.commit.contents:
-            return False  # the one commit read, which the contents id makes unique
-        if same_contents(self.commit, now) is False:
-            return True
-        return row < now.low_row or now.reclaimed_below > row or now.n_rows < self.commit.n_rows
+            return 0  # the one commit read, which the contents id makes unique
+        if same_contents(self.commit, now) is False or now.n_rows < self.commit.n_rows:
+            return None
+        return max(now.low_row, now.reclaimed_below)
 
 
 def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str, Commit]]:
@@ -370,6 +378,7 @@ class BufferReader:
                     st.index.n_rows,
                     int(self._cum_rows[si]),
                     reclaimed=st.gone,
+                    live_from=st.live_from,
                     cache=st.cache,
                     cache_id=st.cache_id,
                 )
