@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 from conftest import check_rows, make_traj, tree_state
 
 import zreplay
@@ -132,6 +133,16 @@ def _root_schema(key: str, **fields):
     return damage
 
 
+def _index_edit(rel: str, edit):
+    """Rewrite an index array through zarr (valid chunks and checksums, wrong values)."""
+
+    def damage(root):
+        arr = zarr.open_array(str(root / rel), mode="r+")
+        arr[:] = edit(arr[:])
+
+    return damage
+
+
 REWARDS_SHARD = SEG + "data/rewards/c/0/0"
 DAMAGE = {  # name: (damage, what the error says)
     "commit.json binary garbage": (_write(SEG + "zreplay/commit.json", b"\xff\xfe\x00\x13junk"), "commit record is unreadable"),
@@ -157,6 +168,7 @@ DAMAGE = {  # name: (damage, what the error says)
     "offsets chunk byte flipped": (_flip(SEG + "offsets/c/0"), "index cannot be read"),
     "trajectory ids chunk byte flipped": (_flip(SEG + "traj/trajectory_id/c/0"), "index cannot be read"),
     "terminated flags chunk byte flipped": (_flip(SEG + "episodes/terminated/c/0"), "index cannot be read"),
+    "trajectory ids repeat": (_index_edit(SEG + "traj/trajectory_id", lambda a: np.where(np.arange(len(a)) == 2, a[1], a)), "trajectory ids repeat"),
     "data array dtype edited": (_array_meta(SEG + "data/rewards", data_type="int32"), "but the root records float32"),
     "offsets dtype edited": (_array_meta(SEG + "offsets", data_type="uint64"), "but the root records int64"),
     # defect 9: recorded shapes are bounded before anything is allocated
