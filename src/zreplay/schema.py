@@ -99,6 +99,8 @@ def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Inverse of :func:`flatten`: ``{"a/b": v}`` -> ``{"a": {"b": v}}``."""
+    if not any("/" in path for path in flat):
+        return dict(flat)
     out: dict[str, Any] = {}
     for path, value in flat.items():
         node = out

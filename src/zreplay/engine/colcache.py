@@ -527,7 +527,10 @@ class ColumnCache:
 
     def slots(self, rows: np.ndarray) -> np.ndarray:
         """Where rows (all within ``[lo, hi)``) are, for :meth:`gather`."""
-        return rows % self._ring.slots
+        r = self._ring
+        if r.hi <= r.slots:  # not wrapped yet: row r is in slot r
+            return rows
+        return rows % r.slots
 
     def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``key`` in ``slots``: one fancy index."""

@@ -235,6 +235,16 @@ class PendingGather:
             d = self.dst[name] = self.out[name].reshape(-1, *row_shape)
         return d
 
+    def fill(self, name: str, read: Callable[[np.ndarray | None], np.ndarray]) -> None:
+        """Every row of output ``name`` from ``read(out)`` (``out``: the allocated output,
+        or None where the result may become the output)."""
+        if self.adopt and name not in self.dst:
+            got = read(None)
+            self.dst[name] = got
+            self.out[name] = got.reshape(self._shapes[name][0])
+        else:
+            read(self.target(name))
+
     def take(self, name: str, got: np.ndarray, taken: set) -> None:
         """Make ``got`` (every row of ``name``, in order) the output: adopted when
         allowed (each read result once), else copied into the allocated output."""
@@ -284,7 +294,7 @@ def _fill(pending: PendingGather, members, sel, hit, gather_one) -> None:
     at = sel if hit is None else (hit if sel is None else sel[hit])
     for name, key in members:
         if at is None:
-            gather_one(key, pending.target(name))
+            pending.fill(name, lambda out, key=key: gather_one(key, out))
         else:
             pending.target(name)[at] = gather_one(key, None)
 

@@ -134,7 +134,7 @@ class EpisodeView:
     @staticmethod
     def locate(cum: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Flat unit index -> (episode, index of the unit inside the episode)."""
-        ep = np.searchsorted(cum, k, side="right")
+        ep = cum.searchsorted(k, side="right")
         # (cum[-1] for episode 0 is replaced by 0: no episode before it)
         start = cum.take(ep - 1, mode="wrap")
         start[ep == 0] = 0
