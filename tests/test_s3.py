@@ -371,10 +371,17 @@ def test_s3_a_view_keeps_the_chunks_a_read_brought_back_beside_those_it_needed(
     with pytest.raises(CorruptBufferError, match="frame"):
         fresh.rows(np.array([2]))
     np.testing.assert_array_equal(fresh.rows(np.array([3]))["frame"], plain.rows([3])["frame"])
-    # Three chunks wanted, at most GAP apart on average: the whole shard in one request.
+    # A few adjacent chunks (a clip) of a fresh view: the index and one range, not the
+    # shard (3 MiB for 48 KiB).
+    adjacent = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    req.reset()
+    adjacent.rows(np.arange(100, 104))
+    assert req.gets["suffix"] == 1 and req.gets["range"] == 1, req.gets
+    # Chunks spread over the shard, at most GAP apart on average (random rows): the
+    # merged ranges would span most of it, so it comes whole, in one request.
     spread = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
     req.reset()
-    spread.rows(np.array([10, 120, 250]))
+    spread.rows(np.array([10, 60, 120, 180, 250]))
     assert req.gets["suffix"] == 0 and req.gets["range"] == 0, req.gets
     req.reset()
     got = spread.rows(np.array([0, 3, 121, 255]))  # chunk 2 is damaged: not among these

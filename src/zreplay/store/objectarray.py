@@ -8,9 +8,10 @@ backend's ``get``/``put`` (see :mod:`zreplay.store.objectio`).
 Reading sorted rows of a sharded array costs at most two rounds of concurrent requests:
 
 1. the index of every touched shard that :class:`SegmentCache` cannot vouch for (one
-   suffix GET of ``16 * chunks + 4`` bytes each); a shard whose wanted chunks lie at
-   most ``GAP`` bytes apart on average (so the merged ranges would span it anyway; a
-   small shard) is fetched whole instead, index and chunks at once;
+   suffix GET of ``16 * chunks + 4`` bytes each); a shard the merged ranges would span
+   for the most part anyway (a small one; wanted chunks spread over half of it or more
+   at most ``GAP`` bytes apart on average, as random rows are) is fetched whole instead,
+   index and chunks at once;
 2. the inner chunks the rows need, ranges of one shard merged where at most ``GAP``
    bytes lie between them (``GAP`` = 1 MiB: on S3 and moto the request count, not the
    bytes, sets the cost; see benchmarks/README.md).
@@ -159,6 +160,19 @@ class SegmentCache:
         with self.lock:
             for s in shards:
                 self._indexes.pop((array, int(s)), None)
+
+
+def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int) -> bool:
+    """Would the ranges of the wanted ``chunks`` (sorted, of one shard of ``stored`` bytes,
+    ``chunk_nbytes`` each; sizes before compression) span most of the shard once merged
+    across gaps of up to ``GAP``?  True for a shard of at most ``GAP`` bytes; for a larger
+    one, where the chunks spread over half of it or more, at most ``GAP`` apart on
+    average (random rows: yes; a clip or an episode: a few adjacent chunks, no)."""
+    if stored <= GAP:
+        return True
+    span = (int(chunks[-1]) - int(chunks[0]) + 1) * chunk_nbytes
+    gaps = (span - len(chunks) * chunk_nbytes) / max(1, len(chunks) - 1)
+    return 2 * span >= stored and gaps <= GAP
 
 
 def _size(block) -> int:
@@ -334,18 +348,17 @@ class ObjectArray:
             hit = cache.index(self.key, s, max_row) if use_cache else None
             if hit is None:
                 need.append(s)
-                wanted.append(int(sbounds[i + 1] - sbounds[i]))
+                wanted.append(uniq[sbounds[i] : sbounds[i + 1]])
             else:
                 indexes[s], covers[s] = hit
         if not use_cache:
             cache.drop(self.key, need)
-        # Round 1: the indexes not cached.  A shard whose chunks the merged ranges would
-        # span anyway (at most GAP bytes between the chunks wanted, on average, before
-        # compression) is fetched whole instead: index and chunks in one request.
+        # Round 1: the indexes not cached; a shard the merged ranges would span for the
+        # most part anyway is fetched whole instead (index and chunks in one request).
         reqs = []
-        for s, n in zip(need, wanted, strict=True):
+        for s, chunks in zip(need, wanted, strict=True):
             stored = (min((s + 1) * sr, known) - s * sr) * m.row_bytes  # before compression
-            whole_get = stored <= GAP * n
+            whole_get = _mostly_spanned(chunks, cr * m.row_bytes, stored)
             reqs.append((self._obj(s), None if whole_get else (-m.index_nbytes, None)))
         got = self.backend.get(reqs, True) if reqs else []
         for s, (_, rng), body in zip(need, reqs, got, strict=True):
