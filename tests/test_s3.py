@@ -698,3 +698,18 @@ def test_torchrl_storage_in_a_bucket(url, s3):
     loaded.extend(TensorDict({"obs": torch.tensor([[11.0]])}, [1]))  # the writer follows
     assert loaded.storage[:]["obs"].flatten().tolist() == [8, 9, 10, 11, 4, 5, 6, 7]
     loaded.storage.close()
+
+
+def test_chunks_kept_beside_a_read_never_push_out_chunks_read():
+    """A small chunk budget: the encoded extras a request brought back are the first to
+    go, so they never evict the decoded chunks a view reads again."""
+    from zreplay.store.objectarray import SegmentCache
+
+    cache = SegmentCache(chunk_bytes=3 * 800)
+    cache.seen(1000, 0, True)
+    read = [np.full(100, i, np.float64) for i in range(2)]  # 800 bytes each
+    cache.put_chunks("a", np.array([0, 1]), read, 10)
+    cache.put_encoded("a", np.arange(2, 6), [bytes(800)] * 4, 10)  # 3200 bytes beside
+    held = cache.chunks("a", np.arange(6))
+    assert all(isinstance(b, np.ndarray) for b in held[:2]), held
+    assert sum(b is not None for b in held[2:]) == 1  # what fits of the extras

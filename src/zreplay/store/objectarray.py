@@ -118,7 +118,8 @@ class SegmentCache:
 
     def put_encoded(self, array: str, chunks, bodies, chunk_rows: int) -> None:
         """Keep the encoded ``bodies`` of ``chunks`` that are complete and committed and
-        not held yet (bytes a ranged read brought back beside those it needed)."""
+        not held yet (bytes a ranged read brought back beside those it needed), as the
+        first to go when the budget is full."""
         self._put(array, chunks, bodies, chunk_rows, replace=False)
 
     def drop_chunk(self, array: str, c: int) -> None:
@@ -142,6 +143,8 @@ class SegmentCache:
                     self._held -= _size(old[0])
                 self._chunks[(array, c)] = (b, chunk_rows)
                 self._held += _size(b)
+                if not replace:  # extras go first: they never push out chunks read
+                    self._chunks.move_to_end((array, c), last=False)
             while self._held > self.chunk_bytes and self._chunks:
                 self._held -= _size(self._chunks.popitem(last=False)[1][0])
 
