@@ -418,9 +418,13 @@ def index_problem(cols: dict, commit: Commit) -> str | None:
     if k > k0:
         if int(pieces["episode"][k0:k].max()) >= commit.next_episode:
             return "episode ids reach the commit's next episode id"
-        j = np.searchsorted(ends[:n], np.arange(k0, k), side="right")  # each piece's trajectory
+        if lo and int(ends[lo - 1]) > k0:  # pieces of a trajectory that is not visible
+            return "an episode piece lies outside its trajectory's rows"
+        # Each piece's trajectory: trajectory t holds pieces [ends[t - 1], ends[t]).
+        cut = np.clip(ends[lo:n], k0, k)
+        j = np.repeat(np.arange(lo, n), np.diff(cut, prepend=k0))
         start, length = pieces["start"][k0:k], pieces["length"][k0:k]
-        if np.any(j < lo) or np.any(start < off[j]) or np.any(start + length > off[j + 1]):
+        if np.any(start < off[j]) or np.any(start + length > off[j + 1]):
             return "an episode piece lies outside its trajectory's rows"
     return None
 
