@@ -386,7 +386,8 @@ class ColumnCache:
         contents (None: not shareable, this process's memory); ``live_from()`` says
         from which row on the rows read are still the segment's (None: none are): rows
         a writer evicted meanwhile may have been read as the zeros of deleted shards, so
-        only those from there on are published (:class:`StaleRead` where none are); ``forget(key, start, stop)``, called
+        only those from there on are published (:class:`StaleRead` where none are);
+        ``forget(key, start, stop)``, called
         piece by piece in a fill of :data:`FORGET_AFTER_ROWS` rows or more, lets the page
         cache drop the store's chunks as they are decoded (they compete with the file for
         it otherwise: at 300M rows of state data 10 GB of chunks and the 13.5 GB file do
