@@ -415,6 +415,63 @@ def test_old_files_are_pruned_and_the_directory_may_go_at_any_time(tmp_path, col
     buf.close()
 
 
+def test_lock_files_of_caches_gone_are_pruned_unless_held(tmp_path, cols):
+    """Lock files used to stay forever (one per contents ever read on the machine): the
+    lock of a cache file gone for PRUNE_AGE_S goes, taken under its lock, so one a filler
+    holds (another process, here) stays, as does the lock of a cache file still there."""
+    cols.mkdir(parents=True)
+    old = time.time() - colcache.PRUNE_AGE_S - 60
+    gone, held, live = (cols / (c * 40 + ".lock") for c in "012")
+    for f in (gone, held, live, live.with_suffix(".cols")):
+        f.write_bytes(b"")
+        os.utime(f, (old, old))
+    live.with_suffix(".cols").touch()  # in use
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(held)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        path = tmp_path / "b"
+        write(path, range(6))
+        view = zreplay.open(path)
+        view.sample(8)  # makes its file, pruning what is old
+        assert not gone.exists() and held.exists() and live.exists()
+        check_all(view, path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_taken_on_a_pruned_lock_file_is_taken_again(tmp_path, cols, monkeypatch):
+    """A process that opened a lock file which a prune then unlinked gets its flock on a
+    file nobody else can see: it takes the lock again on the file now at the path."""
+    path = tmp_path / "b"
+    write(path, range(6))
+    view = zreplay.open(path)
+    real, calls = colcache.fcntl.flock, []
+
+    def pruned_first(fd, op):
+        if op & colcache.fcntl.LOCK_EX and not calls:
+            calls.append(fd)
+            for f in cols.glob("*.lock"):
+                f.unlink()  # as a prune would, between this process's open and flock
+        return real(fd, op)
+
+    monkeypatch.setattr(colcache.fcntl, "flock", pruned_first)
+    view.sample(8)
+    monkeypatch.setattr(colcache.fcntl, "flock", real)
+    locks = list(cols.glob("*.lock"))
+    assert calls and len(locks) == 1
+    fd = os.open(locks[0], os.O_RDWR)  # the fill held (and released) this very file
+    try:
+        real(fd, colcache.fcntl.LOCK_EX | colcache.fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    check_all(view, path)
+
+
 def test_a_ring_that_lost_older_rows_is_not_locked_at_every_read(tmp_path, cols, monkeypatch):
     """A smaller budget in another process wrapped the shared ring past rows this view
     wants: they come from the store, without taking the file's lock at every read."""

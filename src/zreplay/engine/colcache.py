@@ -341,19 +341,16 @@ class ColumnCache:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                fd = _lock_file(path.with_suffix(".lock"), self._wait)
+            except BlockingIOError:  # another process fills the file: not waited for
+                yield False
+                return
             except OSError as e:
                 self._go_private(path.parent, e)
         if fd is None:
             yield True
             return
-        _HELD.add(fd)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if self._wait else fcntl.LOCK_NB))
-            except BlockingIOError:  # another process fills the file: not waited for
-                yield False
-                return
             yield True
         finally:
             _HELD.discard(fd)
@@ -545,15 +542,56 @@ def _warn_once(key: str, message: str, stacklevel: int) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
+def _lock_file(path: Path, wait: bool) -> int:
+    """An fd holding the exclusive ``flock`` of the lock file ``path`` (made if missing);
+    BlockingIOError where another process holds it and ``wait`` is False.  A lock taken
+    on a file that was pruned meanwhile (:func:`_prune` unlinks unused lock files under
+    their lock) guards nothing: it is taken again on the file now at ``path``."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        _HELD.add(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+                return fd
+        except BaseException:
+            _HELD.discard(fd)
+            os.close(fd)
+            raise
+        _HELD.discard(fd)
+        os.close(fd)  # pruned under us: again, on the file now at path
+
+
 def _prune(directory: Path) -> None:
     """Remove cache files and stray temporaries untouched for :data:`PRUNE_AGE_S`:
-    caches of buffers deleted or moved since (lock files stay: empty, and one may be
-    held by a filler at this moment)."""
-    now = time.time()
+    caches of buffers deleted or moved since; and the lock files of cache files no
+    longer there, under their lock (one a filler holds stays; see :func:`_lock_file`)."""
+    now, entries = time.time(), []
     with contextlib.suppress(OSError):
-        for entry in os.scandir(directory):
-            if not entry.name.endswith((".cols", ".tmp")):  # never a lock: one may be held
+        entries = list(os.scandir(directory))
+    names = {e.name for e in entries}
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if now - entry.stat().st_mtime <= PRUNE_AGE_S:
                 continue
-            with contextlib.suppress(OSError):
-                if now - entry.stat().st_mtime > PRUNE_AGE_S:
-                    os.unlink(entry.path)
+            if entry.name.endswith((".cols", ".tmp")):
+                os.unlink(entry.path)
+            elif entry.name.endswith(".lock") and entry.name[:-5] + ".cols" not in names:
+                _prune_lock(entry.path)
+
+
+def _prune_lock(path: str) -> None:
+    """Unlink an unused lock file while holding its lock (a filler holding it: left)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
