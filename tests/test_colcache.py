@@ -472,6 +472,41 @@ def test_a_lock_taken_on_a_pruned_lock_file_is_taken_again(tmp_path, cols, monke
     check_all(view, path)
 
 
+def test_a_prune_never_unlinks_a_lock_file_another_process_holds(cols, monkeypatch):
+    """Pruner B opens an old lock file; pruner D unlinks it and filler C makes and holds
+    a new one at the path before B's flock, which then succeeds on the unlinked file:
+    B must not unlink C's (found by an adversarial pass: two fillers of one file)."""
+    cols.mkdir(parents=True)
+    lock = cols / ("a" * 40 + ".lock")
+    lock.touch()
+    old = time.time() - colcache.PRUNE_AGE_S - 60
+    os.utime(lock, (old, old))  # an old lock whose cache file is gone
+    real, held = colcache.fcntl.flock, []
+
+    def others_run_first(fd, op):
+        if op & colcache.fcntl.LOCK_NB and not held:
+            monkeypatch.setattr(colcache.fcntl, "flock", real)
+            colcache._prune(cols)  # pruner D
+            held.append(colcache._lock_file(lock, True))  # filler C
+            monkeypatch.setattr(colcache.fcntl, "flock", others_run_first)
+        return real(fd, op)
+
+    monkeypatch.setattr(colcache.fcntl, "flock", others_run_first)
+    colcache._prune(cols)  # pruner B
+    monkeypatch.setattr(colcache.fcntl, "flock", real)
+    try:
+        assert held and lock.exists()  # C's lock file is still the one at the path
+        probe = subprocess.run(
+            [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1]); "
+             "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", str(lock)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert "BlockingIOError" in probe.stderr  # another process cannot take it
+    finally:
+        colcache._HELD.discard(held[0])
+        os.close(held[0])
+
+
 def test_a_ring_that_lost_older_rows_is_not_locked_at_every_read(tmp_path, cols, monkeypatch):
     """A smaller budget in another process wrapped the shared ring past rows this view
     wants: they come from the store, without taking the file's lock at every read."""

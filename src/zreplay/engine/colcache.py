@@ -552,12 +552,7 @@ def _lock_file(path: Path, wait: bool) -> int:
         _HELD.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            held = os.fstat(fd)
-            try:
-                now = os.stat(path)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+            if _same_file(fd, path):
                 return fd
         except BaseException:
             _HELD.discard(fd)
@@ -586,12 +581,25 @@ def _prune(directory: Path) -> None:
 
 
 def _prune_lock(path: str) -> None:
-    """Unlink an unused lock file while holding its lock (a filler holding it: left)."""
+    """Unlink an unused lock file while holding its lock (a filler holding it: left).
+    Only the file locked: another pruner may have unlinked it between this open and
+    this flock, and a filler made and locked a new one at the path since."""
     fd = os.open(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.unlink(path)
+        if _same_file(fd, path):  # then only this lock's holder (us) can unlink it
+            os.unlink(path)
     except BlockingIOError:
         pass
     finally:
         os.close(fd)
+
+
+def _same_file(fd: int, path) -> bool:
+    """Is ``fd`` the file at ``path`` (not one unlinked or replaced since)?"""
+    held = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev)
