@@ -35,7 +35,8 @@ written in, and one from an earlier boot (whose pages may never have reached the
 made anew.  The ring grows by doubling into a new file that replaces the old under the lock
 (processes holding the old one see it marked superseded and map the new one); a cache whose
 contents went (a clear, a loaded checkpoint) removes its file, and files untouched for
-:data:`PRUNE_AGE_S` are removed when a new one is made.
+:data:`PRUNE_AGE_S` are removed when a new one is made, with the lock files of cache files
+gone (each under its own lock, and only the file locked: see :func:`_prune_lock`).
 
 **Budget**: ``column_cache_bytes`` per segment (``zreplay.open(path, column_cache_bytes=...)``
 for views, ``RamPolicy(column_cache_bytes=...)`` for writers; 0 turns it off).  The
