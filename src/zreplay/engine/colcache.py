@@ -524,12 +524,12 @@ class ColumnCache:
         self._ring = new
         return new
 
-    def slots(self, rows: np.ndarray) -> np.ndarray:
-        """Where rows (all within ``[lo, hi)``) are, for :meth:`gather`."""
-        r = self._ring
-        if r.hi <= r.slots:  # not wrapped yet: row r is in slot r
-            return rows
-        return rows % r.slots
+    def slots(self, rows: np.ndarray, below: int | None = None) -> np.ndarray:
+        """Where rows (all within ``[lo, hi)``, and below ``below`` if given) are, for
+        :meth:`gather` (as :meth:`RamTier.slots <zreplay.engine.ramtier.RamTier.slots>`:
+        rows below the ring's size are their own slots, no arithmetic)."""
+        n = self._ring.slots
+        return rows if below is not None and below <= n else rows % n
 
     def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``key`` in ``slots``: one fancy index."""

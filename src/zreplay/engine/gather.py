@@ -331,7 +331,7 @@ def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
                         msel = miss if sel is None else sel[miss]
                         pending.reads.append(_DiskRead(part, msel, rows[miss], cached))
                 if len(r):
-                    s = cache.slots(r)
+                    s = cache.slots(r, part.cache_hi)
                     _fill(pending, cached, sel, h, lambda k, out: cache.gather(k, s, out))
                     if cache.lo > lo:  # another process reused their slots meanwhile
                         hsel = h if sel is None else (sel if h is None else sel[h])
