@@ -12,6 +12,7 @@ import os
 import time
 import traceback
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +120,20 @@ def traj_equal(got: dict, want) -> None:
             e = v.shape[0] - T
             v = v.reshape(e, T // e + 1, *v.shape[1:])[:, 1:].reshape(T, *v.shape[1:])
         np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+def shard_files(root, key: str, segment: str = "default") -> list:
+    """The shard files of data key ``key`` of a local buffer, in shard order (format 5:
+    ``c.<shard>.0...`` files in the array's directory; format 4: ``c/<shard>/0/...``)."""
+    array = Path(root) / "segments" / segment / "data" / key
+    found = []
+    for r, _, names in os.walk(array):
+        for name in names:
+            rel = os.path.relpath(os.path.join(r, name), array)
+            parts = rel.replace("/", ".").split(".")
+            if parts[0] == "c" and all(p.isdigit() for p in parts[1:]):
+                found.append((int(parts[1]), Path(r) / name))
+    return [p for _, p in sorted(found)]
 
 
 def tree_state(root, skip=None) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_traj
+from conftest import make_traj, shard_files
 
 import zreplay
 from zreplay.cli import main
@@ -84,8 +84,7 @@ def damaged_copy(src: Path, dst: Path, key: str) -> Path:
     import shutil
 
     shutil.copytree(src, dst)
-    d = dst / "segments" / "default" / "data" / key / "c"
-    f = next(Path(r) / n for r, _, ns in os.walk(d) for n in ns)
+    f = shard_files(dst, key)[0]
     data = bytearray(f.read_bytes())
     data[len(data) // 3] ^= 0x40
     f.write_bytes(bytes(data))

@@ -514,6 +514,11 @@ def test_orphan_cleanup_skips_only_fully_committed_shards(tmp_path):
         "data/img/c/0/0/0.__lock": True,  # shard 0 holds only committed rows: not searched
         "data/img/c/1/0/0.__lock": False,  # the partial shard a killed writer was rewriting
         "data/img/c/7.partial": False,
+        # format 5: shard files side by side in the array's directory
+        "data/flat/c.0.0.0.__lock": True,  # shard 0: not searched
+        "data/flat/c.1.0.0.__lock": False,
+        "data/flat/c.1.0.0.77.0a1b2c3d4e5f.tmp": False,
+        "data/flat/zarr.json.abc.partial": False,
         "offsets/c/0.__lock": False,
         "zarr.json.abc.partial": False,
         "commit.json.123.456.tmp": False,
@@ -522,5 +527,5 @@ def test_orphan_cleanup_skips_only_fully_committed_shards(tmp_path):
     for rel in files:
         (seg / rel).parent.mkdir(parents=True, exist_ok=True)
         (seg / rel).write_text("x")
-    remove_orphans(seg, {str(seg / "data" / "img" / "c"): 1})
+    remove_orphans(seg, {str(seg / "data" / "img" / "c"): 1, str(seg / "data" / "flat"): 1})
     assert {rel: (seg / rel).exists() for rel in files} == files

@@ -7,16 +7,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tarfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, make_traj
+from conftest import check_rows, codes_of, make_traj, shard_files
 
 import zreplay
 from zreplay.errors import ZReplayError
 from zreplay.samplers import Prioritized
+from zreplay.store.commit import read_commit
+from zreplay.store.format import FORMAT_VERSION
+
+DATA = Path(__file__).parent / "data"
 
 
 def walk_without_warnings(path) -> list[str]:
@@ -77,7 +83,7 @@ def test_format_2_buffers_are_read_and_upgraded_by_their_next_writer(tmp_path):
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="a")
     assert len(buf) == 2 and buf.add_trajectories([make_traj(5)])[0] == 2
     buf.flush()
-    assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == 4
+    assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == FORMAT_VERSION
     assert not (path / "segments" / "a" / "commit.json").exists()
     assert (path / "segments" / "a" / "zreplay" / "commit.json").is_file()
     assert sorted(os.listdir(path / "zreplay" / "writers")) == ["0", "1"]  # claims kept
@@ -91,6 +97,77 @@ def test_format_2_buffers_are_read_and_upgraded_by_their_next_writer(tmp_path):
     zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="b").close()
     walk_without_warnings(path)
     assert zreplay.verify(path).ok
+
+
+def _nested_and_flat(path) -> tuple[list, list]:
+    """Shard files of every data array under ``path``: nested ``c/<s>/0...`` ones and
+    flat ``c.<s>.0...`` ones."""
+    nested, flat = [], []
+    for r, _, names in os.walk(path):
+        if "/data/" not in r + "/":
+            continue
+        for n in names:
+            if n.startswith("c.") and not n.endswith((".tmp", ".__lock", ".partial")):
+                flat.append(os.path.join(r, n))
+            elif f"{os.sep}c{os.sep}" in r + os.sep and n.isdigit():
+                nested.append(os.path.join(r, n))
+    return nested, flat
+
+
+def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
+    """tests/data/format4-buffer.tar.gz was written by zreplay at e574596 (format 4: chunk
+    keys c/<shard>/0/...): two writers, writer a with capacity 90 (8 trajectories of 18
+    rows added: rows below 54 evicted, shards below row 48 reclaimed), small shards for
+    three keys.  It reads as it is; its writers keep its layout (nested keys) through
+    eviction, reclaim, checkpoints and loads, and upgrade the root to format 5."""
+    with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
+        t.extractall(tmp_path, filter="data")
+    path = tmp_path / "fmt4"
+    assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == 4
+    view = zreplay.open(path, seed=1)
+    assert view.num_trajectories == 5 + 2
+    codes = check_rows(view.sample(256))
+    assert set(codes // 10000) == {3, 4, 5, 6, 7, 100, 101}  # 0-2 were evicted
+    assert zreplay.verify(path).ok
+    assert _nested_and_flat(path)[1] == []
+
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), writer_id="a", capacity=90
+    )
+    assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == FORMAT_VERSION
+    buf.add_trajectories([make_traj(i) for i in range(8, 14)])
+    buf.flush()
+    commit = read_commit(path / "segments" / "a")
+    assert commit.reclaimed_below >= 144  # shards of the old rows went
+    nested, flat = _nested_and_flat(path / "segments" / "a")
+    assert nested and flat == []  # still c/<shard>/0/..., as its layout says
+    for key in ("curr_obs/main_images", "actions"):
+        array = path / "segments" / "a" / "data" / key
+        shards = [int(p.relative_to(array).parts[1]) for p in shard_files(path, key, "a")]
+        assert shards[0] == commit.reclaimed_below // 16, (key, shards)
+    for r, dirs, files in os.walk(path):
+        assert dirs or files, f"empty directory {r}"
+    check_rows(buf.sample(128))
+    buf.save_checkpoint(str(tmp_path / "ck"))
+    buf.close()
+
+    other = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "new"))
+    other.add_trajectories([make_traj(50)])  # a format-5 buffer: flat keys ...
+    other.flush()
+    assert _nested_and_flat(tmp_path / "new")[1]
+    other.load_checkpoint(str(tmp_path / "ck"))  # ... takes the checkpoint's nested ones
+    assert set(codes_of(other.sample(256)) // 10000) == set(range(9, 14))
+    other.add_trajectories([make_traj(60)])
+    other.flush()
+    nested, flat = _nested_and_flat(tmp_path / "new")
+    assert nested and flat == []
+    check_rows(other.sample(256))
+    other.close()
+    for p in (path, tmp_path / "new"):
+        walk_without_warnings(p)
+        assert zreplay.verify(p).ok
+    data, live = _plain_rows(tmp_path / "new")
+    assert live[1] - live[0] == 6 * 18 and len(data["actions"]) == live[1]
 
 
 def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
@@ -107,9 +184,7 @@ def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
     below = zreplay.store.commit.read_commit(path / "segments" / "default").reclaimed_below
     assert below >= 64 * 10
     for key in ("x", "y"):
-        shards = sorted(
-            int(s) for s in os.listdir(path / "segments" / "default" / "data" / key / "c")
-        )
+        shards = [int(p.name.split(".")[1]) for p in shard_files(path, key)]
         assert shards and shards[0] == below // 64, (key, shards)
 
 
@@ -161,13 +236,7 @@ def test_plain_zarr_shows_exactly_the_committed_rows_and_evicted_rows_as_zeros(t
     # 120 rows added, 60 live: the shards of rows [0, 48) are gone and read as zeros
     assert low == 60
     assert not np.any(data["obs"][:48]) and np.all(data["obs"][60:] > 0)
-    assert sorted(int(p.name) for p in (path / "segments/default/data/obs/c").iterdir()) == [
-        3,
-        4,
-        5,
-        6,
-        7,
-    ]
+    assert [int(p.name.split(".")[1]) for p in shard_files(path, "obs")] == [3, 4, 5, 6, 7]
     # the index arrays are zreplay's bookkeeping, grown ahead: at least what the commit needs
     g = zarr.open_group(path, mode="r")
     assert g["segments/default/offsets"].shape[0] >= 13

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, make_traj
+from conftest import check_rows, make_traj, shard_files
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -134,8 +134,7 @@ def test_nstep_and_prioritized_clips_agree_with_and_without_caches(stored, tmp_p
 
 
 def _flip_first_shard(root: Path, key: str) -> None:
-    d = root / "segments" / "default" / "data" / key / "c"
-    f = next(Path(r) / n for r, _, fs in os.walk(d) for n in fs)
+    f = shard_files(root, key)[0]
     data = bytearray(f.read_bytes())
     data[len(data) // 3] ^= 0x40
     f.write_bytes(bytes(data))
@@ -284,8 +283,7 @@ def test_checkpoint_links_files_and_makes_no_empty_directories(stored, tmp_path)
         b.save_checkpoint(str(tmp_path / "ck"))
     for r, dirs, files in os.walk(tmp_path / "ck"):
         assert files or dirs, f"empty directory {r}"
-    a = tmp_path / "a" / "segments" / "default" / "data" / "rewards" / "c" / "0" / "0"
-    ck = tmp_path / "ck" / "segments" / "default" / "data" / "rewards" / "c" / "0" / "0"
+    a, ck = shard_files(tmp_path / "a", "rewards")[0], shard_files(tmp_path / "ck", "rewards")[0]
     assert os.stat(a).st_ino == os.stat(ck).st_ino  # a hard link, not a copy
 
 

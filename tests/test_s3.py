@@ -141,7 +141,7 @@ def test_episode_buffer_and_damage_reported(url, s3):
     import s3fs
 
     fs = s3fs.S3FileSystem(**s3)
-    shard = url[len("s3://") :] + "/segments/default/data/obs/c/0/0"
+    shard = url[len("s3://") :] + "/segments/default/data/obs/c.0.0"
     raw = bytearray(fs.cat_file(shard))
     raw[10] ^= 0xFF
     fs.pipe_file(shard, bytes(raw))
@@ -361,7 +361,7 @@ def test_s3_a_view_keeps_the_chunks_a_read_brought_back_beside_those_it_needed(
     # Damage in a chunk held this way is still damage: a read of it fails as it would
     # without the cache (the held bytes fail their checksum, the store's too).
     fs = s3fs.S3FileSystem(**s3)
-    shard = url[len("s3://") :] + "/segments/default/data/frame/c/0/0/0/0"
+    shard = url[len("s3://") :] + "/segments/default/data/frame/c.0.0.0.0"
     raw = bytearray(fs.cat_file(shard))
     index = np.frombuffer(bytes(raw[-(16 * 256 + 4) : -4]), "<u8").reshape(-1, 2)
     raw[int(index[2, 0]) + 100] ^= 0xFF  # inside chunk 2 (row 2)
@@ -466,9 +466,9 @@ def test_s3_writer_puts_whole_shards_and_reads_nothing(url, s3, monkeypatch):
     assert set(req.calls) == {"put"}, req.calls  # no GET, HEAD or LIST
     data = [k.split("/data/", 1)[1] for k in req.put_keys if "/data/" in k]
     assert len(data) == len(set(data)), data  # each shard object once
-    images = sorted(k for k in data if k.startswith("curr_obs/main_images/c/"))
-    assert images == ["curr_obs/main_images/c/0/0/0/0", "curr_obs/main_images/c/1/0/0/0"]
-    assert len([k for k in data if "/c/" in k]) == len(writer.core.keys) + 1
+    images = sorted(k for k in data if k.startswith("curr_obs/main_images/c."))
+    assert images == ["curr_obs/main_images/c.0.0.0.0", "curr_obs/main_images/c.1.0.0.0"]
+    assert len([k for k in data if "/c." in k]) == len(writer.core.keys) + 1
     # the commit record is published after every row and index object; only the segment
     # group's live_rows attribute (for plain-zarr readers) may follow it
     last = max(i for i, k in enumerate(req.put_keys) if k.endswith("zreplay/commit.json"))
@@ -486,7 +486,7 @@ def test_s3_failed_shard_upload_keeps_the_last_commit_and_retries(url, s3, monke
     writer.add_trajectories([make_traj(0, T=5, B=3)])
     writer.flush()
     req = Requests(_backend(url, s3), monkeypatch)
-    req.fail_put = lambda key: "main_images/c/1" in key  # the second image shard
+    req.fail_put = lambda key: "main_images/c.1." in key  # the second image shard
     writer.add_trajectories([make_traj(1, T=5, B=3), make_traj(2, T=5, B=3)])
     with pytest.raises(WriteFailedError, match="No space left"):
         writer.flush()
@@ -549,7 +549,7 @@ def test_s3_damage_names_segment_key_and_rows_even_with_a_cached_index(url, s3):
     view = zreplay.open(url, storage_options=s3, column_cache_bytes=0, chunk_cache_bytes=0)
     check_rows(view.rows(np.arange(16)))  # shard 0 of the images: index cached
     fs = s3fs.S3FileSystem(**s3)
-    shard = url[len("s3://") :] + "/segments/default/data/curr_obs/main_images/c/0/0/0/0"
+    shard = url[len("s3://") :] + "/segments/default/data/curr_obs/main_images/c.0.0.0.0"
     raw = bytearray(fs.cat_file(shard))
     raw[5] ^= 0xFF  # inside chunk 0 (row 0)
     fs.pipe_file(shard, bytes(raw))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, make_traj, tree_state
+from conftest import check_rows, make_traj, shard_files, tree_state
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -25,8 +24,7 @@ def written(bufpath):
 
 
 def shard_file(root: Path, key: str) -> Path:
-    d = root / "segments" / "default" / "data" / key / "c"
-    return next(Path(r) / f for r, _, fs in os.walk(d) for f in fs)
+    return shard_files(root, key)[0]
 
 
 def test_healthy_buffer_verifies(written):
@@ -143,7 +141,7 @@ def _index_edit(rel: str, edit):
     return damage
 
 
-REWARDS_SHARD = SEG + "data/rewards/c/0/0"
+REWARDS_SHARD = SEG + "data/rewards/c.0.0"
 DAMAGE = {  # name: (damage, what the error says)
     "commit.json binary garbage": (_write(SEG + "zreplay/commit.json", b"\xff\xfe\x00\x13junk"), "commit record is unreadable"),
     "commit.json empty": (_write(SEG + "zreplay/commit.json", b""), "commit record is unreadable"),

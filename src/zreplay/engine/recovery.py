@@ -76,7 +76,7 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegme
     if commit.writer_number < 0:
         commit = Commit(**{**vars(commit), "writer_number": root.writer_number(writer_id)})
     committed = {
-        str(seg_dir / "data" / k / "c"): commit.n_rows // lay.shard_rows
+        str(lay.shards_dir(seg_dir / "data" / k)): commit.n_rows // lay.shard_rows
         for k, lay in (layouts or {}).items()
     }
     remove_orphans(seg_dir, committed)

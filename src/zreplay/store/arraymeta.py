@@ -38,6 +38,8 @@ def check_array(
         shape = [int(x) for x in meta["shape"]]
         grid = [int(x) for x in meta["chunk_grid"]["configuration"]["chunk_shape"]]
         codecs = list(meta["codecs"])
+        keys = meta.get("chunk_key_encoding") or {}
+        separator = (keys.get("configuration") or {}).get("separator", "/")
     except FileNotFoundError:
         return [f"cannot open array {loc}: {where} is missing"], []
     except (ValueError, KeyError, TypeError) as e:
@@ -58,6 +60,11 @@ def check_array(
         problems.append(
             f"{where}: shards of {grid[0]} rows in chunks of {inner[0]}, but the root "
             f"records {layout.shard_rows} and {layout.chunk_rows}"
+        )
+    if layout is not None and separator != layout.separator:
+        problems.append(
+            f"{where}: chunk keys separated by {separator!r}, but the root records "
+            f"{layout.separator!r}"
         )
     if "crc32c" not in _codec_names(chain):
         (problems if layout is not None else warnings).append(

@@ -30,6 +30,7 @@ from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
 from .format import is_temp_name
+from .layout import shard_number
 
 
 class LocalPath(PosixPath):
@@ -224,9 +225,12 @@ class LocalBackend(Backend):
         removed = []
         for dirpath, dirnames, filenames in os.walk(loc):
             limit = skip.get(os.path.normpath(dirpath))
-            if limit is not None:
+            if limit is not None:  # shards c/<n>/ (before format 5), or files c.<n>...
                 dirnames[:] = [d for d in dirnames if not d.isdigit() or int(d) >= limit]
             for name in filenames:
+                shard = None if limit is None else shard_number(name)
+                if shard is not None and shard < limit:
+                    continue
                 if is_temp_name(name):
                     p = LocalPath(dirpath) / name
                     try:

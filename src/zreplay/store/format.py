@@ -34,10 +34,11 @@ when a writer opens it, so older versions refuse it rather than misread its comm
 
 from __future__ import annotations
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # Formats this version reads (format 2: the same arrays, own files beside them; format 3:
-# commits without contents ids and insert counts).
-READABLE_FORMATS = (2, 3, 4)
+# commits without contents ids and insert counts; format 4: layouts without a chunk-key
+# separator, every array's chunk keys nested "c/<shard>/0/...").
+READABLE_FORMATS = (2, 3, 4, 5)
 
 # The root group's attribute holding zreplay's metadata.
 ATTR = "zreplay"

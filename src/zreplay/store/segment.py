@@ -127,6 +127,7 @@ class Segment:
                 dtype=spec.dtype,
                 chunks=(lay.chunk_rows, *spec.row_shape),
                 shards=(lay.shard_rows, *spec.row_shape),
+                chunk_key_encoding={"name": "default", "separator": lay.separator},
                 fill_value=0,
                 config={"write_empty_chunks": True},
                 attributes=STORED_ATTRS,
@@ -233,27 +234,29 @@ class Segment:
             first = -(-start_row // lay.shard_rows)
             last = end_row // lay.shard_rows
             for s in range(first, last):
-                self.backend.remove_file(self._shard_file(key, s), self.dir / "data" / key / "c")
+                self.backend.remove_file(self._shard_file(key, s), self.dir / "data" / key)
 
     def _shard_file(self, key: str, shard: int):
         """The file of shard ``shard`` (rows ``[shard * shard_rows, ...)``) of ``key``."""
-        p = self.dir / "data" / key / "c" / str(shard)
-        for _ in self.schema.specs[key].row_shape:
-            p = p / "0"
-        return p
+        ndim = 1 + len(self.schema.specs[key].row_shape)
+        return self.dir / "data" / key / self.layouts[key].shard_name(shard, ndim)
 
     def remove_reclaimed(self, below_row: int) -> None:
         """Delete every shard file wholly below ``below_row`` that is still there (a writer
         killed while reclaiming leaves some; the commit already says they are gone)."""
         for key, lay in self.layouts.items():
             limit = below_row // lay.shard_rows
-            chunks = self.dir / "data" / key / "c"
+            array = self.dir / "data" / key
+            # Shards are files in the array's directory, or (before format 5) the
+            # subtrees c/<shard>/ of their chunk-key directories.
+            nested = lay.separator == "/"
             try:
-                found = list(chunks.iterdir())
+                found = list(lay.shards_dir(array).iterdir())
             except FileNotFoundError:
                 continue
             for p in found:
-                if p.name.isdigit() and int(p.name) < limit:
+                shard = lay.shard_number(f"c/{p.name}" if nested else p.name)
+                if shard is not None and shard < limit:
                     if p.is_file():
                         p.unlink(missing_ok=True)
                     else:
