@@ -14,7 +14,9 @@ Sections (each system in fresh child processes; rounds alternate which goes firs
   objects of tensors for RLinf).  Per call latency (median, p90), the time from the first
   add until everything is on disk (zreplay: ``close()``, which commits; RLinf:
   ``close(wait=True)``, which joins its save threads) and the bytes on disk.  Variants of
-  zreplay (``staging_bytes``, image codec, ``durable=False``) run as extra sides.
+  zreplay (``staging_bytes``, image codec, ``durable=False``) run as extra sides.  The
+  codec's own limit for that time: the workload's rows encoded in the layout zreplay
+  recorded (its chunks, its codecs; numcodecs, one thread), divided by the cores.
 * ``sac``: one SAC-like trajectory [1000, 10] (64-d obs and next_obs, 8-d actions,
   reward, done) per ``add_trajectories`` with RLinf's default ``cache_size=5`` after the
   ring wrapped, writer idle at each call (flush between, untimed), against
@@ -117,12 +119,75 @@ def child_ingest(job: dict) -> dict:
         "adds_total_s": t_adds,
         "first add to on disk_s": t_disk,
         "disk_bytes": dir_bytes(path),
+        "layout": _recorded_layout(path) if side != "rlinf" else None,
         "raw_bytes": sum(v.nbytes for i in range(n) for v in pool[i % bio.POOL].values()),
         "loadavg_before": load0,
         "loadavg_after": os.getloadavg(),
     }
     shutil.rmtree(path, ignore_errors=True)
     return out
+
+
+def _recorded_layout(path: Path) -> dict | None:
+    """The layout a zreplay buffer records in its root's ``zarr.json`` (FORMAT.md)."""
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+        return meta["attributes"]["zreplay"]["layout"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _numcodec(name: str, level: int, itemsize: int):
+    """The numcodecs twin of a layout's codec (the libraries TensorStore links)."""
+    from numcodecs import Blosc, Zstd
+
+    if name == "zstd":
+        return Zstd(level)
+    if name == "lz4":
+        shuffle = Blosc.SHUFFLE if itemsize > 1 else Blosc.BITSHUFFLE
+        return Blosc("lz4", level, shuffle, blocksize=0)
+    return None
+
+
+def child_codec_limit(job: dict) -> dict:
+    """What the ingest workload's encoding costs with the layout the buffer recorded:
+    every key's rows, env-major as stored, cut into its ``chunk_rows`` chunks and encoded
+    by the same codec on one thread (crc32c left out).  That time over the machine's
+    cores is the codec's own limit for "everything on disk"."""
+    from numcodecs import blosc
+
+    blosc.set_nthreads(1)
+    pool = bio.load_pool(Path(job["wdir"]))
+    items = [pool[i % bio.POOL] for i in range(job["cfg"]["traj"])]
+    raw, secs, per_key = 0, 0.0, {}
+    for key, lay in job["layout"].items():
+        rows = np.concatenate(
+            [
+                np.ascontiguousarray(np.swapaxes(it[key], 0, 1)).reshape(-1, *it[key].shape[2:])
+                for it in items
+            ]
+        )
+        codec = _numcodec(lay["codec"], lay["level"], rows.dtype.itemsize)
+        n = lay["chunk_rows"]
+        chunks = [rows[i : i + n] for i in range(0, len(rows), n)]
+        if codec is not None:
+            codec.encode(chunks[0])  # first-call setup out of the timing
+        t0 = time.perf_counter()
+        if codec is not None:
+            for c in chunks:
+                codec.encode(c)
+        dt = time.perf_counter() - t0
+        per_key[key] = {"raw_bytes": int(rows.nbytes), "encode_s": dt}
+        raw += rows.nbytes
+        secs += dt
+    cores = os.cpu_count() or 1
+    return {
+        "raw_bytes": int(raw),
+        "encode_s_one_thread": secs,
+        "cores": cores,
+        "limit_s": secs / cores,
+        "per_key": per_key,
+    }
 
 
 def sac_trajectory(seed: int, T: int = 1000, B: int = 10) -> dict:
@@ -224,7 +289,12 @@ def child_codecs(job: dict) -> dict:
     }
 
 
-CHILDREN = {"ingest": child_ingest, "sac": child_sac, "codecs": child_codecs}
+CHILDREN = {
+    "ingest": child_ingest,
+    "codec_limit": child_codec_limit,
+    "sac": child_sac,
+    "codecs": child_codecs,
+}
 
 
 def child_main(job_path: Path) -> int:
@@ -270,15 +340,29 @@ def build_table(R: dict) -> tuple[str, dict]:
             )
             summary[side] = {"add_median_s": med, "add_p90_s": p90, "to_disk_s": disk}
             summary[side]["disk_bytes"] = size
+        lim = R["sections"]["ingest"].get("codec_limit") or {}
+        if "limit_s" in lim:
+            summary["codec limit_s"] = lim["limit_s"]
+            lines.append(
+                f"codec limit: {lim['raw_bytes'] / 1e6:.0f} MB encoded in "
+                f"{lim['encode_s_one_thread']:.2f} s on one thread, {lim['limit_s']:.2f} s "
+                f"on {lim['cores']} cores"
+            )
         rl = summary.get("rlinf")
-        for side, s in summary.items():
+        for side, s in list(summary.items()):
+            if side == "codec limit_s":
+                continue
+            if "limit_s" in lim:
+                s["to_disk / codec limit"] = s["to_disk_s"] / lim["limit_s"]
             if rl and side != "rlinf":
                 s["add_median / rlinf"] = s["add_median_s"] / rl["add_median_s"]
                 s["to_disk / rlinf"] = s["to_disk_s"] / rl["to_disk_s"]
                 s["rlinf bytes / these"] = rl["disk_bytes"] / s["disk_bytes"]
+                limit = s.get("to_disk / codec limit")
                 lines.append(
                     f"  {side} / RLinf: add median {s['add_median / rlinf']:.2f}x, to disk "
                     f"{s['to_disk / rlinf']:.2f}x, RLinf bytes {s['rlinf bytes / these']:.2f}x"
+                    + ("" if limit is None else f"; to disk / codec limit {limit:.2f}x")
                 )
     sac = R["sections"].get("sac", {}).get("rounds")
     if sac:
@@ -360,6 +444,9 @@ def main(argv=None) -> int:
                         got[side] = run("ingest", job)
                     rounds.append({s: got[s] for s in sides})
                 R["sections"]["ingest"] = {"rounds": rounds}
+                layout = next((g.get("layout") for g in got.values() if g.get("layout")), None)
+                if layout:
+                    R["sections"]["ingest"]["codec_limit"] = run("codec_limit", {"layout": layout})
             elif section == "sac":
                 rounds = [{"zreplay": run("sac", {"round": r})} for r in range(cfg["rounds"])]
                 R["sections"]["sac"] = {"rounds": rounds}
