@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, codes_of, make_traj, shard_files
+from conftest import check_rows, codes_of, make_traj, shard_files, tree_state
 
 import zreplay
-from zreplay.errors import ZReplayError
+from zreplay.errors import SchemaError, ZReplayError
 from zreplay.samplers import Prioritized
 from zreplay.store.commit import read_commit
 from zreplay.store.format import FORMAT_VERSION
+from zreplay.store.layout import shard_number
 
 DATA = Path(__file__).parent / "data"
 
@@ -186,6 +187,113 @@ def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
     for key in ("x", "y"):
         shards = [int(p.name.split(".")[1]) for p in shard_files(path, key)]
         assert shards and shards[0] == below // 64, (key, shards)
+
+
+def _shards_below(path, writer: str, below_row: int) -> list:
+    """Shard files of ``writer``'s data arrays that hold only rows below ``below_row``."""
+    layouts = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
+    stale = []
+    for key, lay in layouts.items():
+        array = path / "segments" / writer / "data" / key
+        for f in shard_files(path, key, writer):
+            s = shard_number(f.relative_to(array).as_posix())
+            if (s + 1) * lay["shard_rows"] <= below_row:
+                stale.append(f)
+    return stale
+
+
+def test_reclaim_deletes_every_shard_wholly_below_as_it_goes(tmp_path):
+    """Keys with different shard sizes: each commit that reclaims deletes every shard
+    wholly below its bound, the one straddling the previous bound included (it stayed
+    until the writer's next open)."""
+    path = tmp_path / "b"
+    lay = {"x": {"chunk_rows": 16, "shard_rows": 16}, "y": {"chunk_rows": 16, "shard_rows": 64}}
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
+    )
+    for i in range(30):
+        buf.add_trajectories([{"x": np.full((10, 5, 3), i, np.float32), "y": np.zeros((10, 5))}])
+        buf.flush()
+        below = read_commit(path / "segments" / "default").reclaimed_below
+        assert _shards_below(path, "default", below) == [], (i, below)
+    assert below >= 1000
+    buf.close()
+
+
+def test_a_checkpoint_loaded_beside_other_writers_leaves_their_segments_as_they_are(tmp_path):
+    """Writer a loads a checkpoint of a format-4 segment (nested chunk keys, the same
+    layout), writer b the two-segment format-4 buffer (re-added in the buffer's own
+    arrays): the root's layout stays, writer d's flat segment is untouched, and every
+    segment evicts and reclaims its own shard files."""
+    with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
+        t.extractall(tmp_path, filter="data")
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(tmp_path / "fmt4"), writer_id="a"
+    ) as old:
+        old.save_checkpoint(str(tmp_path / "ck_a"))
+    small = {"chunk_rows": 4, "shard_rows": 16}
+    lay = {k: small for k in ("curr_obs/main_images", "actions", "rewards")}
+    path = tmp_path / "buf"
+    bufs = {
+        w: zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(path), writer_id=w, capacity=90, layout=lay
+        )
+        for w in "abd"
+    }
+    for i, buf in enumerate(bufs.values()):
+        buf.add_trajectories([make_traj(10 * i + k) for k in range(3)])
+        buf.flush()
+    layout = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
+    bufs["a"].load_checkpoint(str(tmp_path / "ck_a"))
+    bufs["b"].load_checkpoint(str(tmp_path / "fmt4"))
+    assert zarr.open_group(path, mode="r").attrs["zreplay"]["layout"] == layout
+    assert set(codes_of(bufs["a"].sample(256)) // 10000) == {3, 4, 5, 6, 7}
+    assert _nested_and_flat(path / "segments" / "a")[1] == []
+    assert _nested_and_flat(path / "segments" / "d")[0] == []
+    for k in range(8):
+        for i, buf in enumerate(bufs.values()):
+            buf.add_trajectories([make_traj(300 + 10 * i + k)])
+    for w, buf in bufs.items():
+        buf.flush()
+        below = read_commit(path / "segments" / w).reclaimed_below
+        assert below > 0 and _shards_below(path, w, below) == [], w
+        check_rows(buf.sample(128))
+        buf.close()
+    assert zreplay.verify(path).ok
+
+
+def test_a_checkpoint_in_another_layout_is_refused_beside_other_writers(tmp_path):
+    """A checkpoint whose shard rows differ cannot replace one writer's segment while
+    another's is stored in the recorded layout (its reclaim would delete the wrong
+    rows): SchemaError, nothing changed."""
+    src = tmp_path / "src"
+    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}}
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src), layout=small) as b:
+        b.add_trajectories([make_traj(k) for k in range(4)])
+        b.save_checkpoint(str(tmp_path / "ck"))
+    path = tmp_path / "buf"
+    a, b = (
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id=w)
+        for w in "ab"
+    )
+    a.add_trajectories([make_traj(50)]), b.add_trajectories([make_traj(60)])
+    a.flush(), b.flush()
+    before = tree_state(path, skip=path / "segments" / "a")
+    commit = read_commit(path / "segments" / "a")
+    with pytest.raises(SchemaError, match="another layout"):
+        a.load_checkpoint(str(tmp_path / "ck"))
+    assert tree_state(path, skip=path / "segments" / "a") == before  # root, b: untouched
+    after = read_commit(path / "segments" / "a")
+    assert (after.contents, after.n_rows, after.n_traj) == (
+        commit.contents,
+        commit.n_rows,
+        commit.n_traj,
+    )
+    assert set(codes_of(a.sample(64)) // 10000) == {50}
+    a.close(), b.close()
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "own")) as c:
+        c.load_checkpoint(str(tmp_path / "ck"))  # a buffer of its own takes it
+        assert set(codes_of(c.sample(64)) // 10000) == {0, 1, 2, 3}
 
 
 def _plain_rows(path, writer: str = "default") -> tuple[dict, list[int]]:

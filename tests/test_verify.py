@@ -169,6 +169,9 @@ DAMAGE = {  # name: (damage, what the error says)
     "trajectory ids repeat": (_index_edit(SEG + "traj/trajectory_id", lambda a: np.where(np.arange(len(a)) == 2, a[1], a)), "trajectory ids repeat"),
     "data array dtype edited": (_array_meta(SEG + "data/rewards", data_type="int32"), "but the root records float32"),
     "offsets dtype edited": (_array_meta(SEG + "offsets", data_type="uint64"), "but the root records int64"),
+    "data chunk keys a list": (_array_meta(SEG + "data/rewards", chunk_key_encoding=["default"]), "cannot open array"),
+    "data chunk key configuration a string": (_array_meta(SEG + "data/rewards", chunk_key_encoding={"name": "default", "configuration": "."}), "cannot open array"),
+    "data chunk key separator unknown": (_array_meta(SEG + "data/rewards", chunk_key_encoding={"name": "default", "configuration": {"separator": "-"}}), "cannot open array"),
     # defect 9: recorded shapes are bounded before anything is allocated
     "root schema row shape huge": (_root_schema("rewards", row_shape=[2**20, 2**20]), "recorded schema or layout is invalid"),
     "root schema dtype unknown": (_root_schema("rewards", dtype="<c16"), "recorded schema or layout is invalid"),

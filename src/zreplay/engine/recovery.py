@@ -75,9 +75,11 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegme
     commit = read_commit(seg_dir) or Commit(writer_id=writer_id)
     if commit.writer_number < 0:
         commit = Commit(**{**vars(commit), "writer_number": root.writer_number(writer_id)})
+    # Shard files c.<s>... of an array, or the subtrees c/<s>/ of one made before format 5
     committed = {
-        str(lay.shards_dir(seg_dir / "data" / k)): commit.n_rows // lay.shard_rows
+        str(d): commit.n_rows // lay.shard_rows
         for k, lay in (layouts or {}).items()
+        for d in (seg_dir / "data" / k, seg_dir / "data" / k / "c")
     }
     remove_orphans(seg_dir, committed)
     next_id = max(commit.next_trajectory_id, commit.writer_number << ID_BITS)

@@ -220,7 +220,7 @@ def adopt(writer, src_root, src_writer: str, first: int, stop: int, sampler: dic
             st = writer.state
             commit = src.commit_for(st.commit, first, stop, st.next_trajectory_id, sampler)
             commit.gen = st.commit.gen + 2  # after the emptying commit of swap_in
-            _check_replaceable(writer, src.schema)
+            _check_replaceable(writer, src.schema, src.layouts)
             _swap(writer, stage_links(writer.seg_dir, writer.writer_id, src, commit))
 
 
@@ -267,15 +267,28 @@ def swap_in_staged(writer, sampler: dict) -> None:
     with writer.cond:
         gen = writer.state.commit.gen + 1
         intent = staged_intent(writer.seg_dir, writer.writer_id, gen, sampler)
-        _check_replaceable(writer, intent.schema)
+        _check_replaceable(writer, intent.schema, intent.layouts)
         _swap(writer, intent)
 
 
-def _check_replaceable(writer, schema) -> None:
-    if schema != writer.state.schema and set(writer.root.writer_ids()) - {writer.writer_id}:
+def _check_replaceable(writer, schema, layouts) -> None:
+    """SchemaError if the new contents would change the schema or the layout (chunk and
+    shard rows, codecs) that other writers' segments of the buffer are stored in: every
+    segment is read, evicted and reclaimed by the one the root records."""
+    if not set(writer.root.writer_ids()) - {writer.writer_id}:
+        return
+    if schema != writer.state.schema:
         raise SchemaError(
             f"{writer.path} has other writers' segments; their schema cannot be changed by "
             "replacing this one's contents (load into a buffer of its own)"
+        )
+    recorded = writer.root.schema()[1]
+    if recorded and layouts and recorded != layouts:
+        changed = sorted(k for k in recorded if recorded[k] != layouts.get(k))
+        raise SchemaError(
+            f"{writer.path} has other writers' segments, stored in another layout than the "
+            f"new contents (keys {changed}); their layout cannot be changed by replacing "
+            "this one's contents (load into a buffer of its own)"
         )
 
 

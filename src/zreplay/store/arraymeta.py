@@ -38,11 +38,11 @@ def check_array(
         shape = [int(x) for x in meta["shape"]]
         grid = [int(x) for x in meta["chunk_grid"]["configuration"]["chunk_shape"]]
         codecs = list(meta["codecs"])
-        keys = meta.get("chunk_key_encoding") or {}
+        keys = meta.get("chunk_key_encoding", {"name": "default"})
         separator = (keys.get("configuration") or {}).get("separator", "/")
     except FileNotFoundError:
         return [f"cannot open array {loc}: {where} is missing"], []
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         return [f"cannot open array {loc}: {where} is unreadable ({type(e).__name__}: {e})"], []
     problems, warnings = [], []
     if got != np.dtype(dtype) or tuple(shape[1:]) != tuple(row_shape):
@@ -61,10 +61,10 @@ def check_array(
             f"{where}: shards of {grid[0]} rows in chunks of {inner[0]}, but the root "
             f"records {layout.shard_rows} and {layout.chunk_rows}"
         )
-    if layout is not None and separator != layout.separator:
+    if keys.get("name") != "default" or separator not in ("/", "."):
         problems.append(
-            f"{where}: chunk keys separated by {separator!r}, but the root records "
-            f"{layout.separator!r}"
+            f"cannot open array {loc}: {where} names chunks by {keys}, not Zarr's default "
+            "chunk keys"
         )
     if "crc32c" not in _codec_names(chain):
         (problems if layout is not None else warnings).append(

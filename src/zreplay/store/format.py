@@ -1,4 +1,4 @@
-"""Names and fixed numbers of the on-disk format (version 4; see FORMAT.md).
+"""Names and fixed numbers of the on-disk format (version 5; see FORMAT.md).
 
 Everything that reads or writes a buffer takes its file names, array names and column
 layout from here, so the format is spelled out in one place.
@@ -10,7 +10,8 @@ layout from here, so the format is spelled out in one place.
     schema.json                   schema and layout of the writer that fixed them first
     learners/<learner_id>.json    a rate-limited learner's published progress
 <root>/segments/<writer_id>/      one writer's segment:
-    data/<key>                    rows, shape (capacity, *row_shape), sharded
+    data/<key>                    rows, shape (n_rows, *row_shape), sharded: shard files
+                                  c.<shard>.0... (arrays before format 5: c/<shard>/0/...)
     offsets                       int64[n_traj + 1], cumulative rows per trajectory
     traj/<column>                 TRAJ_COLUMNS, one entry per trajectory
     episodes/<column>             PIECE_COLUMNS, one entry per episode piece
@@ -26,19 +27,26 @@ zreplay's own files (commit records, locks, writer claims, temp files of a publi
 inside the ``zreplay`` array nodes: Zarr never lists an array's directory, so a tree walk
 with plain zarr sees a valid hierarchy and warns about nothing.  Format 2 kept them beside
 the arrays (``segments/<w>/commit.json``, ``writer.lock``, ``<root>/writers/``); buffers
-written that way are read as they are and moved to format 4 by their next writer.
+written that way are read as they are and moved to format 5 by their next writer.
 Format 3 differs from 4 only in commit records without ``contents`` and ``inserted``
-(read as unknown contents and every row inserted); a format-3 root becomes format 4
-when a writer opens it, so older versions refuse it rather than misread its commits.
+(read as unknown contents and every row inserted); format 4 from 5 only in that every
+data array's shard files are nested ``c/<shard>/0/...`` (such arrays keep them; arrays
+made since are flat).  A format-3 or -4 root becomes format 5 when a writer opens it, so
+older versions refuse it rather than misread its commits or miss its shard files.
 """
 
 from __future__ import annotations
 
 FORMAT_VERSION = 5
 # Formats this version reads (format 2: the same arrays, own files beside them; format 3:
-# commits without contents ids and insert counts; format 4: layouts without a chunk-key
-# separator, every array's chunk keys nested "c/<shard>/0/...").
+# commits without contents ids and insert counts; format 4: every data array's chunk
+# keys nested "c/<shard>/0/...").
 READABLE_FORMATS = (2, 3, 4, 5)
+
+# Chunk-key separator of the data arrays a writer creates: shard files c.<shard>.0.0 side
+# by side in the array's directory.  Arrays made before format 5 nest c/<shard>/0/0 (a
+# directory per level); each array's zarr.json says which, and zreplay reads it there.
+CHUNK_KEY_SEPARATOR = "."
 
 # The root group's attribute holding zreplay's metadata.
 ATTR = "zreplay"

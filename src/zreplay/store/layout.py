@@ -29,18 +29,12 @@ def _pow2_floor(x: float) -> int:
     return 1 << (x.bit_length() - 1)
 
 
-# How shard files are named in an array's directory: "." (``c.<shard>.0.0``, one flat
-# directory: new buffers) or "/" (``c/<shard>/0/0``, a directory per level: buffers made
-# before format 5).  Linking a checkpoint's 242 files into 627 fresh directories spent
-# ~45 ms in mkdir, most of a load (benchmarks/README.md, "load_checkpoint").
-SEPARATORS = (".", "/")
-# User options a writer's ``layout=`` may set (the separator is the format's, not theirs).
-OPTIONS = ("chunk_rows", "shard_rows", "codec", "level")
-
-
-def shard_number(rel: str, separator: str = ".") -> int | None:
-    """The shard of chunk key (or temp file of one) ``rel``: ``c<sep><shard>...``."""
-    parts = rel.split(separator, 2)
+def shard_number(rel: str) -> int | None:
+    """The shard that the file at ``rel`` (relative to its array's directory) belongs to:
+    a shard file or a temp file of one, named by Zarr's default chunk keys with either
+    separator (``c.<shard>.0.0``, or ``c/<shard>/0/0`` in arrays made before format 5);
+    None for anything else (``zarr.json``, foreign names)."""
+    parts = rel.replace("/", ".").split(".", 2)
     if len(parts) < 2 or parts[0] != "c" or not parts[1].isdigit():
         return None
     return int(parts[1])
@@ -48,14 +42,12 @@ def shard_number(rel: str, separator: str = ".") -> int | None:
 
 @dataclass(frozen=True)
 class KeyLayout:
-    """Chunking and compression of one key. ``codec``: "zstd", "lz4" (Blosc) or "none";
-    ``separator``: of its chunk keys (see ``SEPARATORS``)."""
+    """Chunking and compression of one key. ``codec``: "zstd", "lz4" (Blosc) or "none"."""
 
     chunk_rows: int
     shard_rows: int
     codec: str
     level: int
-    separator: str = "/"
 
     @classmethod
     def default(cls, spec: KeySpec) -> KeyLayout:
@@ -65,54 +57,33 @@ class KeyLayout:
         shard = max(chunk, min(MAX_SHARD_ROWS, shard))
         # Floats compress best byte-shuffled (Blosc); images and flags with zstd.
         if spec.dtype.kind == "f":
-            return cls(chunk, shard, "lz4", 5, ".")
-        return cls(chunk, shard, "zstd", 1, ".")
+            return cls(chunk, shard, "lz4", 5)
+        return cls(chunk, shard, "zstd", 1)
 
     def with_overrides(self, override: Mapping) -> KeyLayout:
-        unknown = set(override) - set(OPTIONS)
-        if unknown:
-            raise SchemaError(f"unknown layout option(s) {sorted(unknown)}; known: {list(OPTIONS)}")
         fields = asdict(self)
-        fields.update({k: int(v) if k != "codec" else str(v) for k, v in override.items()})
-        out = KeyLayout(**fields)
+        unknown = set(override) - set(fields)
+        if unknown:
+            raise SchemaError(
+                f"unknown layout option(s) {sorted(unknown)}; known: {sorted(fields)}"
+            )
+        fields.update(override)
+        out = KeyLayout(**{k: int(v) if k != "codec" else str(v) for k, v in fields.items()})
         out.validate()
         return out
 
-    def options(self) -> dict:
-        """What a writer's ``layout=`` could have asked for (the separator left out)."""
-        return {k: getattr(self, k) for k in OPTIONS}
-
     @classmethod
     def from_json(cls, d: Mapping) -> KeyLayout:
-        """A recorded layout (one without ``separator``: "/", as before format 5);
-        SchemaError for one no writer could have recorded."""
+        """A recorded layout; SchemaError for one no writer could have recorded."""
         out = cls(**d)
         if not all(isinstance(v, int) for v in (out.chunk_rows, out.shard_rows, out.level)):
             raise SchemaError(f"layout {d} has non-integer sizes")
         out.validate()
         return out
 
-    def shard_name(self, shard: int, ndim: int) -> str:
-        """Chunk key of shard ``shard`` of an ``ndim``-dimensional array (relative to
-        the array's directory)."""
-        return self.separator.join(["c", str(shard)] + ["0"] * (ndim - 1))
-
-    def shard_number(self, rel: str) -> int | None:
-        """Which shard the file at ``rel`` (relative to the array's directory) belongs
-        to: a shard file or a temp file of its write; None for anything else
-        (``zarr.json``, foreign names)."""
-        return shard_number(rel, self.separator)
-
-    def shards_dir(self, array):
-        """The directory whose entries are the shards of the array at ``array``: files
-        ``c.<shard>...`` in the array's own, or subtrees ``<shard>/`` of ``c/``."""
-        return array / "c" if self.separator == "/" else array
-
     def validate(self) -> None:
         if self.codec not in CODECS:
             raise SchemaError(f"codec {self.codec!r} is not one of {CODECS}")
-        if self.separator not in SEPARATORS:
-            raise SchemaError(f"chunk key separator {self.separator!r} is not one of {SEPARATORS}")
         if self.chunk_rows < 1 or self.shard_rows < self.chunk_rows:
             raise SchemaError("need 1 <= chunk_rows <= shard_rows")
         if self.shard_rows > LIMIT_SHARD_ROWS:
@@ -166,9 +137,9 @@ def check_recorded(
     the buffer ``recorded`` when its schema was fixed: every segment uses that one."""
     wanted = layouts_for(specs, overrides)
     for path in overrides or {}:
-        if wanted[path].options() != recorded[path].options():
+        if wanted[path] != recorded[path]:
             raise SchemaError(
-                f"layout for key {path!r} is {wanted[path].options()} here but the buffer was "
-                f"created with {recorded[path].options()}; every writer of a buffer uses its "
+                f"layout for key {path!r} is {vars(wanted[path])} here but the buffer was "
+                f"created with {vars(recorded[path])}; every writer of a buffer uses its "
                 "layout: drop layout= for this key, or write to a new buffer"
             )

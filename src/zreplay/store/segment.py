@@ -27,6 +27,7 @@ from ..schema import KeySpec, Schema
 from .arrays import ArrayHandle
 from .commit import Commit, read_commit
 from .format import (
+    CHUNK_KEY_SEPARATOR,
     INDEX_CHUNK,
     LIVE_ROWS_ATTR,
     PIECE_COLUMNS,
@@ -34,7 +35,7 @@ from .format import (
     TRAJ_COLUMNS,
     commit_path,
 )
-from .layout import KeyLayout
+from .layout import KeyLayout, shard_number
 from .location import Location, locate
 
 
@@ -86,6 +87,7 @@ class Segment:
         self.offsets = handle("offsets", "int64", ())
         self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
         self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
+        self._separators: dict[str, str] = {}  # data arrays' chunk-key separators read
         self._live: list[int] | None = None  # the live_rows attribute written last
         # (n_rows, n_traj, last trajectory id, contents id) of the commit read last
         self._seen: tuple[int, int, int, str] | None = None
@@ -127,7 +129,7 @@ class Segment:
                 dtype=spec.dtype,
                 chunks=(lay.chunk_rows, *spec.row_shape),
                 shards=(lay.shard_rows, *spec.row_shape),
-                chunk_key_encoding={"name": "default", "separator": lay.separator},
+                chunk_key_encoding={"name": "default", "separator": CHUNK_KEY_SEPARATOR},
                 fill_value=0,
                 config={"write_empty_chunks": True},
                 attributes=STORED_ATTRS,
@@ -228,18 +230,42 @@ class Segment:
         return futs
 
     def reclaim_below(self, start_row: int, end_row: int) -> None:
-        """Delete shard files holding only rows in [start_row, end_row) (evicted rows),
-        with the chunk-key directories they leave empty."""
+        """Delete shard files holding only rows in [start_row, end_row) (evicted rows:
+        ``start_row`` is the last reclaim's bound, below which every row is gone, so the
+        shard holding it goes too once it is wholly below ``end_row``), with the
+        chunk-key directories they leave empty."""
         for key, lay in self.layouts.items():
-            first = -(-start_row // lay.shard_rows)
+            first = start_row // lay.shard_rows
             last = end_row // lay.shard_rows
             for s in range(first, last):
-                self.backend.remove_file(self._shard_file(key, s), self.dir / "data" / key)
+                shard = self._shard_file(key, s)
+                if shard is not None:
+                    self.backend.remove_file(shard, self.dir / "data" / key)
+
+    def _separator(self, key: str) -> str | None:
+        """The chunk-key separator of ``key``'s array, as its ``zarr.json`` says ("." since
+        format 5, "/" before); None if that cannot be read (nothing is named then)."""
+        sep = self._separators.get(key)
+        if sep is None:
+            try:
+                meta = json.loads((self.dir / "data" / key / "zarr.json").read_bytes())
+                enc = meta.get("chunk_key_encoding") or {}
+                sep = (enc.get("configuration") or {}).get("separator", "/")
+            except (OSError, ValueError, AttributeError):
+                return None
+            if sep not in ("/", "."):
+                return None
+            self._separators[key] = sep
+        return sep
 
     def _shard_file(self, key: str, shard: int):
-        """The file of shard ``shard`` (rows ``[shard * shard_rows, ...)``) of ``key``."""
+        """The file of shard ``shard`` (rows ``[shard * shard_rows, ...)``) of ``key``,
+        or None if its array's chunk keys cannot be told."""
+        sep = self._separator(key)
+        if sep is None:
+            return None
         ndim = 1 + len(self.schema.specs[key].row_shape)
-        return self.dir / "data" / key / self.layouts[key].shard_name(shard, ndim)
+        return self.dir / "data" / key / sep.join(["c", str(shard)] + ["0"] * (ndim - 1))
 
     def remove_reclaimed(self, below_row: int) -> None:
         """Delete every shard file wholly below ``below_row`` that is still there (a writer
@@ -247,15 +273,15 @@ class Segment:
         for key, lay in self.layouts.items():
             limit = below_row // lay.shard_rows
             array = self.dir / "data" / key
-            # Shards are files in the array's directory, or (before format 5) the
-            # subtrees c/<shard>/ of their chunk-key directories.
-            nested = lay.separator == "/"
+            # Shards are files c.<s>... in the array's directory, or (arrays made before
+            # format 5) the subtrees <s>/ of its c/.
+            nested = self._separator(key) == "/"
             try:
-                found = list(lay.shards_dir(array).iterdir())
+                found = list((array / "c" if nested else array).iterdir())
             except FileNotFoundError:
                 continue
             for p in found:
-                shard = lay.shard_number(f"c/{p.name}" if nested else p.name)
+                shard = shard_number(f"c/{p.name}" if nested else p.name)
                 if shard is not None and shard < limit:
                     if p.is_file():
                         p.unlink(missing_ok=True)
@@ -358,9 +384,8 @@ class Segment:
         shard files holding them need not stay in the page cache (which then keeps that
         file's pages instead)."""
         n = self.layouts[key].shard_rows
-        self.backend.forget_pages(
-            [self._shard_file(key, s) for s in range(start // n, -(-stop // n))]
-        )
+        files = [self._shard_file(key, s) for s in range(start // n, -(-stop // n))]
+        self.backend.forget_pages([f for f in files if f is not None])
 
     def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
         """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the

@@ -20,6 +20,7 @@ from ..errors import CorruptBufferError, FormatError
 from .arraymeta import check_array, segment_arrays
 from .commit import read_commit
 from .format import PRIORITY_SLOTS, commit_path, is_temp_name
+from .layout import shard_number
 from .priority import PriorityArrays
 from .root import BufferRoot
 from .segment import Segment
@@ -127,7 +128,7 @@ def verify(
             first = max(commit.low_row, commit.reclaimed_below)
             gone = _moved_on(seg_dir, commit)
             for key, lay in layouts.items():
-                if not _enough_shards(seg_dir, key, lay, first, commit, report):
+                if not _enough_shards(seg_dir, key, lay.shard_rows, first, commit, report):
                     continue
                 _check_rows(seg, key, lay.shard_rows, first, commit.n_rows, report, progress, gone)
             report.rows_checked += commit.n_rows - first if layouts else 0
@@ -190,16 +191,16 @@ def _named_priorities(seg_dir) -> dict | None:
     return None if now is None else (now.sampler or {}).get("priority") or {}
 
 
-def _enough_shards(seg_dir, key: str, lay, first: int, commit, report) -> bool:
+def _enough_shards(seg_dir, key: str, shard_rows: int, first: int, commit, report) -> bool:
     """False (a problem reported) if the commit counts rows in more shards than the
     array has files: checked before reading (a damaged count could be 10**15 rows)."""
     array = seg_dir / "data" / key
     stored = sum(
         1
         for rel, _ in array.backend.walk_files(array)
-        if lay.shard_number(rel) is not None and not is_temp_name(rel)
+        if shard_number(rel) is not None and not is_temp_name(rel)
     )
-    need = -(-(commit.n_rows - first) // lay.shard_rows) if commit.n_rows > first else 0
+    need = -(-(commit.n_rows - first) // shard_rows) if commit.n_rows > first else 0
     if need > stored + 1:
         report.problems.append(
             f"{commit_path(seg_dir)}: {commit.n_rows - first} rows of {key!r} need {need} "
