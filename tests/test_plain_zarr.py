@@ -262,14 +262,18 @@ def test_a_checkpoint_loaded_beside_other_writers_leaves_their_segments_as_they_
     assert zreplay.verify(path).ok
 
 
-def test_a_checkpoint_in_another_layout_is_refused_beside_other_writers(tmp_path):
-    """A checkpoint whose shard rows differ cannot replace one writer's segment while
-    another's is stored in the recorded layout (its reclaim would delete the wrong
-    rows): SchemaError, nothing changed."""
+@pytest.mark.parametrize("change", ["layout", "schema"])
+def test_a_checkpoint_in_another_layout_is_refused_beside_other_writers(tmp_path, change):
+    """A checkpoint whose shard rows (or keys) differ cannot replace one writer's segment
+    while another's is stored in the recorded layout (its reclaim would delete the wrong
+    rows) and schema: SchemaError, nothing changed."""
     src = tmp_path / "src"
-    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}}
+    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}} if change == "layout" else None
     with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src), layout=small) as b:
-        b.add_trajectories([make_traj(k) for k in range(4)])
+        trajs = [make_traj(k, as_dict=True) for k in range(4)]
+        if change == "schema":
+            trajs = [{**t, "extra": t["rewards"]} for t in trajs]
+        b.add_trajectories(trajs)
         b.save_checkpoint(str(tmp_path / "ck"))
     path = tmp_path / "buf"
     a, b = (
@@ -280,7 +284,7 @@ def test_a_checkpoint_in_another_layout_is_refused_beside_other_writers(tmp_path
     a.flush(), b.flush()
     before = tree_state(path, skip=path / "segments" / "a")
     commit = read_commit(path / "segments" / "a")
-    with pytest.raises(SchemaError, match="another layout"):
+    with pytest.raises(SchemaError, match="another layout" if change == "layout" else "schema"):
         a.load_checkpoint(str(tmp_path / "ck"))
     assert tree_state(path, skip=path / "segments" / "a") == before  # root, b: untouched
     after = read_commit(path / "segments" / "a")
