@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+import zarr
 from conftest import check_rows, codes_of, make_traj, traj_equal
 
 import zreplay
@@ -197,3 +198,119 @@ def test_a_refresh_that_read_the_schema_before_a_load_of_another_starts_over(tmp
     got = view.rows(np.arange(view.num_rows))["obs"]
     assert got.dtype == np.int64 and got.shape == (20, 5) and np.all(got == 7)
     w.close()
+
+
+def test_ranks_that_share_a_path_each_load_their_block_whenever_they_opened(tmp_path):
+    """Ranks open their writers on one path first (none has a schema yet), then load
+    their blocks of one checkpoint one after another: each is let in (the schema and
+    layout are those the first load recorded), and each segment holds its block."""
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(i) for i in range(6)])
+        src.save_checkpoint(str(tmp_path / "ck"))
+    ranks = [persistent(tmp_path / "shared", writer_id=str(r)) for r in range(3)]
+    for r, buf in enumerate(ranks):
+        buf.load_checkpoint(str(tmp_path / "ck"), is_distributed=True, local_rank=r, world_size=3)
+    got = [set(codes_of(b.sample(64)) // 10000) for b in ranks]
+    assert got == [{0, 1}, {2, 3}, {4, 5}]
+    ranks[1].add_trajectories([make_traj(9)])  # and they go on adding
+    for b in ranks:
+        b.close()
+    assert zreplay.verify(tmp_path / "shared").ok
+
+
+def test_a_writer_that_joined_without_layout_loads_in_the_recorded_one(tmp_path):
+    """Rank 0 made the buffer with layout overrides; rank 1 joined without any, so
+    its adds use the recorded layout, and so does a load that re-adds rows (an RLinf
+    export): the other rank's segment stays as it is stored."""
+    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}}
+    path = tmp_path / "shared"
+    r0 = persistent(path, writer_id="0", layout=small)
+    r0.add_trajectories([make_traj(i) for i in range(3)])
+    r0.flush()
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(i) for i in range(10, 14)])
+        src.export(str(tmp_path / "pt"), format="pt")
+    r1 = persistent(path, writer_id="1")
+    r1.add_trajectories([make_traj(20)])
+    r1.load_checkpoint(str(tmp_path / "pt"))
+    assert set(codes_of(r1.sample(64)) // 10000) == {10, 11, 12, 13}
+    layout = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
+    assert layout["actions"]["shard_rows"] == 16
+    r0.close(), r1.close()
+    assert zreplay.verify(path).ok
+
+
+def test_a_writer_opening_during_a_load_creates_its_arrays_in_the_loaded_layout(
+    tmp_path, monkeypatch
+):
+    """Writer x is alone and loads a checkpoint in another layout; writer y opens and
+    adds while x's swap is under way.  y waits for the swap (the root's schema guard)
+    and creates its arrays in the layout x leaves: before, y's arrays kept the old one,
+    the root recorded the new, and y's reclaim deleted live shards (rows read as zeros)."""
+    import threading
+
+    from zreplay.engine import replace
+
+    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}}
+    with persistent(tmp_path / "src", layout=small) as src:
+        src.add_trajectories([make_traj(i) for i in range(4)])
+        src.save_checkpoint(str(tmp_path / "ck"))
+    path = tmp_path / "shared"
+    x = persistent(path, writer_id="x", capacity=90)
+    x.add_trajectories([make_traj(50)])
+    x.flush()
+    reached, go = threading.Event(), threading.Event()
+    finish = replace.finish
+
+    def slow_finish(*a, **kw):
+        reached.set()
+        assert go.wait(30)
+        return finish(*a, **kw)
+
+    monkeypatch.setattr(replace, "finish", slow_finish)
+    loader = threading.Thread(target=x.load_checkpoint, args=(str(tmp_path / "ck"),))
+    loader.start()
+    assert reached.wait(30)
+    ys = []
+
+    def join():
+        y = persistent(path, writer_id="y", capacity=90)
+        y.add_trajectories([make_traj(60 + k) for k in range(2)])
+        ys.append(y)
+
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    joiner.join(1.0)
+    assert joiner.is_alive()  # waiting for the swap
+    go.set()
+    loader.join(30), joiner.join(30)
+    monkeypatch.setattr(replace, "finish", finish)
+    (y,) = ys
+    for k in range(8):  # past capacity: y evicts and reclaims in 16-row shards
+        y.add_trajectories([make_traj(70 + k)])
+    y.flush()
+    check_rows(y.sample(128))
+    assert set(codes_of(x.sample(64)) // 10000) == {0, 1, 2, 3}
+    x.close(), y.close()
+    check_rows(zreplay.open(path).sample(256))
+    assert zreplay.verify(path).ok
+
+
+def test_a_checkpoint_whose_shards_are_not_where_its_arrays_say_is_refused(tmp_path):
+    """An array's zarr.json naming its shards in the other form than its files: the
+    load is refused before anything changes (before, it was adopted and failed to
+    sample)."""
+    import json
+
+    with persistent(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(i) for i in range(4)])
+        src.save_checkpoint(str(tmp_path / "ck"))
+    meta = tmp_path / "ck" / "segments" / "default" / "data" / "rewards" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/"}}
+    meta.write_text(json.dumps(doc))
+    with persistent(tmp_path / "buf") as buf:
+        buf.add_trajectories([make_traj(40)])
+        with pytest.raises(zreplay.CorruptBufferError, match="the checkpoint is damaged"):
+            buf.load_checkpoint(str(tmp_path / "ck"))
+        assert set(codes_of(buf.sample(32)) // 10000) == {40}

@@ -498,3 +498,34 @@ def test_live_rows_never_name_rows_a_killed_commit_did_not_publish(tmp_path):
     low, n = seg.attrs["live_rows"]
     assert [low, n] == [0, 3000]
     assert set(np.unique(seg["data/obs"][low:n])) == {1.0, 2.0, 3.0}
+
+
+def test_a_killed_clear_of_nested_arrays_leaves_no_shard_files_behind(tmp_path, monkeypatch):
+    """clear() of a format-4 segment killed after an array's zarr.json went but before
+    its c/ did: the next writer makes that array again (flat) and the old nested shard
+    files, all below the commit's reclaimed_below, are deleted when it opens."""
+    from zreplay.store.root import BufferRoot
+
+    with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
+        t.extractall(tmp_path, filter="data")
+    path = tmp_path / "fmt4"
+    array = path / "segments" / "a" / "data" / "actions"
+
+    def killed(self, writer_id):
+        (array / "zarr.json").unlink()
+        raise KeyboardInterrupt  # stands for the kill: the rest of the tree stays
+
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="a")
+    monkeypatch.setattr(BufferRoot, "remove_segment_data", killed)
+    with pytest.raises(KeyboardInterrupt):
+        buf.clear()
+    monkeypatch.undo()
+    buf.close()
+    assert _nested_and_flat(array)[0]  # c/<s>/0 files left
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="a")
+    buf.add_trajectories([make_traj(80)])
+    buf.flush()
+    assert not (array / "c").exists()
+    check_rows(buf.sample(32))
+    buf.close()
+    assert zreplay.verify(path).ok

@@ -20,7 +20,7 @@ def staged_replacement(core, writer, state: Mapping | None) -> Iterator:
             path,
             writer_id=writer.writer_id,
             ram=RamPolicy(trajectories=2),
-            layout=writer.layout_overrides,
+            layout=replace.staging_layout(writer),
             durable=writer.durable,
         )
         try:

@@ -54,9 +54,10 @@ def fix_schema(root: BufferRoot, seg_dir, schema: Schema, overrides, durable: bo
     ``(layouts, segment)``.  A failed write is a WriteFailedError; both steps are
     idempotent, so the next add completes what a failed one began."""
     try:
-        layouts = root.set_schema(schema, layouts_for(schema.specs, overrides))
-        check_recorded(schema.specs, layouts, overrides)
-        return layouts, open_arrays(seg_dir, schema, layouts, durable)
+        with root.schema_guard():  # see open_segment
+            layouts = root.set_schema(schema, layouts_for(schema.specs, overrides))
+            check_recorded(schema.specs, layouts, overrides)
+            return layouts, open_arrays(seg_dir, schema, layouts, durable)
     except OSError as e:
         raise WriteFailedError(
             f"could not create the arrays of {seg_dir} ({type(e).__name__}: {e}); "
@@ -64,12 +65,10 @@ def fix_schema(root: BufferRoot, seg_dir, schema: Schema, overrides, durable: bo
         ) from e
 
 
-def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
-    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock); a
-    format-2 buffer and segment are moved to format 3 first."""
-    seg_dir = root.segment_dir(writer_id)
-    root.upgrade()
-    migrate_commit(seg_dir, durable)
+def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> OpenedSegment:
+    """Finish a replacement a crash interrupted, read the commit, remove a killed
+    writer's temp files and open (creating if needed) the arrays, in the recorded layout;
+    the segment is None while no schema is fixed."""
     replace.recover(root, seg_dir, durable)
     schema, layouts = root.schema()
     commit = read_commit(seg_dir) or Commit(writer_id=writer_id)
@@ -104,7 +103,25 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegme
             f"{commit.n_traj} trajectories were committed; restore the segment from "
             "a checkpoint (zreplay.verify(path) reports all damage)"
         )
-    seg = opened.segment = open_arrays(seg_dir, schema, layouts, durable)
+    opened.segment = open_arrays(seg_dir, schema, layouts, durable)
+    return opened
+
+
+def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
+    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock); a
+    format-2 buffer and segment are moved to format 3 first."""
+    seg_dir = root.segment_dir(writer_id)
+    # A load that changes the recorded layout cannot land between reading it and
+    # creating this segment's arrays in it (replace._check_replaceable), nor rewrite the
+    # root's metadata while the upgrade does.
+    with root.schema_guard():
+        root.upgrade()
+        migrate_commit(seg_dir, durable)
+        opened = _open_locked(root, seg_dir, writer_id, durable)
+    seg = opened.segment
+    if seg is None:
+        return opened
+    commit = opened.commit
     if commit.reclaimed_below:
         seg.remove_reclaimed(commit.reclaimed_below)
     cols = seg.read_index(commit)  # damage is refused before the lengths follow the commit

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import CorruptBufferError, SchemaError
 from ..schema import Schema
-from ..store.arraymeta import check_array
+from ..store.arraymeta import check_array, shard_file_holding
 from ..store.checkpoint import link_tree
 from ..store.commit import Commit, new_contents, read_commit, write_commit
 from ..store.format import META, SEGMENT_CHILDREN, intent_path, meta_node_json, staging_root
@@ -79,6 +79,13 @@ def read_adoptable(src_root, src_writer: str) -> Adoptable:
         )
         if problems:
             raise CorruptBufferError(f"{problems[0]}; the checkpoint is damaged")
+        if commit.n_rows > commit.low_row:  # its shard files are named as zarr.json says
+            last = shard_file_holding(src_dir / "data" / key, commit.n_rows - 1)
+            if last is None or not last.is_file():
+                raise CorruptBufferError(
+                    f"{src_dir / 'data' / key}: the shard holding row {commit.n_rows - 1} "
+                    f"(the commit's last) is missing ({last}); the checkpoint is damaged"
+                )
     return Adoptable(src_dir, schema, layouts, commit, cols["offsets"], cols["piece_end"])
 
 
@@ -271,18 +278,34 @@ def swap_in_staged(writer, sampler: dict) -> None:
         _swap(writer, intent)
 
 
+def _others(writer) -> bool:
+    return bool(set(writer.root.writer_ids()) - {writer.writer_id})
+
+
+def staging_layout(writer) -> dict:
+    """``layout=`` for a staging writer building ``writer``'s new contents: the recorded
+    layout where other writers' segments are stored in it (the new contents must be
+    too), else ``writer``'s own overrides."""
+    if _others(writer):
+        recorded = writer.root.schema()[1]
+        if recorded:
+            return {k: vars(v) for k, v in recorded.items()}
+    return writer.layout_overrides
+
+
 def _check_replaceable(writer, schema, layouts) -> None:
     """SchemaError if the new contents would change the schema or the layout (chunk and
     shard rows, codecs) that other writers' segments of the buffer are stored in: every
-    segment is read, evicted and reclaimed by the one the root records."""
-    if not set(writer.root.writer_ids()) - {writer.writer_id}:
+    segment is read, evicted and reclaimed by the one the root records.  Checked again
+    under the root's schema guard right before the swap (``_swap_quiescent``)."""
+    if not _others(writer):
         return
-    if schema != writer.state.schema:
+    current, recorded = writer.root.schema()
+    if current is not None and schema != current:
         raise SchemaError(
             f"{writer.path} has other writers' segments; their schema cannot be changed by "
             "replacing this one's contents (load into a buffer of its own)"
         )
-    recorded = writer.root.schema()[1]
     if recorded and layouts and recorded != layouts:
         changed = sorted(k for k in recorded if recorded[k] != layouts.get(k))
         raise SchemaError(
@@ -308,12 +331,16 @@ def _swap_quiescent(writer, intent: Intent) -> None:
     path = intent_path(writer.seg_dir)
     published = False
     try:
-        with writer.fenced():  # no takeover lands in the swap (locally)
-            path.backend.publish(path, intent.to_json(), writer.durable)  # point of no return
-            published = True
-            if emptied is not None:
-                write_commit(writer.seg_dir, emptied, durable=writer.durable)
-            finish(writer.root, writer.seg_dir, intent, writer.durable)
+        # No other writer creates arrays in the recorded layout between the check and
+        # the new layout's record (recovery.open_segment takes the same guard).
+        with writer.root.schema_guard():
+            _check_replaceable(writer, intent.schema, intent.layouts)
+            with writer.fenced():  # no takeover lands in the swap (locally)
+                path.backend.publish(path, intent.to_json(), writer.durable)  # no return
+                published = True
+                if emptied is not None:
+                    write_commit(writer.seg_dir, emptied, durable=writer.durable)
+                finish(writer.root, writer.seg_dir, intent, writer.durable)
         writer.reopen()
     except BaseException as e:
         if published:

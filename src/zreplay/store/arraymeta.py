@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from .format import PIECE_COLUMNS, TRAJ_COLUMNS
-from .layout import KeyLayout
+from .layout import KeyLayout, chunk_key_separator, shard_key
 from .location import Location
 
 
@@ -23,6 +23,19 @@ def _zarr_dtype(name: str) -> np.dtype:
 
 def _codec_names(codecs: list) -> list[str]:
     return [c.get("name") for c in codecs]
+
+
+def shard_file_holding(loc: Location, row: int) -> Location | None:
+    """The file of the shard that holds ``row`` of the array at ``loc``, as its
+    ``zarr.json`` names it; None if that cannot be read."""
+    try:
+        meta = json.loads((loc / "zarr.json").read_bytes())
+        shard_rows = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
+        ndim = len(meta["shape"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+    sep = chunk_key_separator(meta)
+    return None if sep is None else loc / shard_key(sep, row // shard_rows, ndim)
 
 
 def check_array(
@@ -38,11 +51,9 @@ def check_array(
         shape = [int(x) for x in meta["shape"]]
         grid = [int(x) for x in meta["chunk_grid"]["configuration"]["chunk_shape"]]
         codecs = list(meta["codecs"])
-        keys = meta.get("chunk_key_encoding", {"name": "default"})
-        separator = (keys.get("configuration") or {}).get("separator", "/")
     except FileNotFoundError:
         return [f"cannot open array {loc}: {where} is missing"], []
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         return [f"cannot open array {loc}: {where} is unreadable ({type(e).__name__}: {e})"], []
     problems, warnings = [], []
     if got != np.dtype(dtype) or tuple(shape[1:]) != tuple(row_shape):
@@ -61,10 +72,10 @@ def check_array(
             f"{where}: shards of {grid[0]} rows in chunks of {inner[0]}, but the root "
             f"records {layout.shard_rows} and {layout.chunk_rows}"
         )
-    if keys.get("name") != "default" or separator not in ("/", "."):
+    if chunk_key_separator(meta) is None:
         problems.append(
-            f"cannot open array {loc}: {where} names chunks by {keys}, not Zarr's default "
-            "chunk keys"
+            f"cannot open array {loc}: {where} names chunks by "
+            f"{meta.get('chunk_key_encoding')}, not Zarr's default chunk keys"
         )
     if "crc32c" not in _codec_names(chain):
         (problems if layout is not None else warnings).append(

@@ -29,6 +29,22 @@ def _pow2_floor(x: float) -> int:
     return 1 << (x.bit_length() - 1)
 
 
+def chunk_key_separator(meta) -> str | None:
+    """The separator of a ``zarr.json``'s default chunk keys ("." or "/"), or None for
+    anything else (another encoding, a damaged entry)."""
+    try:
+        keys = meta.get("chunk_key_encoding", {"name": "default"})
+        sep = (keys.get("configuration") or {}).get("separator", "/")
+        return sep if keys.get("name") == "default" and sep in ("/", ".") else None
+    except AttributeError:
+        return None
+
+
+def shard_key(separator: str, shard: int, ndim: int) -> str:
+    """Chunk key of shard ``shard`` of an ``ndim``-dimensional array sharded on rows."""
+    return separator.join(["c", str(shard)] + ["0"] * (ndim - 1))
+
+
 def shard_number(rel: str) -> int | None:
     """The shard that the file at ``rel`` (relative to its array's directory) belongs to:
     a shard file or a temp file of one, named by Zarr's default chunk keys with either

@@ -262,6 +262,13 @@ class BufferRoot:
         doc["attributes"][ATTR] = {**doc["attributes"][ATTR], **fields}
         self.backend.publish(meta, json.dumps(doc, indent=2).encode(), durable=True)
 
+    def schema_guard(self):
+        """Held while a writer reads the recorded schema and layout and creates its
+        arrays in them, and while a load checks them and replaces them: a writer joining
+        during a load's swap creates its arrays in the layout the load leaves (a flock
+        locally and on NFS; nothing where the store has no locks)."""
+        return self.backend.guard(self.path / META / SCHEMA_NAME)
+
     # -- segments -------------------------------------------------------------------
 
     def writer_ids(self) -> list[str]:

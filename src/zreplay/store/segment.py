@@ -35,7 +35,7 @@ from .format import (
     TRAJ_COLUMNS,
     commit_path,
 )
-from .layout import KeyLayout, shard_number
+from .layout import KeyLayout, chunk_key_separator, shard_key, shard_number
 from .location import Location, locate
 
 
@@ -249,13 +249,11 @@ class Segment:
         if sep is None:
             try:
                 meta = json.loads((self.dir / "data" / key / "zarr.json").read_bytes())
-                enc = meta.get("chunk_key_encoding") or {}
-                sep = (enc.get("configuration") or {}).get("separator", "/")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError):
                 return None
-            if sep not in ("/", "."):
-                return None
-            self._separators[key] = sep
+            sep = chunk_key_separator(meta)
+            if sep is not None:
+                self._separators[key] = sep
         return sep
 
     def _shard_file(self, key: str, shard: int):
@@ -265,28 +263,31 @@ class Segment:
         if sep is None:
             return None
         ndim = 1 + len(self.schema.specs[key].row_shape)
-        return self.dir / "data" / key / sep.join(["c", str(shard)] + ["0"] * (ndim - 1))
+        return self.dir / "data" / key / shard_key(sep, shard, ndim)
 
     def remove_reclaimed(self, below_row: int) -> None:
         """Delete every shard file wholly below ``below_row`` that is still there (a writer
-        killed while reclaiming leaves some; the commit already says they are gone)."""
+        killed while reclaiming leaves some; the commit already says they are gone).
+        Both forms are looked for: shard files ``c.<s>...`` in the array's directory and
+        subtrees ``c/<s>/`` of its ``c/`` (an array made before format 5, or one a killed
+        ``clear()`` left that was made again flat)."""
         for key, lay in self.layouts.items():
             limit = below_row // lay.shard_rows
             array = self.dir / "data" / key
-            # Shards are files c.<s>... in the array's directory, or (arrays made before
-            # format 5) the subtrees <s>/ of its c/.
-            nested = self._separator(key) == "/"
-            try:
-                found = list((array / "c" if nested else array).iterdir())
-            except FileNotFoundError:
-                continue
-            for p in found:
-                shard = shard_number(f"c/{p.name}" if nested else p.name)
-                if shard is not None and shard < limit:
-                    if p.is_file():
-                        p.unlink(missing_ok=True)
-                    else:
-                        self.backend.remove_tree(p)
+            for top, prefix in ((array, ""), (array / "c", "c/")):
+                try:
+                    found = list(top.iterdir())
+                except FileNotFoundError:
+                    continue
+                for p in found:
+                    shard = shard_number(prefix + p.name)
+                    if shard is not None and shard < limit:
+                        if p.is_file():
+                            p.unlink(missing_ok=True)
+                        else:
+                            self.backend.remove_tree(p)
+                if prefix and len(found) and not any(True for _ in top.iterdir()):
+                    self.backend.remove_tree(top)  # a c/ left empty
 
     # -- reads ----------------------------------------------------------------------
 

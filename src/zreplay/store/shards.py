@@ -26,6 +26,8 @@ import google_crc32c
 import numcodecs
 import numpy as np
 
+from .layout import shard_key
+
 MISSING = 2**64 - 1
 
 
@@ -190,7 +192,7 @@ class ArrayMeta:
 
     def object_key(self, i: int) -> str:
         """Key (relative to the array) of shard ``i`` (chunk ``i`` if unsharded)."""
-        return self.separator.join(["c", str(i)] + ["0"] * (len(self.shape) - 1))
+        return shard_key(self.separator, i, len(self.shape))
 
     def fill_block(self, rows: int) -> np.ndarray:
         return np.full((rows, *self.row_shape), self.fill_value, self.dtype)
