@@ -334,7 +334,11 @@ def _swap_quiescent(writer, intent: Intent) -> None:
         # No other writer creates arrays in the recorded layout between the check and
         # the new layout's record (recovery.open_segment takes the same guard).
         with writer.root.schema_guard():
-            _check_replaceable(writer, intent.schema, intent.layouts)
+            try:
+                _check_replaceable(writer, intent.schema, intent.layouts)
+            except SchemaError:
+                discard(writer.seg_dir)  # what was staged for it
+                raise
             with writer.fenced():  # no takeover lands in the swap (locally)
                 path.backend.publish(path, intent.to_json(), writer.durable)  # no return
                 published = True
