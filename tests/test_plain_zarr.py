@@ -164,6 +164,14 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     assert nested and flat == []
     check_rows(other.sample(256))
     other.close()
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), writer_id="b"
+    ) as b:  # emptied and refilled: its arrays are made again, flat
+        b.clear()
+        b.add_trajectories([make_traj(90)])
+        b.flush()
+    nested, flat = _nested_and_flat(path / "segments" / "b")
+    assert nested == [] and flat
     for p in (path, tmp_path / "new"):
         walk_without_warnings(p)
         assert zreplay.verify(p).ok
