@@ -175,7 +175,8 @@ def test_clear_cache_does_not_break_the_buffer(bufpath):
 
 
 def chunk_files(root):
-    return [f for r, _, fs in os.walk(root) for f in fs if "/c/" in r + "/"]
+    """Shard files of data arrays (``c.<s>...``) and chunk files of index arrays (``c/``)."""
+    return [f for r, _, fs in os.walk(root) for f in fs if "/c/" in r + "/" or f.startswith("c.")]
 
 
 def test_clear_removes_data_on_disk(bufpath):
@@ -183,7 +184,7 @@ def test_clear_removes_data_on_disk(bufpath):
         buf.add_trajectories([make_traj(i) for i in range(3)])
         buf.flush()
         shard_files = chunk_files(bufpath)
-        assert shard_files
+        assert any(f.startswith("c.") for f in shard_files)  # data shards among them
         buf.clear()
         assert len(buf) == 0 and buf.total_samples == 0
         assert chunk_files(bufpath) == []
