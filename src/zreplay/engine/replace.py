@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import CorruptBufferError, SchemaError
 from ..schema import Schema
-from ..store.arraymeta import check_array, shard_file_holding
+from ..store.arraymeta import check_array
 from ..store.checkpoint import link_tree
 from ..store.commit import Commit, new_contents, read_commit, write_commit
 from ..store.format import META, SEGMENT_CHILDREN, intent_path, meta_node_json, staging_root
@@ -73,19 +73,14 @@ def read_adoptable(src_root, src_writer: str) -> Adoptable:
     # arrays are checked from their zarr.json alone, not opened: nothing the swap would
     # find damaged only after its point of no return, at a fraction of the cost.
     cols = Segment(src_dir, Schema({}), {}, writable=False).read_index(commit)
+    # (the shard of its last live row: its shard files are named as zarr.json says)
+    last = commit.n_rows - 1 if commit.n_rows > commit.low_row else None
     for key, spec in (schema.specs if schema is not None else {}).items():
         problems, _ = check_array(
-            src_dir / "data" / key, spec.dtype, spec.row_shape, None, commit.n_rows
+            src_dir / "data" / key, spec.dtype, spec.row_shape, None, commit.n_rows, last
         )
         if problems:
             raise CorruptBufferError(f"{problems[0]}; the checkpoint is damaged")
-        if commit.n_rows > commit.low_row:  # its shard files are named as zarr.json says
-            last = shard_file_holding(src_dir / "data" / key, commit.n_rows - 1)
-            if last is None or not last.is_file():
-                raise CorruptBufferError(
-                    f"{src_dir / 'data' / key}: the shard holding row {commit.n_rows - 1} "
-                    f"(the commit's last) is missing ({last}); the checkpoint is damaged"
-                )
     return Adoptable(src_dir, schema, layouts, commit, cols["offsets"], cols["piece_end"])
 
 
@@ -274,8 +269,7 @@ def swap_in_staged(writer, sampler: dict) -> None:
     with writer.cond:
         gen = writer.state.commit.gen + 1
         intent = staged_intent(writer.seg_dir, writer.writer_id, gen, sampler)
-        _check_replaceable(writer, intent.schema, intent.layouts)
-        _swap(writer, intent)
+        _swap(writer, intent)  # checks it may replace the segment (_swap_quiescent)
 
 
 def _others(writer) -> bool:

@@ -25,25 +25,18 @@ def _codec_names(codecs: list) -> list[str]:
     return [c.get("name") for c in codecs]
 
 
-def shard_file_holding(loc: Location, row: int) -> Location | None:
-    """The file of the shard that holds ``row`` of the array at ``loc``, as its
-    ``zarr.json`` names it; None if that cannot be read."""
-    try:
-        meta = json.loads((loc / "zarr.json").read_bytes())
-        shard_rows = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
-        ndim = len(meta["shape"])
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None
-    sep = chunk_key_separator(meta)
-    return None if sep is None else loc / shard_key(sep, row // shard_rows, ndim)
-
-
 def check_array(
-    loc: Location, dtype, row_shape: tuple, layout: KeyLayout | None, min_rows: int = 0
+    loc: Location,
+    dtype,
+    row_shape: tuple,
+    layout: KeyLayout | None,
+    min_rows: int = 0,
+    stored_row: int | None = None,
 ) -> tuple[list[str], list[str]]:
     """``(problems, warnings)`` of the array at ``loc`` against what the root recorded:
     ``dtype``, ``row_shape``, (for data arrays) ``layout``, and at least ``min_rows``
-    rows (what a commit needs)."""
+    rows (what a commit needs); with ``stored_row``, that the shard file holding it is
+    where the ``zarr.json``'s chunk keys name it."""
     where = f"{loc / 'zarr.json'}"
     try:
         meta = json.loads((loc / "zarr.json").read_bytes())
@@ -72,11 +65,16 @@ def check_array(
             f"{where}: shards of {grid[0]} rows in chunks of {inner[0]}, but the root "
             f"records {layout.shard_rows} and {layout.chunk_rows}"
         )
-    if chunk_key_separator(meta) is None:
+    separator = chunk_key_separator(meta)
+    if separator is None:
         problems.append(
             f"cannot open array {loc}: {where} names chunks by "
             f"{meta.get('chunk_key_encoding')}, not Zarr's default chunk keys"
         )
+    elif stored_row is not None and grid[0] > 0:
+        shard = loc / shard_key(separator, stored_row // grid[0], len(shape))
+        if not shard.is_file():
+            problems.append(f"{loc}: the shard holding row {stored_row} is missing ({shard})")
     if "crc32c" not in _codec_names(chain):
         (problems if layout is not None else warnings).append(
             f"{where}: chunks carry no crc32c checksum (damage to them goes unnoticed)"
