@@ -70,7 +70,16 @@ class DestinationError(ZReplayError, ValueError):
 
 
 class CorruptBufferError(ZReplayError, RuntimeError):
-    """A buffer's files are damaged: unreadable commit record, missing or inconsistent index."""
+    """A buffer's files are damaged: unreadable commit record, missing or inconsistent index.
+
+    ``finding`` is what is damaged; the message adds ``advice`` (what to do) after it.
+    :func:`zreplay.verify` reports the finding alone: advice such as "run
+    zreplay.verify()" is circular in its own report.
+    """
+
+    def __init__(self, finding: str, advice: str = "") -> None:
+        super().__init__(f"{finding}. {advice}" if advice else finding)
+        self.finding = finding
 
 
 class WriterLockedError(ZReplayError, RuntimeError):
