@@ -122,6 +122,22 @@ class MainGuardError(ZReplayError, RuntimeError):
     script's top level ran again because it lacks ``if __name__ == "__main__":``."""
 
 
+class NoSuchBucketError(ZReplayError, OSError):
+    """An ``s3://`` URL names a bucket that does not exist (zreplay never creates one).
+    Not a ``FileNotFoundError``: code that takes a missing object for "not written yet"
+    must not take a missing bucket so."""
+
+    def __init__(self, bucket: str):
+        super().__init__(
+            f"no such bucket {bucket!r}: create it first (zreplay creates keys in an "
+            "existing bucket, never the bucket itself), or check the bucket name and endpoint"
+        )
+        self.bucket = bucket
+
+    def __reduce__(self):
+        return type(self), (self.bucket,)
+
+
 class RateLimitTimeout(ZReplayError, TimeoutError):
     """A rate-limited ``sample`` or ``add`` waited longer than its limiter's ``timeout_s``
     (Reverb's ``DeadlineExceeded``); the message says what it waited for.  Nothing was
