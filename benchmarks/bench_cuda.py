@@ -171,7 +171,10 @@ def main(argv=None) -> int:
     if args.quick:
         args.trajectories, args.repeats = 8, 8
     cuda = torch.cuda.is_available()
+    from benchlib import machine_info  # commit, time and CPU, for benchmarks/report.py
+
     info = {
+        **machine_info(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

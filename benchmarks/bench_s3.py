@@ -43,6 +43,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from benchlib import machine_info
 
 HERE = Path(__file__).resolve().parent
 N_TRAJ, T, B, H = 20, 50, 8, 64
@@ -284,6 +285,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
         "machine": {
+            **machine_info(),  # commit, time and CPU, for benchmarks/report.py
             "cpus": os.cpu_count(),
             "loadavg_before": load0,
             "loadavg_after": os.getloadavg(),

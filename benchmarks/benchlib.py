@@ -8,6 +8,7 @@ them, nor zreplay or torch, so benchmark children that load it start fast.
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import json
 import os
@@ -182,6 +183,8 @@ def machine_info() -> dict:
         return r.stdout.strip()
 
     return {
+        # benchmarks/report.py names each figure's commit and machine and keeps the newest run
+        "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git": {"head": git("rev-parse", "HEAD"), "dirty_src": git("status", "--porcelain", "src")},
         "cpu_model": cpu,
         "cores": cores,

@@ -91,9 +91,11 @@ def damaged_copy(src: Path, dst: Path, key: str) -> Path:
     return dst
 
 
-def assert_one_line_error(err: str, *fragments: str) -> None:
+def assert_one_line_error(err: str, command: str, *fragments: str) -> None:
+    """One line on stderr, ``zreplay <command>: error: ...`` (argparse's form), holding
+    each fragment, and no traceback."""
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zreplay: error: "), err
+    assert len(lines) == 1 and lines[0].startswith(f"zreplay {command}: error: "), err
     assert "Traceback" not in err
     for frag in fragments:
         assert frag in lines[0], (frag, lines[0])
@@ -160,7 +162,7 @@ def test_damaged_chunk_fails_reads_with_one_line(capsys, rlinf_buffer, tmp_path)
     assert status == 0 and "damaged" in info["rewards"]["error"]
     status, out, err = run(capsys, "export", str(bad), str(tmp_path / "x.h5"), "--format", "hdf5")
     assert status == 1 and out == ""
-    assert_one_line_error(err, "key 'rewards'", "damaged")
+    assert_one_line_error(err, "export", "key 'rewards'", "damaged")
     assert not (tmp_path / "x.h5").exists()
     status, out, _ = run(capsys, "verify", str(bad))
     assert status == 1 and "1 problem(s)" in out and "key 'rewards'" in out
@@ -175,11 +177,14 @@ def test_truncated_commit_record(capsys, rlinf_buffer, tmp_path):
     commit.write_text(commit.read_text()[:40])
     got = zreplay_cli("info", str(bad))
     assert got.returncode == 1 and got.stdout == ""
-    assert_one_line_error(got.stderr, "commit record is unreadable")
+    assert_one_line_error(got.stderr, "info", "commit record is unreadable")
     status, report = run_json(capsys, "verify", str(bad))
     assert status == 1 and "commit record is unreadable" in report["problems"][0]
     status, out, err = run(capsys, "plot", str(bad), "--out", str(tmp_path / "p.png"), "--json")
-    assert status == 1 and json.loads(out) == {"ok": False, "error": err.strip()[16:]}
+    assert status == 1 and json.loads(out) == {
+        "ok": False,
+        "error": err.strip().removeprefix("zreplay plot: error: "),
+    }
 
 
 @pytest.mark.parametrize(
@@ -196,7 +201,7 @@ def test_missing_path_is_a_one_line_error(capsys, tmp_path, argv):
     argv = [a.format(missing=tmp_path / "nope", tmp=tmp_path) for a in argv]
     status, out, err = run(capsys, *argv)
     assert status == 1 and out == ""
-    assert_one_line_error(err, "nope: no such file or directory")
+    assert_one_line_error(err, argv[0], "nope: no such file or directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -204,13 +209,13 @@ def test_non_buffers_and_usage_errors(capsys, tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     status, _, err = run(capsys, "info", str(tmp_path))
     assert status == 1
-    assert_one_line_error(err, "not a zreplay buffer")
+    assert_one_line_error(err, "info", "not a zreplay buffer")
     status, _, err = run(capsys, "info", str(tmp_path / "notes.txt"))
     assert status == 1
-    assert_one_line_error(err, "neither a zreplay buffer directory nor an HDF5 file")
+    assert_one_line_error(err, "info", "neither a zreplay buffer directory nor an HDF5 file")
     status, _, err = run(capsys, "import", str(tmp_path / "notes.txt"), str(tmp_path / "d"))
     assert status == 1
-    assert_one_line_error(err, "neither an RLinf buffer directory")
+    assert_one_line_error(err, "import", "neither an RLinf buffer directory")
 
     got = zreplay_cli("export", str(tmp_path), str(tmp_path / "o"), "--format", "zip")
     assert got.returncode == 2 and "invalid choice: 'zip'" in got.stderr
@@ -260,7 +265,7 @@ def test_rlinf_export_import_round_trip(capsys, rlinf_buffer, tmp_path, fmt):
     if fmt == "pkl":  # pickles run code on load: refused unless asked for
         status, _, err = run(capsys, "import", str(out), str(dst))
         assert status == 1 and not dst.exists()
-        assert_one_line_error(err, "--allow-pickle")
+        assert_one_line_error(err, "import", "--allow-pickle")
     args = ["--allow-pickle"] if fmt == "pkl" else []
     status, imported = run_json(capsys, "import", str(out), str(dst), *args)
     assert status == 0 and (imported["kind"], imported["trajectories"]) == ("rlinf", 3)
@@ -281,12 +286,12 @@ def test_outputs_are_not_clobbered_without_overwrite(capsys, episode_buffer, tmp
     h5.write_text("precious")
     status, _, err = run(capsys, "export", str(episode_buffer), str(h5), "--format", "hdf5")
     assert status == 1 and h5.read_text() == "precious"
-    assert_one_line_error(err, "--overwrite")
+    assert_one_line_error(err, "export", "--overwrite")
     status, _, err = run(
         capsys, "export", str(episode_buffer), str(h5), "--format", "hdf5", "--overwrite"
     )
     assert status == 1 and h5.read_text() == "precious"  # not an HDF5 file: never replaced
-    assert_one_line_error(err, "is not an HDF5 file")
+    assert_one_line_error(err, "export", "is not an HDF5 file")
     h5.unlink()
     assert main(["export", str(episode_buffer), str(h5), "--format", "hdf5"]) == 0
     dst = tmp_path / "dst.zarr"
@@ -422,3 +427,46 @@ def test_a_bad_dpi_is_a_usage_error(capsys, rlinf_buffer, tmp_path):
         main(["plot", str(rlinf_buffer), "--dpi", "0", "--out", str(tmp_path / "p.png")])
     assert done.value.code == 2 and "--dpi" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("n", ["0", "-3", "x"])
+def test_demo_refuses_a_bad_trajectory_count_as_a_usage_error(capsys, tmp_path, n):
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--path", str(tmp_path / "d.zarr"), "--trajectories", n])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "Traceback" not in err
+    assert (
+        f"zreplay demo: error: argument --trajectories: must be a positive integer, got '{n}'"
+        in err
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_refuses_a_file_or_a_folder_that_is_not_a_buffer(capsys, tmp_path):
+    (tmp_path / "notes.txt").write_text("precious")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    for name in ("notes.txt", "mine"):
+        status, out, err = run(
+            capsys, "demo", "--path", str(tmp_path / name), "--trajectories", "1"
+        )
+        assert status == 1 and out == ""
+        assert_one_line_error(err, "demo", "is not a zreplay buffer; refusing to overwrite it")
+    assert (tmp_path / "notes.txt").read_text() == "precious"
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["thesis.tex"]
+
+
+def test_verify_problems_do_not_send_the_user_back_to_verify(capsys, rlinf_buffer, tmp_path):
+    """Read errors elsewhere advise running zreplay.verify; verify's own report names the
+    damage only."""
+    bad = damaged_copy(rlinf_buffer, tmp_path / "bad.zarr", "rewards")
+    commit = bad / "segments" / "default" / "zreplay" / "commit.json"
+    for damage in ("chunk", "commit"):
+        if damage == "commit":
+            commit.write_text(commit.read_text()[:40])
+        status, out, err = run(capsys, "verify", str(bad))
+        assert status == 1 and "1 problem(s)" in out and err == ""
+        assert "zreplay.verify" not in out, out
+        assert ("key 'rewards'" if damage == "chunk" else "commit record is unreadable") in out
+    with pytest.raises(zreplay.errors.CorruptBufferError, match=r"zreplay\.verify\(\)"):
+        zreplay.open(bad)  # outside verify the advice stays

@@ -20,7 +20,7 @@ file its index does not name), which must be the earlier one or the new one whol
 
 Either way trajectory ids are never reused: the next one added is above every id either
 state holds.  ``ZREPLAY_FAULT_POINTS`` sets the points per scenario and mode (``all`` for
-every call); the CI default is a smaller seeded sample (benchmarks/README.md reports the
+every call); the CI default is a smaller seeded sample (benchmarks/HISTORY.md reports the
 full sweep).
 """
 

@@ -713,3 +713,65 @@ def test_chunks_kept_beside_a_read_never_push_out_chunks_read():
     held = cache.chunks("a", np.arange(6))
     assert all(isinstance(b, np.ndarray) for b in held[:2]), held
     assert sum(b is not None for b in held[2:]) == 1  # what fits of the extras
+
+
+# -- what a new user sees when the bucket or the credentials are not there ---------------
+
+
+def _aws_env(s3: dict, **more: str) -> dict:
+    """This process's environment without AWS_* settings (and no ~/.aws, no instance
+    metadata), pointed at moto's endpoint, plus ``more``."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=s3["endpoint_url"], AWS_EC2_METADATA_DISABLED="true")
+    env.update(AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
+    return {**env, **more}
+
+
+def test_s3_a_bucket_that_does_not_exist_says_so(s3):
+    """Not "Generic S3 error ... 404 Not Found <?xml ...>" under a chained traceback: the
+    bucket's name and what to do, for a writer, a reader and the command line."""
+    import subprocess
+    import sys
+
+    from zreplay.errors import NoSuchBucketError
+
+    bucket = f"zreplay-absent-{uuid.uuid4().hex[:6]}"
+    url = f"s3://{bucket}/run/buf"
+    for make in (
+        lambda: zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=url, storage_options=s3
+        ),
+        lambda: zreplay.open(url, storage_options=s3),
+    ):
+        with pytest.raises(NoSuchBucketError) as got:
+            make()
+        text = str(got.value)
+        assert text.startswith(f"no such bucket {bucket!r}: create it first"), text
+        assert "<?xml" not in text and "\n" not in text
+        assert got.value.__cause__ is None and got.value.__suppress_context__
+        assert isinstance(got.value, OSError) and not isinstance(got.value, FileNotFoundError)
+    env = _aws_env(s3, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    out = subprocess.run(
+        [sys.executable, "-m", "zreplay.cli", "info", url], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and out.stderr.strip() == (
+        f"zreplay info: error: {NoSuchBucketError(bucket)}"
+    ), out.stderr
+
+
+def test_s3_missing_credentials_are_one_error_not_a_chain(url, s3):
+    """The message saying where credentials come from is the error the user sees: one
+    traceback, no chained obstore/botocore ones above it."""
+    import subprocess
+    import sys
+
+    code = f"import zreplay\nzreplay.open({url!r})\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_aws_env(s3), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 1
+    assert out.stderr.count("Traceback (most recent call last)") == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("PermissionError: [Errno 13] no AWS credentials found: pass"), last

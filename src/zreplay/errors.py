@@ -70,7 +70,16 @@ class DestinationError(ZReplayError, ValueError):
 
 
 class CorruptBufferError(ZReplayError, RuntimeError):
-    """A buffer's files are damaged: unreadable commit record, missing or inconsistent index."""
+    """A buffer's files are damaged: unreadable commit record, missing or inconsistent index.
+
+    ``finding`` is what is damaged; the message adds ``advice`` (what to do) after it.
+    :func:`zreplay.verify` reports the finding alone: advice such as "run
+    zreplay.verify()" is circular in its own report.
+    """
+
+    def __init__(self, finding: str, advice: str = "") -> None:
+        super().__init__(f"{finding}. {advice}" if advice else finding)
+        self.finding = finding
 
 
 class WriterLockedError(ZReplayError, RuntimeError):
@@ -111,6 +120,22 @@ class MainGuardError(ZReplayError, RuntimeError):
     """A process that multiprocessing is still starting (a ``spawn``/``forkserver``
     DataLoader worker importing the parent's script) opened a buffer for writing: the
     script's top level ran again because it lacks ``if __name__ == "__main__":``."""
+
+
+class NoSuchBucketError(ZReplayError, OSError):
+    """An ``s3://`` URL names a bucket that does not exist (zreplay never creates one).
+    Not a ``FileNotFoundError``: code that takes a missing object for "not written yet"
+    must not take a missing bucket so."""
+
+    def __init__(self, bucket: str):
+        super().__init__(
+            f"no such bucket {bucket!r}: create it first (zreplay creates keys in an "
+            "existing bucket, never the bucket itself), or check the bucket name and endpoint"
+        )
+        self.bucket = bucket
+
+    def __reduce__(self):
+        return type(self), (self.bucket,)
 
 
 class RateLimitTimeout(ZReplayError, TimeoutError):

@@ -2,13 +2,14 @@
 
 Each command is a function ``run(args) -> (exit status, JSON object, text)`` in its own
 module; :func:`main` parses, runs, prints the text (or, with ``--json``, one JSON object
-for scripts) and turns every expected failure into one line on stderr.
+for scripts) and turns every expected failure into one line on stderr
+(:func:`.output.fail`); ``demo`` runs under the same handler.
 
 Every command but ``demo`` takes ``--json`` and ``--quiet`` (no progress bars; bars are
 also off when stderr is not a terminal).  Exit status: 0 on success; 1 when a command
-fails (``zreplay: error: <message>``: a missing path, a directory that is not a buffer, a
-damaged buffer) or ``verify`` found problems; 2 for usage errors (argparse's, and no
-command at all: the help goes to stderr).
+fails (``zreplay <command>: error: <message>``: a missing path, a directory that is not a
+buffer, a damaged buffer) or ``verify`` found problems; 2 for usage errors (argparse's,
+and no command at all: the help goes to stderr).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import os
 import sys
 
-from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, one_line
+from .output import EXIT_OK, EXIT_USAGE, EXPECTED, fail, interrupted, positive_int
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,52 +70,38 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", parents=[common], help="episode returns, lengths, frames (PNG)")
     p.add_argument("path", help="buffer directory")
     p.add_argument("--out", help="image file to write (default: <buffer name>.png here)")
-    p.add_argument("--dpi", type=_positive_int, default=100)
+    p.add_argument("--dpi", type=positive_int, default=100)
     p.set_defaults(run=plot.run)
     return ap
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (else a usage error, exit status 2)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return v
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "demo":  # the README's demo parses its own options
+    if argv and argv[0] == "demo":  # the README's demo parses its own options
+        try:
             from .demo import main as demo
 
-            return demo(argv[1:])
+            return demo(argv[1:])  # argparse exits 2 on a usage error
+        except EXPECTED as e:
+            return fail("demo", e, as_json=False)
+        except KeyboardInterrupt:
+            return interrupted()
+    try:
         parser = _parser()  # imports what the commands need (seconds, with torch)
     except KeyboardInterrupt:
-        print("zreplay: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
     if not argv:  # a command is required: the help, as a usage error
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(argv)  # exits 2 on a usage error
 
-    from ..errors import ZReplayError
-
     try:
         status, result, text = args.run(args)
-    except (ZReplayError, OSError, ValueError, KeyError) as e:  # OSError, KeyError: also h5py
-        message = one_line(e)
-        print(f"zreplay: error: {message}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"ok": False, "error": message}))
-        return EXIT_FAILED
+    except EXPECTED as e:
+        return fail(args.command, e, as_json=args.json)
     except KeyboardInterrupt:
-        print("zreplay: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
     try:
         print(json.dumps({"ok": status == EXIT_OK, **result}) if args.json else text)
         sys.stdout.flush()

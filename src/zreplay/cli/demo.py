@@ -15,6 +15,10 @@ import torch
 
 import zreplay
 
+from ..store.root import is_buffer
+from .output import positive_int
+from .paths import check_output
+
 
 def rollout(rng: np.random.Generator, step0: int, T: int = 20, B: int = 4, C: int = 2, A: int = 7):
     """A synthetic embodied-RL rollout chunk in RLinf's layout ``[T, B, ...]``.
@@ -67,9 +71,12 @@ def _shapes(batch, prefix=""):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="zreplay demo", description=__doc__)
     ap.add_argument("--path", default="demo_buffer.zarr", help="buffer directory (recreated)")
-    ap.add_argument("--trajectories", type=int, default=40)
+    ap.add_argument("--trajectories", type=positive_int, default=40)
     args = ap.parse_args(argv)
     path = Path(args.path)
+    # Recreate only an earlier demo (any zreplay buffer): refuse a file or someone's folder
+    # here, before anything is written, rather than deep inside the buffer's constructor.
+    check_output(path, True, is_buffer, "a zreplay buffer")
     rng = np.random.default_rng(0)
 
     print(f"1. filling {path} with {args.trajectories} rollouts of [T=20, B=4] ...")

@@ -181,7 +181,7 @@ class RamTier:
 def default_staging_bytes() -> int:
     """RAM for rows staged beyond the RAM tier: 256 MiB (26 of RLinf's 9.8 MB image
     trajectories), at most 1/16 of physical memory.  The ring grows to it only when the
-    committer falls behind.  Measured (benchmarks/README.md, "Add path"): a 1 GiB budget
+    committer falls behind.  Measured (benchmarks/HISTORY.md, "Add path"): a 1 GiB budget
     made adds slower on a shared machine, its fresh pages stalling in the kernel's
     huge-page compaction."""
     try:

@@ -113,7 +113,7 @@ def _continues(old: _SegmentState, new: _SegmentState) -> bool:
 def default_chunk_cache_bytes() -> int:
     """A view's decoded-chunk cache per segment by default: a sixteenth of the machine's
     RAM (1.5 GiB on 24 GiB).  Clips of compressed images from disk are decode-bound
-    without it (2.4x a memory map, benchmarks/README.md "Scale"); it fills only as far
+    without it (2.4x a memory map, benchmarks/HISTORY.md "Scale"); it fills only as far
     as the chunks a process reads, least recently used first out."""
     return default_budget() // 16
 

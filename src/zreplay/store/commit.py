@@ -68,8 +68,8 @@ class Commit:
             _check_types(c)
         except (ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
             raise CorruptBufferError(
-                f"{where}: commit record is unreadable ({e}); the segment cannot be trusted. "
-                "Restore it from a checkpoint, or run zreplay.verify() for details"
+                f"{where}: commit record is unreadable ({e}); the segment cannot be trusted",
+                "Restore it from a checkpoint, or run zreplay.verify() for details",
             ) from None
         if c.format not in READABLE_FORMATS:
             raise CorruptBufferError(
@@ -87,8 +87,8 @@ class Commit:
             and c.next_episode >= 0
         ):
             raise CorruptBufferError(
-                f"{where}: commit record is inconsistent: {d}; the segment cannot be "
-                "trusted (restore it from a checkpoint; zreplay.verify() reports all damage)"
+                f"{where}: commit record is inconsistent: {d}; the segment cannot be trusted",
+                "Restore it from a checkpoint; zreplay.verify() reports all damage",
             )
         return c
 

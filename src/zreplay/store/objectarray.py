@@ -14,7 +14,7 @@ Reading sorted rows of a sharded array costs at most two rounds of concurrent re
    index and chunks at once;
 2. the inner chunks the rows need, ranges of one shard merged where at most ``GAP``
    bytes lie between them (``GAP`` = 1 MiB: on S3 and moto the request count, not the
-   bytes, sets the cost; see benchmarks/README.md).
+   bytes, sets the cost; see benchmarks/HISTORY.md).
 
 A merged range brings back the chunks between those needed too (a sample of random rows
 fetches most of every shard it touches): a reader with a chunk cache keeps their bytes,

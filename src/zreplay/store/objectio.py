@@ -4,7 +4,10 @@ An :class:`ObjectClient` offers ``get`` (whole objects, byte ranges and suffixes
 once), ``put`` (whole objects, all at once), ``create`` (a conditional PUT), ``delete``,
 ``list``, ``head`` and ``copy``, and raises only ``OSError`` subclasses:
 ``FileNotFoundError`` for a missing object, ``FileExistsError`` for a lost conditional
-PUT, ``PermissionError`` for refused credentials, ``OSError`` for the rest.
+PUT, ``PermissionError`` for refused or missing credentials,
+:class:`~zreplay.errors.NoSuchBucketError` for a bucket that does not exist, ``OSError`` for the rest.  Each is raised with no
+chained cause: the message says it all (the store's own error, often an XML body spread
+over many lines, stays out of the user's traceback).
 
 Two clients, chosen per process by :class:`~zreplay.store.backend_s3.S3Backend`:
 
@@ -28,6 +31,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import NoSuchBucketError
+
 # A request: (key, None) the whole object, (key, (start, end)) bytes [start, end),
 # (key, (start, None)) from start on, (key, (-n, None)) the last n bytes.
 Request = tuple[str, tuple[int, int | None] | None]
@@ -36,6 +41,12 @@ CONCURRENCY = 64
 
 class LoopReentryError(RuntimeError):
     """A blocking S3 request made on the S3 event loop's own thread."""
+
+
+def _no_such_bucket(text: str) -> bool:
+    """Whether a store's error text is S3's NoSuchBucket (obstore and botocore both keep
+    the S3 error code in the message)."""
+    return "NoSuchBucket" in text or "bucket does not exist" in text
 
 
 class _Loop:
@@ -107,6 +118,9 @@ class _BotocoreCredentials:
     def __init__(self, profile: str | None):
         self.profile = profile
         self._session = None
+        # What the last call raised: obstore only passes on its text, inside a longer
+        # message of its own; the client raises this instead.
+        self.failure: PermissionError | None = None
 
     def __call__(self) -> dict:
         import botocore.session  # comes with s3fs
@@ -115,12 +129,14 @@ class _BotocoreCredentials:
             self._session = botocore.session.Session(profile=self.profile)
         creds = self._session.get_credentials()
         if creds is None:
-            raise PermissionError(
+            self.failure = PermissionError(
                 errno.EACCES,
                 "no AWS credentials found: pass storage_options={'key': ..., 'secret': ...}, "
                 "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, configure a profile, or pass "
                 "storage_options={'anon': True} for a public bucket",
             )
+            raise self.failure
+        self.failure = None
         f = creds.get_frozen_credentials()
         soon = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
         return {
@@ -174,12 +190,17 @@ def obstore_settings(options: Mapping) -> tuple[dict, dict, Any]:
     return config, client, provider
 
 
-def _obstore_error(e: BaseException, key: str) -> OSError:
+def _obstore_error(e: BaseException, key: str, bucket: str, provider=None) -> OSError:
     from obstore import exceptions as ex
 
     msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if isinstance(e, OSError):
         return e
+    if _no_such_bucket(str(e)):
+        return NoSuchBucketError(bucket)
+    failure = getattr(provider, "failure", None)
+    if failure is not None and isinstance(e, ex.UnauthenticatedError | ex.GenericError):
+        return PermissionError(failure.errno, failure.strerror, key)
     if isinstance(e, ex.NotFoundError):
         return FileNotFoundError(errno.ENOENT, "no such object", key)
     if isinstance(e, ex.AlreadyExistsError | ex.PreconditionError):
@@ -229,7 +250,7 @@ class ObstoreClient(ObjectClient):
         from obstore.store import S3Store
 
         config, client, provider = obstore_settings(options)
-        self.ob = obstore
+        self.ob, self.bucket, self.provider = obstore, bucket, provider
         self.store = S3Store(
             bucket, config=config, client_options=client or None, credential_provider=provider
         )
@@ -241,7 +262,7 @@ class ObstoreClient(ObjectClient):
         except LoopReentryError:
             raise
         except Exception as e:  # noqa: BLE001 - obstore raises its own exception types
-            raise _obstore_error(e, key) from e
+            raise _obstore_error(e, key, self.bucket, self.provider) from None
 
     async def _get(self, key: str, rng, missing_ok: bool) -> Any:
         ob, st = self.ob, self.store
@@ -257,10 +278,10 @@ class ObstoreClient(ObjectClient):
                 return await r.bytes_async()
             return await ob.get_range_async(st, key, start=start, end=end)
         except Exception as e:  # noqa: BLE001 - mapped to OSError subclasses
-            err = _obstore_error(e, key)
+            err = _obstore_error(e, key, self.bucket, self.provider)
             if missing_ok and isinstance(err, FileNotFoundError):
                 return None
-            raise err from e
+            raise err from None
 
     def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
         if not requests:
@@ -346,10 +367,12 @@ class S3fsClient(ObjectClient):
 
         try:
             return sync(self.fs.loop, go)
-        except OSError:
-            raise
         except Exception as e:  # noqa: BLE001 - botocore raises its own exception types
-            raise OSError(errno.EIO, f"{type(e).__name__}: {e}", key) from e
+            if _no_such_bucket(f"{e} {e.__cause__}"):
+                raise NoSuchBucketError(self.bucket) from None
+            if isinstance(e, OSError):
+                raise
+            raise OSError(errno.EIO, f"{type(e).__name__}: {e}", key) from None
 
     async def _get(self, key: str, rng, missing_ok: bool):
         try:

@@ -328,8 +328,8 @@ class Segment:
         problem = index_problem(out, commit)
         if problem:
             raise CorruptBufferError(
-                f"{self.dir}: {problem}; the index is damaged (restore the segment from a "
-                "checkpoint; zreplay.verify() reports all damage)"
+                f"{self.dir}: {problem}; the index is damaged",
+                "Restore the segment from a checkpoint; zreplay.verify() reports all damage",
             )
         return out
 
@@ -418,9 +418,9 @@ class PendingRead:
         except Exception as e:  # TensorStore reports corruption as ValueError
             raise CorruptBufferError(
                 f"segment {self._segment.writer_id!r}, key {self._key!r}, rows "
-                f"[{self._first}, {self._stop}): stored data is damaged or missing ({e}). "
+                f"[{self._first}, {self._stop}): stored data is damaged or missing ({e})",
                 f"Run zreplay.verify({str(self._segment.dir.parent.parent)!r}) for a full "
-                "report; restore the buffer from a checkpoint"
+                "report; restore the buffer from a checkpoint",
             ) from None
 
 

@@ -87,7 +87,7 @@ def verify(
         try:
             commit = read_commit(seg_dir)
         except CorruptBufferError as e:
-            report.problems.append(str(e))
+            report.problems.append(e.finding)
             continue
         if commit is None:
             if any(True for _ in root.backend.walk_files(seg_dir / "data")):
@@ -120,7 +120,7 @@ def verify(
             seg = Segment(seg_dir, schema, layouts, writable=False)
             cols = seg.read_index(commit)
         except CorruptBufferError as e:
-            report.problems.append(str(e))
+            report.problems.append(e.finding)
             continue
         del cols  # read_index checked it against the commit (segment.index_problem)
         report.trajectories += commit.n_traj - commit.low_traj
@@ -177,7 +177,7 @@ def _check_priorities(seg_dir: Path, commit, report: VerifyReport) -> None:
     except CorruptBufferError as e:
         now = _named_priorities(seg_dir)
         if now is None or now.get("seq") == meta.get("seq"):  # still named: damage
-            report.problems.append(str(e))
+            report.problems.append(e.finding)
         return  # else a live writer saved again, rewriting the copy read
     if leaves.size and not (np.isfinite(leaves).all() and leaves.min() >= 0):
         report.problems.append(f"{seg_dir}: saved priorities hold negative or non-finite leaves")
@@ -220,7 +220,7 @@ def _check_rows(
             seg.read_range(key, lo, hi).result()
         except CorruptBufferError as e:
             if gone is None or not gone(lo):  # evicted since by a live writer: no damage
-                report.problems.append(str(e))
+                report.problems.append(e.finding)
         if progress is not None:
             progress(seg.writer_id, key, hi - lo)
     return stop - first
