@@ -3,7 +3,9 @@
 A view sees the union of every writer's segment, each clamped to its last commit, and
 takes no lock: writers may keep appending in other processes; :meth:`BufferView.refresh`
 picks up what they have committed since.  Positions (``sample``, ``__getitem__``,
-``trajectory``) run over visible rows/trajectories in segment-name order.
+``trajectory``) run over visible rows/trajectories in segment-name order.  A view is a
+snapshot until ``refresh()`` in every method: positions of rows a writer removed since
+(a clear, eviction, a loaded checkpoint) raise ``StaleViewError``, never name other rows.
 
 A thin adapter of a read-only :class:`~zreplay.core.BufferCore` (``self.core``).
 """

@@ -2,8 +2,11 @@
 
 A reader takes no lock: writers may keep appending in other processes; :meth:`refresh`
 re-reads every segment's commit and picks up what they committed since.  Positions run
-over the visible rows (and trajectories) of the segments in name order.  Reads that meet
-rows a writer evicted and deleted meanwhile are retried on a refreshed snapshot.
+over the visible rows (and trajectories) of the segments in name order.  A reader is a
+snapshot until :meth:`refresh`: a random draw that meets rows a writer evicted and
+deleted meanwhile is drawn again on a refreshed snapshot (the whole reader refreshes),
+but positions the caller chose are never re-resolved against another snapshot: their
+reads raise :class:`~zreplay.errors.StaleViewError` instead.
 
 Each segment keeps its small keys decoded in a column cache (up to ``column_cache_bytes``
 per segment, in a local file every process reading the segment shares;
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import CorruptBufferError, EmptyBufferError, FormatError
+from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleViewError
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
@@ -389,9 +392,13 @@ class BufferReader:
             )
         return self._snapshot
 
-    def read(self, draw: Callable[[Snapshot], object], alloc=None) -> tuple[object, dict]:
-        """``draw(snapshot)``, then gather what it asks for (as ``SegmentWriter.read``);
-        drawn again on a refreshed snapshot if its rows were evicted meanwhile."""
+    def read(
+        self, draw: Callable[[Snapshot], object], alloc=None, redraw: bool = True
+    ) -> tuple[object, dict]:
+        """``draw(snapshot)``, then gather what it asks for (as ``SegmentWriter.read``).
+        If its rows were evicted meanwhile: with ``redraw`` (a random draw) the reader
+        refreshes and draws again; without (positions the caller chose, which name other
+        rows, or none, on another snapshot) :class:`StaleViewError`."""
         self.check_process()
         for _ in range(RETRIES):
             snap = self.snapshot()
@@ -401,6 +408,13 @@ class BufferReader:
                     return drawn, {}
                 return drawn, gather(snap, as_requests(drawn, self.schema), alloc)
             except Evicted:
+                if not redraw:
+                    raise StaleViewError(
+                        f"{self.path}: rows this view's snapshot shows were removed by a "
+                        "writer since it was taken (cleared, evicted, or replaced by a "
+                        "loaded checkpoint); call refresh() and index again (positions "
+                        "may name other rows after it)"
+                    ) from None
                 self.refresh()
         raise EmptyBufferError("rows kept being evicted while reading; sample again")
 
