@@ -10,8 +10,9 @@ reshaped to ``(history_len, frameskip * action_dim)``), whole-episode FIFO evict
 * every episode is committed to a Zarr store (``path=``; a private temporary one without);
   reopening ``path`` resumes the episodes, the step counter and the random stream;
 * dtypes are checked (stable-worldmodel silently casts);
-* DataLoader workers reopen the store read-only instead of using a forked copy, so
-  episodes written after the workers started become visible to them;
+* DataLoader workers reopen the store read-only instead of using a forked copy, and
+  (persistent workers too) serve every item from the newest commit: once ``flush()``
+  returns, items come from what it committed (cleared episodes never again);
 * n-step returns, padded clips (``pad="zero" | "repeat"`` with an ``is_pad`` mask) and
   ``dump(..., format="hdf5" | "zarr")``.
 """
@@ -362,6 +363,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
                 pad=self.spec.pad,
                 action_keys=self.spec.action_keys,
                 wait_s=WORKER_WAIT_S,
+                follow=True,  # persistent workers outlive clear(), writes and flush()
             )
             self._replica = (os.getpid(), ds)
         return self._replica[1]

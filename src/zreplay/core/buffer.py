@@ -383,6 +383,12 @@ class BufferCore:
         self._check_process()
         return self.engine.refresh() if not self.writable else False
 
+    def stale(self) -> bool:
+        """A reader: has a writer committed since its last refresh (cheap: a ``stat`` per
+        segment)?  A writer reads its live state: never."""
+        self._check_process()
+        return False if self.writable else self.engine.stale()
+
     def segments(self) -> list[tuple[str, Any]]:
         """``(writer_id, commit)`` of every visible segment (readers)."""
         return self._reader().segments()

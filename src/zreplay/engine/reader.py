@@ -29,7 +29,7 @@ from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleVie
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
-from ..store.commit import Commit, read_commit, same_contents
+from ..store.commit import Commit, commit_stamp, read_commit, same_contents
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
@@ -157,6 +157,8 @@ class BufferReader:
         self._recorded = None  # the root's schema and layout JSON that schema was parsed from
         self._created = None  # the root's creation time: another one is another buffer
         self._commits: dict[str, Commit] = {}
+        # Each segment's commit stamp, taken before its commit was read (see stale()).
+        self._stamps: dict[str, tuple[object, object]] = {}
         self.refresh()
 
     @property
@@ -239,9 +241,11 @@ class BufferReader:
         if self.schema is None:
             self._rebuild()
             return changed
-        seen = {}
+        seen, stamps = {}, {}
         for wid in self.root.writer_ids():
             seg_dir = self.root.segment_dir(wid)
+            # Taken first: a commit published after it changes the stamp stale() reads.
+            stamps[wid] = (seg_dir, commit_stamp(seg_dir))
             commit = read_commit(seg_dir)
             if commit is not None:
                 seen[wid] = commit
@@ -275,9 +279,19 @@ class BufferReader:
             self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
-        self._commits = seen
+        self._commits, self._stamps = seen, stamps
         self._rebuild()
         return changed
+
+    def stale(self) -> bool:
+        """Has a segment this reader knows published a commit since its last refresh
+        (one ``stat`` of each segment's commit record locally)?  Segments of writers
+        that joined since are found by :meth:`refresh` only."""
+        if self.check_process():
+            return False  # reopened just now
+        if self.schema is None:
+            return True  # nothing was ever visible: a refresh costs as little
+        return any(commit_stamp(d) != stamp for d, stamp in self._stamps.values())
 
     def _open_segment(self, seg_dir) -> Segment:
         # Keys the column cache holds are read into it once: no chunk cache for them.
