@@ -248,3 +248,70 @@ def test_a_view_keeps_its_rows_across_a_writer_restart_that_appends(tmp_path):
     assert np.all(view.rows(np.arange(40), keys=["frame"])["frame"] == 1)
     view.refresh()
     assert len(view) == 60 and view[59]["rewards"] == 2
+
+
+# -- positions as numpy reads them -----------------------------------------------------
+
+
+def test_view_positions_read_as_numpy_indexes_an_array(tmp_path):
+    """A boolean mask of num_rows selects rows; negative positions count from the end in
+    every positional method; float positions are refused (never truncated); numpy and
+    torch integers work; out of range is IndexError."""
+    import torch
+
+    path = str(tmp_path / "buf")
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
+        buf.add_trajectories([_coded(1.0), _coded(2.0)])
+    view = zreplay.open(path)
+    r = view.rows(np.arange(40), keys=["rewards"])["rewards"][:, 0]
+    mask = np.zeros(40, bool)
+    mask[[3, 25]] = True
+    assert np.array_equal(view.rows(mask, keys=["rewards"])["rewards"][:, 0], r[[3, 25]])
+    assert len(view.rows(list(mask), keys=["rewards"])["rewards"]) == 2
+    assert view[-1]["rewards"] == r[39] == view[39]["rewards"]
+    assert view[-40]["rewards"] == r[0]
+    got = view.rows([-1, -40, np.int64(5)], keys=["rewards"])["rewards"][:, 0]
+    assert np.array_equal(got, r[[39, 0, 5]])
+    assert np.array_equal(
+        view.rows(torch.tensor([1, -2]), keys=["rewards"])["rewards"][:, 0], r[[1, 38]]
+    )
+    assert view[np.int32(7)]["rewards"] == r[7] and view[torch.tensor(8)]["rewards"] == r[8]
+    assert view.rows([], keys=["rewards"])["rewards"].shape == (0, 1)
+    assert np.array_equal(view.trajectory(-1)["rewards"], view.trajectory(1)["rewards"])
+    assert np.array_equal(view.episode(-1)["rewards"], view.episode(3)["rewards"])
+    n = view.num_clips(2)
+    assert np.array_equal(view.clips([-1], 2)["rewards"], view.clips([n - 1], 2)["rewards"])
+    for bad in ([0.5, 1.7], np.array([3.0]), torch.tensor([2.0])):
+        with pytest.raises(TypeError, match="integers"):
+            view.rows(bad)
+    with pytest.raises(TypeError, match="integer"):
+        view[1.0]
+    with pytest.raises(TypeError):
+        view.clips([0.5], 2)
+    with pytest.raises(IndexError, match="shape"):
+        view.rows(mask[:10])
+    for bad in (40, -41):
+        with pytest.raises(IndexError):
+            view[bad]
+        with pytest.raises(IndexError):
+            view.rows([0, bad])
+    with pytest.raises(IndexError):
+        view.clips([n], 2)
+
+
+def test_trajectory_buffer_and_view_read_trajectory_positions_alike(tmp_path):
+    """The writer facade and the view both count trajectory -1 as the newest, refuse a
+    float and raise IndexError past either end."""
+    path = str(tmp_path / "buf")
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
+        buf.add_trajectories([_coded(1.0), _coded(2.0)])
+        buf.flush()
+        view = zreplay.open(path)
+        for src in (buf, view):
+            assert np.all(src.trajectory(-1)["rewards"] == 2)
+            assert np.all(src.trajectory(np.int64(-2))["rewards"] == 1)
+            with pytest.raises(TypeError):
+                src.trajectory(1.0)
+            for bad in (2, -3):
+                with pytest.raises(IndexError):
+                    src.trajectory(bad)

@@ -27,7 +27,7 @@ from ..conventions import ACTION_KEYS
 from ..core.ranks import distributed, rank_block, resolve_rank
 from ..core.waits import Interrupted, pause
 from ..errors import BufferClosedError, StaleViewError
-from ..numbers import as_int
+from ..numbers import as_int, as_positions
 from .batches import index_tree
 from .prefetch import Prefetcher
 from .view import BufferView
@@ -210,11 +210,10 @@ class RankShard(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
-    def _positions(self, idx: np.ndarray) -> np.ndarray:
-        """View positions (as of the view's last refresh) of shard rows ``idx``."""
-        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
-            raise IndexError(f"index out of range for a shard of {len(self)} rows")
-        idx = idx % max(1, len(self))
+    def _positions(self, idx) -> np.ndarray:
+        """View positions (as of the view's last refresh) of shard rows ``idx`` (as numpy
+        indexes an array of ``len(self)``)."""
+        idx = as_positions(idx, len(self), "shard row indices")
         which = np.searchsorted(self._ends, idx, side="right")
         pos = np.empty(len(idx), np.int64)
         for r in np.unique(which):
@@ -225,8 +224,9 @@ class RankShard(torch.utils.data.Dataset):
 
     def __getitem__(self, i) -> dict[str, Any]:
         if np.ndim(i) == 0:
-            return index_tree(self.view.rows(self._positions(np.array([int(i)])), self.keys), 0)
-        return self.view.rows(self._positions(np.asarray(i, np.int64)), self.keys)
+            one = [as_int(i, "index")]
+            return index_tree(self.view.rows(self._positions(one), self.keys), 0)
+        return self.view.rows(self._positions(i), self.keys)
 
 
 def rank_loader(
