@@ -43,7 +43,8 @@ class ClipDataset(torch.utils.data.Dataset):
     ``follow``: every item comes from the newest commit (the view refreshes whenever a
     writer committed since, which a ``stat`` per segment tells), as the writer's own
     ``len`` counts them: what persistent DataLoader workers of a buffer being written
-    need; otherwise items come from the snapshot of the last ``refresh()``."""
+    need; otherwise items come from the snapshot of the last ``refresh()`` until a
+    writer removes its rows (then the view refreshes)."""
 
     def __init__(
         self,
@@ -76,9 +77,9 @@ class ClipDataset(torch.utils.data.Dataset):
             try:
                 return self._item(i)
             except StaleViewError:
-                if not self.follow:
-                    raise
-                # A commit replaced the rows between the check and the read: follow it.
+                # A commit removed the rows (a clear, eviction) since the view's refresh:
+                # items are indices of the newest commit then, as past the end.
+                self.view.refresh()
         raise StaleViewError(
             f"{self.view.path}: its writer kept replacing the rows while item {i} was "
             "read; read it again"
