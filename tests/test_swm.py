@@ -528,3 +528,55 @@ def test_a_zarr_dump_appended_to_a_buffer_keeps_that_buffers_state(tmp_path):
     t = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(t_path))
     assert t.seed == 1234 and len(t) == 1 + 4
     t.close()
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_persistent_workers_serve_the_commit_a_flush_made_after_a_clear(tmp_path, ctx):
+    """Two persistent DataLoader workers over a ReplayBuffer: after clear(), new writes
+    and flush(), every item they serve comes from the new commit (pixels >= 7000),
+    never a cleared episode, and an epoch covers exactly the new clips; also after the
+    buffer grows again without a clear."""
+    b = zreplay.ReplayBuffer(500, history_len=2, path=tmp_path / "pw")
+    fill(b, [12, 9])  # pixels 1000.. and 2000..: 11 + 8 clips
+    b.flush()
+    loader = DataLoader(
+        b, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+        multiprocessing_context=mp.get_context(ctx),
+    )  # fmt: skip
+    first = _collect(loader)
+    assert len(first) == len(b) == 19 and all(c[0] < 3000 for c in first)
+    b.clear()
+    b.write_episode(episode(6, base=7000))
+    b.write_episode(episode(5, base=8000))
+    b.flush()
+    second = _collect(loader)  # the same two worker processes
+    assert len(second) == len(b) == 5 + 4
+    assert all(c[0] >= 7000 for c in second), second
+    assert sorted(map(tuple, second)) == sorted(
+        [(7000 + i, 7001 + i) for i in range(5)] + [(8000 + i, 8001 + i) for i in range(4)]
+    )
+    b.write_episode(episode(4, base=9000))
+    b.flush()
+    third = _collect(loader)
+    assert len(third) == 12 and {c[0] // 1000 for c in third} == {7, 8, 9}
+    b.close()
+
+
+def test_replay_buffer_positions_are_python_sequence_indices(rb):
+    """Negative clip and episode indices count from the end; floats are refused."""
+    fill(rb, [5, 6])
+    n = len(rb)
+    assert rb[-1]["pixels"][:, 0, 0].tolist() == rb[n - 1]["pixels"][:, 0, 0].tolist()
+    assert rb[np.int64(0)]["pixels"][0, 0, 0] == 1000
+    assert rb.load_episode(-1)["pixels"][:, 0, 0].tolist() == list(range(2000, 2006))
+    assert rb.load_chunk([-2], [1], [3])[0]["pixels"][:, 0, 0].tolist() == [1001, 1002]
+    for bad in (1.5, 1.0):
+        with pytest.raises(TypeError):
+            rb[bad]
+        with pytest.raises(TypeError):
+            rb.load_episode(bad)
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError):
+            rb[bad]
+    with pytest.raises(IndexError):
+        rb.load_episode(2)

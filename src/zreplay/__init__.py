@@ -54,6 +54,7 @@ from .errors import RateLimitTimeout as RateLimitTimeout
 from .errors import ReadOnlyError as ReadOnlyError
 from .errors import SchemaError as SchemaError
 from .errors import StackError as StackError
+from .errors import StaleViewError as StaleViewError
 from .errors import WriteFailedError as WriteFailedError
 from .errors import WriterLockedError as WriterLockedError
 from .errors import ZReplayError as ZReplayError

@@ -94,6 +94,14 @@ class EmptyBufferError(ZReplayError, RuntimeError):
     """Sampling was requested from a buffer (or window) holding no transitions."""
 
 
+class StaleViewError(ZReplayError, RuntimeError):
+    """A read-only view was asked for positions (``view[i]``, ``rows``, ``trajectory``,
+    ``episode``, ``clips``) of its snapshot whose rows a writer has since removed (a
+    ``clear()``, eviction, a loaded checkpoint, the buffer made again): a view is a
+    snapshot until ``refresh()``, and those positions may name other rows after it.
+    Call ``refresh()`` and index again."""
+
+
 class WriteFailedError(ZReplayError, RuntimeError):
     """A write to the store failed (full disk, permissions); the previous commit is intact.
 

@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_array", "as_float", "as_int", "as_optional_float", "check_json"]
+__all__ = [
+    "as_array",
+    "as_float",
+    "as_index",
+    "as_int",
+    "as_optional_float",
+    "as_positions",
+    "check_json",
+]
 
 
 def _scalar(value: Any) -> Any:
@@ -61,6 +69,51 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     if minimum is not None and v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     return v
+
+
+def as_index(value: Any, n: int, name: str) -> int:
+    """``value`` (as :func:`as_int` takes it) as a position in a sequence of ``n``, as
+    Python sequences read it: negative counts from the end; ``IndexError`` outside
+    ``[-n, n)``, ``TypeError`` for a non-integer (a float is never truncated)."""
+    i = as_int(value, name)
+    if not -n <= i < n:
+        raise IndexError(f"{name} {i} is out of range for {n} (valid: -{n} to {n - 1})")
+    return i + n if i < 0 else i
+
+
+def as_positions(value: Any, n: int, name: str) -> np.ndarray:
+    """``value`` as flat int64 positions into ``n`` items ``[0, n)``, as numpy indexes an
+    array of ``n``: integers of any integer dtype (Python, numpy or torch, scalar or
+    array), negative counting from the end, or a boolean mask of length ``n`` (the items
+    where it is True).  ``TypeError`` for anything else (float
+    positions are never truncated), ``IndexError`` for positions outside ``[-n, n)`` or a
+    mask of another length."""
+    arr = as_array(value)
+    if arr.dtype == np.bool_ and arr.ndim > 0:
+        if arr.shape != (n,):
+            raise IndexError(
+                f"a boolean mask for {name} must have shape ({n},), one entry per item, "
+                f"got shape {arr.shape}"
+            )
+        return np.flatnonzero(arr).astype(np.int64)
+    if arr.size == 0 and arr.dtype != np.bool_:  # [] is float64 to numpy
+        return np.empty(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        bad = arr.reshape(-1)[:3].tolist()
+        raise TypeError(
+            f"{name} must be integers or a boolean mask of length {n}, got {arr.dtype} "
+            f"{bad}{'...' if arr.size > 3 else ''} (cast float positions yourself)"
+        )
+    flat = arr.reshape(-1)
+    lo, hi = int(flat.min()), int(flat.max())
+    if lo < -n or hi >= n:
+        raise IndexError(
+            f"{name} must lie in [-{n}, {n}) (negative from the end), got {lo if lo < -n else hi}"
+        )
+    flat = flat.astype(np.int64, copy=False)
+    if lo < 0:
+        flat = np.where(flat < 0, flat + n, flat)
+    return flat
 
 
 def as_float(value: Any, name: str, finite: bool = True) -> float:

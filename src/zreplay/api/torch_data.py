@@ -3,8 +3,8 @@
 * ``DataLoader(view, ...)`` works directly: a :class:`~zreplay.BufferView` is a map-style
   dataset of transitions, a :class:`~zreplay.ReplayBuffer` one of clips.  Worker
   processes reopen the store read-only (never a forked copy of the parent's memory), so
-  data committed after they started becomes visible after ``refresh()`` (views) or as
-  soon as an index asks for it (``ReplayBuffer``).
+  data committed after they started becomes visible after ``refresh()`` (views) or, for
+  a ``ReplayBuffer``, with the next item (each item comes from the newest commit).
 * :class:`ClipDataset`: clips of a buffer directory as a map-style dataset.
 * :class:`ReplayDataset`: RLinf's ``ReplayBufferDataset``: an endless iterable of ready
   batches drawn on a background thread, optionally mixing a second (demo) buffer.
@@ -26,18 +26,25 @@ import torch.utils.data
 from ..conventions import ACTION_KEYS
 from ..core.ranks import distributed, rank_block, resolve_rank
 from ..core.waits import Interrupted, pause
-from ..errors import BufferClosedError
-from ..numbers import as_int
+from ..errors import BufferClosedError, StaleViewError
+from ..numbers import as_int, as_positions
 from .batches import index_tree
 from .prefetch import Prefetcher
 from .view import BufferView
+
+RETRIES = 5  # reads of an item a writer's commits kept replacing before it gives up
 
 
 class ClipDataset(torch.utils.data.Dataset):
     """Clips ``{key: [history_len, ...]}`` (plus ``is_pad`` when padded) of a buffer
     directory; ``len`` = valid clips at the last ``refresh()``.  Safe to hand to
     DataLoader workers (each reopens the directory).  An index past the end refreshes;
-    ``wait_s`` > 0 keeps refreshing that long for a commit the caller knows is coming."""
+    ``wait_s`` > 0 keeps refreshing that long for a commit the caller knows is coming.
+    ``follow``: every item comes from the newest commit (the view refreshes whenever a
+    writer committed since, which a ``stat`` per segment tells), as the writer's own
+    ``len`` counts them: what persistent DataLoader workers of a buffer being written
+    need; otherwise items come from the snapshot of the last ``refresh()`` until a
+    writer removes its rows (then the view refreshes)."""
 
     def __init__(
         self,
@@ -49,11 +56,12 @@ class ClipDataset(torch.utils.data.Dataset):
         action_keys: tuple[str, ...] = ACTION_KEYS,
         transform: Callable | None = None,
         wait_s: float = 0.0,
+        follow: bool = False,
     ):
         self.view = path if isinstance(path, BufferView) else BufferView(path)
         self.args = (history_len, frameskip, pad)
         self.keys, self.action_keys, self.transform = keys, tuple(action_keys), transform
-        self.wait_s = wait_s
+        self.wait_s, self.follow = wait_s, bool(follow)
 
     def refresh(self) -> bool:
         return self.view.refresh()
@@ -62,6 +70,22 @@ class ClipDataset(torch.utils.data.Dataset):
         return self.view.num_clips(*self.args)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        i = as_int(i, "index")
+        for _ in range(RETRIES):
+            if self.follow and self.view.core.stale():
+                self.view.refresh()
+            try:
+                return self._item(i)
+            except StaleViewError:
+                # A commit removed the rows (a clear, eviction) since the view's refresh:
+                # items are indices of the newest commit then, as past the end.
+                self.view.refresh()
+        raise StaleViewError(
+            f"{self.view.path}: its writer kept replacing the rows while item {i} was "
+            "read; read it again"
+        )
+
+    def _item(self, i: int) -> dict[str, Any]:
         n = len(self)
         if not -n <= i < n:
             deadline = time.monotonic() + (self.wait_s if i >= 0 else 0.0)
@@ -187,11 +211,10 @@ class RankShard(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
-    def _positions(self, idx: np.ndarray) -> np.ndarray:
-        """View positions (as of the view's last refresh) of shard rows ``idx``."""
-        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
-            raise IndexError(f"index out of range for a shard of {len(self)} rows")
-        idx = idx % max(1, len(self))
+    def _positions(self, idx) -> np.ndarray:
+        """View positions (as of the view's last refresh) of shard rows ``idx`` (as numpy
+        indexes an array of ``len(self)``)."""
+        idx = as_positions(idx, len(self), "shard row indices")
         which = np.searchsorted(self._ends, idx, side="right")
         pos = np.empty(len(idx), np.int64)
         for r in np.unique(which):
@@ -202,8 +225,9 @@ class RankShard(torch.utils.data.Dataset):
 
     def __getitem__(self, i) -> dict[str, Any]:
         if np.ndim(i) == 0:
-            return index_tree(self.view.rows(self._positions(np.array([int(i)])), self.keys), 0)
-        return self.view.rows(self._positions(np.asarray(i, np.int64)), self.keys)
+            one = [as_int(i, "index")]
+            return index_tree(self.view.rows(self._positions(one), self.keys), 0)
+        return self.view.rows(self._positions(i), self.keys)
 
 
 def rank_loader(

@@ -34,7 +34,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..engine.reader import segment_commits
-from ..errors import AppendOnlyError, FormatError, ReadOnlyError, SchemaError
+from ..errors import AppendOnlyError, FormatError, ReadOnlyError, SchemaError, StaleViewError
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
@@ -428,10 +428,10 @@ class ZarrStorage(TensorStorage):
         return self._build(self._rows_at(lambda: slots.reshape(-1)), slots.shape)
 
     def _rows_at(self, slots, keys: list[str] | None = None) -> dict:
-        """``core.rows`` of the rows the slots ``slots()`` show.  A read-only copy's reader
-        moves on to the newest commit by itself when rows it showed have left the disk;
-        the copy then follows it (see :meth:`refresh`) and reads again, so no read mixes
-        two commits' rows."""
+        """``core.rows`` of the rows the slots ``slots()`` show.  When rows a read-only
+        copy showed have left the disk (its reader raises ``StaleViewError``), the copy
+        refreshes, follows the newest commit (see :meth:`refresh`) and reads again, so no
+        read mixes two commits' rows."""
         while True:
             want = slots()
             try:
@@ -439,6 +439,12 @@ class ZarrStorage(TensorStorage):
             except IndexError:  # positions of an older commit than the reader's now
                 if self.core.writable or not self._follow_commit():
                     raise
+                continue
+            except StaleViewError:  # the rows it showed left the disk: follow the newest
+                if self.core.writable:
+                    raise
+                self.core.refresh()
+                self._follow_commit()
                 continue
             if self.core.writable or not self._follow_commit():
                 return got

@@ -373,6 +373,7 @@ class TrajectoryReplayBuffer:
         return export_rlinf(self.core, path, format or self.trajectory_format, self.seed)
 
     def trajectory(self, i: int) -> dict[str, Any]:
-        """Visible trajectory ``i`` (0 = oldest kept) as nested ``[T, B, ...]`` numpy arrays,
-        plus ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
+        """Visible trajectory ``i`` (0 = oldest kept, negative from the newest; an integer,
+        ``TypeError`` otherwise) as nested ``[T, B, ...]`` numpy arrays, plus
+        ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
         return trajectory_dict(self.core.trajectory(i))

@@ -3,7 +3,9 @@
 A view sees the union of every writer's segment, each clamped to its last commit, and
 takes no lock: writers may keep appending in other processes; :meth:`BufferView.refresh`
 picks up what they have committed since.  Positions (``sample``, ``__getitem__``,
-``trajectory``) run over visible rows/trajectories in segment-name order.
+``trajectory``) run over visible rows/trajectories in segment-name order.  A view is a
+snapshot until ``refresh()`` in every method: positions of rows a writer removed since
+(a clear, eviction, a loaded checkpoint) raise ``StaleViewError``, never name other rows.
 
 A thin adapter of a read-only :class:`~zreplay.core.BufferCore` (``self.core``).
 """
@@ -211,7 +213,10 @@ class BufferView:
         return unflatten(self.core.episode(e, keys))
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, Any]:
-        """Rows at visible positions ``[0, num_rows)`` as a nested dict of numpy arrays."""
+        """Rows at visible positions ``[0, num_rows)`` as a nested dict of ``[len, ...]``
+        numpy arrays.  ``positions`` as numpy indexes an array of ``num_rows``: integers
+        (numpy/torch too; negative from the end) or a boolean mask of ``num_rows``;
+        ``IndexError`` outside, ``TypeError`` for float positions."""
         return unflatten(self.core.rows(positions, keys))
 
     def sample(
@@ -225,7 +230,8 @@ class BufferView:
         return unflatten(self.core.sample(n, keys, version=version))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return index_tree(self.rows([i]), 0)
+        """Row ``i`` (negative from the end, as a Python sequence)."""
+        return index_tree(self.rows([as_int(i, "index")]), 0)
 
     def update_priorities(self, indices, priorities) -> int:
         """Set the priorities of what a batch drew (``batch["index"]``) in this view's

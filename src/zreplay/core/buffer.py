@@ -253,14 +253,26 @@ class BufferCore:
             self.stream.unseeded()
             self.engine.check_process()
 
-    def read(self, draw: Callable[[Any], object], alloc=None) -> tuple[object, dict]:
+    def read(
+        self, draw: Callable[[Any], object], alloc=None, redraw: bool = True
+    ) -> tuple[object, dict]:
         """``draw(snapshot)`` at one consistent instant, then gather what it asks for (see
-        ``SegmentWriter.read``); returns ``(what draw returned, {name: array})``."""
+        ``SegmentWriter.read``); returns ``(what draw returned, {name: array})``.
+        ``redraw=False``: ``draw`` reads positions the caller chose, which a reader never
+        re-resolves on a refreshed snapshot (``StaleViewError`` if its rows went)."""
         self._check_process()
-        return self.engine.read(draw, alloc)
+        return self.engine.read(draw, alloc, redraw)
 
     def _read(self, fn) -> dict:
         return self.read(fn)[1]
+
+    def _read_at(self, draw, alloc=None) -> tuple[object, dict]:
+        # Positions the caller chose (an index, an episode, a trajectory) mean rows of
+        # the snapshot it counted them in: never drawn again on another one.
+        return self.read(draw, alloc, redraw=False)
+
+    def _read_fixed(self, fn) -> dict:
+        return self._read_at(fn)[1]
 
     def pick(self, n: int, step: int | None = None, version=None):
         """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
@@ -320,7 +332,7 @@ class BufferCore:
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
-        return plans.gather_clips(self._read, spec, keys or self.keys, plans.fixed(indices))
+        return plans.gather_clips(self._read_fixed, spec, keys or self.keys, plans.fixed(indices))
 
     def num_clips(self, spec: ClipSpec) -> int:
         return spec.num_clips(self.episodes())
@@ -336,18 +348,18 @@ class BufferCore:
         """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
         e, start = as_int(e, "episode"), as_int(start, "start")
         stop = None if stop is None else as_int(stop, "stop")
-        return plans.gather_episode(self._read, keys or self.keys, e, start, stop)
+        return plans.gather_episode(self._read_fixed, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
         writer)."""
-        return read_rows(self.read, self.keys if keys is None else list(keys), positions)
+        return read_rows(self._read_at, self.keys if keys is None else list(keys), positions)
 
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
         """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
         i = as_int(i, "trajectory")
         keys = self.keys if keys is None else list(keys)
-        return next(read_trajectories(self.read, self.schema, keys, i, i + 1, 0))
+        return next(read_trajectories(self._read_at, self.schema, keys, i, i + 1, 0))
 
     def trajectories(
         self, start: int = 0, stop: int | None = None, batch_bytes: int = BATCH_BYTES
@@ -355,19 +367,27 @@ class BufferCore:
         """Visible trajectories ``[start, stop)``, oldest first, read ``batch_bytes`` of
         rows at a time (one range read per key and batch)."""
         stop = self.num_trajectories if stop is None else stop
-        yield from read_trajectories(self.read, self.schema, self.keys, start, stop, batch_bytes)
+        yield from read_trajectories(
+            self._read_at, self.schema, self.keys, start, stop, batch_bytes
+        )
 
     def episodes_from(
         self, start: int, keys: list[str] | None = None, batch_bytes: int = BATCH_BYTES
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Episodes from ``start`` on, as many as fit ``batch_bytes`` (at least one), read
         together: ``(columns [steps, ...], {"length", "terminated", "truncated"})``."""
-        return read_episodes(self.read, self.schema, keys or self.keys, start, batch_bytes)
+        return read_episodes(self._read_at, self.schema, keys or self.keys, start, batch_bytes)
 
     def refresh(self) -> bool:
         """A reader re-reads the commits (True if anything new became visible)."""
         self._check_process()
         return self.engine.refresh() if not self.writable else False
+
+    def stale(self) -> bool:
+        """A reader: has a writer committed since its last refresh (cheap: a ``stat`` per
+        segment)?  A writer reads its live state: never."""
+        self._check_process()
+        return False if self.writable else self.engine.stale()
 
     def segments(self) -> list[tuple[str, Any]]:
         """``(writer_id, commit)`` of every visible segment (readers)."""

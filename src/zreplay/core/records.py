@@ -17,6 +17,7 @@ import numpy as np
 
 from ..engine.prepared import Prepared
 from ..index.trajectories import time_major
+from ..numbers import as_positions
 
 BATCH_BYTES = 64 << 20
 Read = Callable[[Callable], tuple]
@@ -126,12 +127,16 @@ def read_episodes(
 
 def read_rows(read: Read, keys: list[str], positions) -> dict[str, np.ndarray]:
     """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
-    writer) of ``keys``, read through ``read(draw)``; IndexError outside them."""
-    pos = np.asarray(positions, np.int64).reshape(-1)
+    writer) of ``keys``, read through ``read(draw)``.  ``positions`` as numpy indexes the
+    visible rows (:func:`~zreplay.numbers.as_positions`: negative from the end, or a
+    boolean mask of one entry per row); IndexError outside them, TypeError for floats."""
 
     def draw(snap):
+        # A writer's positions are its global rows [lo, lo + num_rows) (lo > 0 once it
+        # evicted): negative ones count back from the newest either way.
         lo = int(snap.bounds[0])
-        if len(pos) and (pos.min() < lo or pos.max() >= lo + snap.num_rows):
+        pos = as_positions(positions, lo + snap.num_rows, "row positions")
+        if lo and len(pos) and int(pos.min()) < lo:
             raise IndexError(f"row positions must lie in [{lo}, {lo + snap.num_rows})")
         return {k: (k, pos) for k in keys}
 

@@ -2,8 +2,11 @@
 
 A reader takes no lock: writers may keep appending in other processes; :meth:`refresh`
 re-reads every segment's commit and picks up what they committed since.  Positions run
-over the visible rows (and trajectories) of the segments in name order.  Reads that meet
-rows a writer evicted and deleted meanwhile are retried on a refreshed snapshot.
+over the visible rows (and trajectories) of the segments in name order.  A reader is a
+snapshot until :meth:`refresh`: a random draw that meets rows a writer evicted and
+deleted meanwhile is drawn again on a refreshed snapshot (the whole reader refreshes),
+but positions the caller chose are never re-resolved against another snapshot: their
+reads raise :class:`~zreplay.errors.StaleViewError` instead.
 
 Each segment keeps its small keys decoded in a column cache (up to ``column_cache_bytes``
 per segment, in a local file every process reading the segment shares;
@@ -22,11 +25,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import CorruptBufferError, EmptyBufferError, FormatError
+from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleViewError
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
-from ..store.commit import Commit, read_commit, same_contents
+from ..store.commit import Commit, commit_stamp, read_commit, same_contents
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
@@ -154,6 +157,8 @@ class BufferReader:
         self._recorded = None  # the root's schema and layout JSON that schema was parsed from
         self._created = None  # the root's creation time: another one is another buffer
         self._commits: dict[str, Commit] = {}
+        # Each segment's commit stamp, taken before its commit was read (see stale()).
+        self._stamps: dict[str, tuple[object, object]] = {}
         self.refresh()
 
     @property
@@ -236,9 +241,11 @@ class BufferReader:
         if self.schema is None:
             self._rebuild()
             return changed
-        seen = {}
+        seen, stamps = {}, {}
         for wid in self.root.writer_ids():
             seg_dir = self.root.segment_dir(wid)
+            # Taken first: a commit published after it changes the stamp stale() reads.
+            stamps[wid] = (seg_dir, commit_stamp(seg_dir))
             commit = read_commit(seg_dir)
             if commit is not None:
                 seen[wid] = commit
@@ -272,9 +279,19 @@ class BufferReader:
             self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
-        self._commits = seen
+        self._commits, self._stamps = seen, stamps
         self._rebuild()
         return changed
+
+    def stale(self) -> bool:
+        """Has a segment this reader knows published a commit since its last refresh
+        (one ``stat`` of each segment's commit record locally)?  Segments of writers
+        that joined since are found by :meth:`refresh` only."""
+        if self.check_process():
+            return False  # reopened just now
+        if self.schema is None:
+            return True  # nothing was ever visible: a refresh costs as little
+        return any(commit_stamp(d) != stamp for d, stamp in self._stamps.values())
 
     def _open_segment(self, seg_dir) -> Segment:
         # Keys the column cache holds are read into it once: no chunk cache for them.
@@ -389,9 +406,13 @@ class BufferReader:
             )
         return self._snapshot
 
-    def read(self, draw: Callable[[Snapshot], object], alloc=None) -> tuple[object, dict]:
-        """``draw(snapshot)``, then gather what it asks for (as ``SegmentWriter.read``);
-        drawn again on a refreshed snapshot if its rows were evicted meanwhile."""
+    def read(
+        self, draw: Callable[[Snapshot], object], alloc=None, redraw: bool = True
+    ) -> tuple[object, dict]:
+        """``draw(snapshot)``, then gather what it asks for (as ``SegmentWriter.read``).
+        If its rows were evicted meanwhile: with ``redraw`` (a random draw) the reader
+        refreshes and draws again; without (positions the caller chose, which name other
+        rows, or none, on another snapshot) :class:`StaleViewError`."""
         self.check_process()
         for _ in range(RETRIES):
             snap = self.snapshot()
@@ -401,6 +422,13 @@ class BufferReader:
                     return drawn, {}
                 return drawn, gather(snap, as_requests(drawn, self.schema), alloc)
             except Evicted:
+                if not redraw:
+                    raise StaleViewError(
+                        f"{self.path}: rows this view's snapshot shows were removed by a "
+                        "writer since it was taken (cleared, evicted, or replaced by a "
+                        "loaded checkpoint); call refresh() and index again (positions "
+                        "may name other rows after it)"
+                    ) from None
                 self.refresh()
         raise EmptyBufferError("rows kept being evicted while reading; sample again")
 

@@ -323,13 +323,17 @@ class SegmentWriter:
         """The visible rows at this instant (call with ``cond`` held)."""
         return self.state.snapshot(self.saved_priorities)
 
-    def read(self, draw: Callable[[Snapshot], object], alloc=None) -> tuple[object, dict]:
+    def read(
+        self, draw: Callable[[Snapshot], object], alloc=None, redraw: bool = True
+    ) -> tuple[object, dict]:
         """Call ``draw(snapshot)`` under the lock, then gather what it asks for: positions
         (global rows; every key is gathered at them) or requests ``{name: (key, positions
         of any shape)}`` (see :mod:`zreplay.engine.gather`).  Drawing under the lock that
         guards eviction means every drawn row is still readable when it is read: no sample
         ever mixes fields of different transitions.  ``alloc(name, shape, dtype)`` provides
-        each output (e.g. pinned memory); rows are gathered straight into it."""
+        each output (e.g. pinned memory); rows are gathered straight into it.  A writer
+        reads its current state, not a snapshot a caller holds: ``redraw`` (a reader's)
+        changes nothing here."""
         for _ in range(READ_RETRIES):
             with self.cond:
                 self._check_open()

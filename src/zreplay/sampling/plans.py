@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import EmptyBufferError, SchemaError
 from ..index.episodes import EpisodeView
+from ..numbers import as_positions
 from .clips import ClipSpec, finish_clips, plan_clips
 from .nstep import NStepSpec, finish_nstep, next_name, nstep_counts, plan_nstep
 from .samplers.base import Units
@@ -41,13 +42,12 @@ def nstep_units(view: EpisodeView, has_next: bool) -> Units:
 
 
 def fixed(indices) -> Pick:
-    """Pick the given flat unit indices (checked against the unit count at gather time)."""
-    idx = np.asarray(indices, np.int64).reshape(-1)
+    """Pick the given flat unit indices, read against the unit count at gather time as
+    numpy reads them (:func:`~zreplay.numbers.as_positions`: negative from the end, a
+    boolean mask of one entry per unit; floats refused)."""
 
     def pick(units: Units, _snapshot=None) -> np.ndarray:
-        if len(idx) and (idx.min() < 0 or idx.max() >= units.total):
-            raise IndexError(f"{units.name} index out of range [0, {units.total})")
-        return idx
+        return as_positions(indices, units.total, f"{units.name} indices")
 
     return pick
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -134,6 +135,23 @@ def read_commit(segment_dir: Location) -> Commit | None:
                 "segment from a checkpoint"
             )
         return c
+    return None
+
+
+def commit_stamp(segment_dir: Location) -> object:
+    """What changes whenever the segment publishes a commit, read far more cheaply than
+    the commit itself: locally the record's inode, modification time and size (every
+    publish renames a new file into place), elsewhere its bytes; None before the first
+    commit.  For a reader asking "is my snapshot still the newest?" on every item."""
+    segment_dir = locate(segment_dir)
+    for path in (commit_path(segment_dir), legacy_commit_path(segment_dir)):
+        try:
+            if path.backend.is_local:
+                st = os.stat(path)
+                return (st.st_ino, st.st_mtime_ns, st.st_size)
+            return path.read_bytes()
+        except FileNotFoundError:
+            continue
     return None
 
 
