@@ -19,6 +19,11 @@ DataLoader workers, a notebook) maps the same file, so the rows are decoded once
 machine and held once by the page cache, which evicts them under memory pressure like any
 file (nothing is pinned in RAM).  Where the directory cannot be written, or for segments
 written before contents ids (format <= 3), the ring is anonymous memory of this process.
+Those names follow from facts anyone can read, so the directory must be one no other
+user can put files in: made mode 0700 if missing, and used only while it is a directory
+(not a link) of this user's that nobody else can write; else the rows stay in each
+process's memory, with a warning.  Its files are opened without following links, and one
+that is not this user's regular file is never mapped.
 
 **Filling**: it follows the commit, not the add path: :meth:`ColumnCache.cover` extends
 the ring with one range read per key of the committed rows it lacks (under an exclusive
@@ -58,6 +63,7 @@ import math
 import mmap
 import os
 import shutil
+import stat
 import threading
 import time
 import warnings
@@ -130,6 +136,41 @@ def cache_dir() -> Path:
     return Path(base) / "zreplay" / "columns"
 
 
+def _private_dir(d: Path) -> None:
+    """Make the cache directory ``d`` (mode 0700) if missing, and check that it is one
+    no other user can put files in: a directory (not a link) of this user's, writable by
+    nobody else.  Its files' names follow from facts anyone can read (a buffer's path and
+    contents id), so in a directory others can write one could plant rows for readers to
+    serve; OSError (PermissionError) names what is wrong."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{d} is not a directory (a link is not followed there)")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{d} belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & 0o022:
+        raise PermissionError(
+            f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): they could"
+            " plant rows there"
+        )
+
+
+def _ours(st: os.stat_result) -> bool:
+    """A regular file of this user's (not one another user planted)."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _create(path: Path) -> int:
+    """A new file of ours at ``path`` (a temporary name: one left by a killed process
+    with the same pid is replaced; a link there is never followed)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, 0o600)
+
+
 def _boot_id() -> int:
     try:
         text = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -187,7 +228,7 @@ class _Ring:
         if path is None:
             mm = mmap.mmap(-1, size)
         else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = _create(path)
             try:
                 # Blocks reserved now: a store into a mapped page the disk has no room
                 # for would kill the process (SIGBUS), not raise.
@@ -208,14 +249,17 @@ class _Ring:
     def open(cls, path: Path, specs: dict) -> _Ring | None:
         """The ring in ``path`` if it is one of these keys, of this boot; else None."""
         try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:  # none, or a link someone put there: not followed
             return None
         try:
-            size = os.fstat(fd).st_size
-            if size < _PAGE:
+            st = os.fstat(fd)
+            size = st.st_size
+            if size < _PAGE or not _ours(st):  # another user's file is no cache of ours
                 return None
             mm = mmap.mmap(fd, size)
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # in use: not pruned
         except OSError:  # no address space or memory for the mapping (ENOMEM)
             return None
         finally:
@@ -225,8 +269,6 @@ class _Ring:
         ok = h[_H_MAGIC] == _MAGIC and h[_H_VERSION] == _VERSION and h[_H_BOOT] == _BOOT
         if not ok or slots <= 0 or size != cls.nbytes(specs, slots) or h[_H_SUPERSEDED]:
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # in use: not pruned
         return cls(mm, specs, slots, path)
 
     @property
@@ -302,6 +344,11 @@ class ColumnCache:
             return None
         if self._named[0] != ident:
             d = cache_dir()
+            try:
+                _private_dir(d)
+            except OSError as e:
+                self._go_private(d, e)
+                return None
             sig = repr([(k, s.dtype.str, tuple(s.row_shape)) for k, s in self._specs.items()])
             digest = hashlib.sha256(f"{ident}\0{sig}".encode()).hexdigest()[:40]
             self._named = (ident, d / f"{digest}.cols")
@@ -341,7 +388,7 @@ class ColumnCache:
         fd = None
         if path is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                _private_dir(path.parent)  # (the user may have removed it meanwhile)
                 fd = _lock_file(path.with_suffix(".lock"), self._wait)
             except BlockingIOError:  # another process fills the file: not waited for
                 yield False
@@ -363,7 +410,8 @@ class ColumnCache:
         _warn_once(
             str(where),
             f"zreplay: cannot keep small columns in {where} ({e}); each process keeps them"
-            " in its own memory instead (set ZREPLAY_CACHE_DIR to a writable local directory)",
+            " in its own memory instead (set ZREPLAY_CACHE_DIR to a writable local directory"
+            " of your own that no other user can write)",
             stacklevel=7,
         )
 
@@ -549,9 +597,11 @@ def _lock_file(path: Path, wait: bool) -> int:
     on a file that was pruned meanwhile (:func:`_prune` unlinks unused lock files under
     their lock) guards nothing: it is taken again on the file now at ``path``."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         _HELD.add(fd)
         try:
+            if not _ours(os.fstat(fd)):
+                raise PermissionError(f"{path} is not a file of this user's")
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             if _same_file(fd, path):
                 return fd
@@ -573,7 +623,7 @@ def _prune(directory: Path) -> None:
     names = {e.name for e in entries}
     for entry in entries:
         with contextlib.suppress(OSError):
-            if now - entry.stat().st_mtime <= PRUNE_AGE_S:
+            if now - entry.stat(follow_symlinks=False).st_mtime <= PRUNE_AGE_S:
                 continue
             if entry.name.endswith((".cols", ".tmp")):
                 os.unlink(entry.path)
@@ -585,7 +635,7 @@ def _prune_lock(path: str) -> None:
     """Unlink an unused lock file while holding its lock (a filler holding it: left).
     Only the file locked: another pruner may have unlinked it between this open and
     this flock, and a filler made and locked a new one at the path since."""
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if _same_file(fd, path):  # then only this lock's holder (us) can unlink it

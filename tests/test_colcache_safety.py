@@ -1,0 +1,104 @@
+"""The column cache (zreplay.engine.colcache) as something others may tamper with: a
+cache directory other users can write, files they plant there, links."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+from conftest import make_traj
+
+import zreplay
+from zreplay.engine import colcache
+
+OTHER_UID = 65534  # "nobody": a file another user planted
+
+
+@pytest.fixture
+def cols(tmp_path, monkeypatch):
+    d = tmp_path / "cols"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("ZREPLAY_CACHE_DIR", str(d))
+    monkeypatch.setattr(colcache, "_warned", set())
+    return d
+
+
+def write(path, tids):
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in tids])
+
+
+def stored_rewards(path):
+    seg = zarr.open_group(str(path), mode="r")["segments/default"]
+    lo, hi = seg.attrs["live_rows"]
+    return seg["data/rewards"][lo:hi]
+
+
+def all_rewards(view):
+    return np.asarray(view.rows(np.arange(view.num_rows))["rewards"])
+
+
+def cache_of(view):
+    return view.core.engine.snapshot().parts[0].cache
+
+
+def planted(tmp_path, cols):
+    """A buffer, and the cache file its views use, rewritten to serve rewards 666."""
+    path = tmp_path / "b"
+    write(path, range(6))
+    view = zreplay.open(path)
+    view.sample(8)
+    c = cache_of(view)
+    file = c.path
+    assert file is not None and file.parent == cols
+    c.gather("rewards", np.arange(c.capacity))  # the file holds the rows
+    arr = np.memmap(file, mode="r+", dtype=np.uint8)
+    ring = colcache._Ring(arr, c._specs, c.capacity, file)  # the planter's own writes
+    ring.arrays["rewards"][:] = 666
+    arr.flush()
+    del ring, arr, view, c
+    return path, file
+
+
+def test_a_cache_file_in_a_directory_others_can_write_is_never_served(tmp_path, cols):
+    path, file = planted(tmp_path, cols)
+    os.chown(file, OTHER_UID, OTHER_UID)
+    cols.chmod(0o777)  # a shared /tmp path: anyone can put a file under that name
+    view = zreplay.open(path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = all_rewards(view)
+    assert np.array_equal(got, stored_rewards(path)) and not (got == 666).any()
+    assert cache_of(view).path is None  # this process's memory
+    assert any("writable by other users" in str(w.message) for w in seen)
+
+
+def test_a_cache_file_another_user_owns_is_never_served(tmp_path, cols):
+    path, file = planted(tmp_path, cols)
+    os.chown(file, OTHER_UID, OTHER_UID)  # the directory is ours, the file is not
+    view = zreplay.open(path)
+    got = all_rewards(view)
+    assert np.array_equal(got, stored_rewards(path)) and not (got == 666).any()
+
+
+def test_a_planted_lock_link_never_creates_its_target(tmp_path, cols):
+    path = tmp_path / "b"
+    write(path, range(6))
+    view = zreplay.open(path)
+    view.sample(8)
+    file = cache_of(view).path
+    del view
+    for f in cols.iterdir():
+        f.unlink()
+    victim = tmp_path / "victim"
+    file.with_suffix(".lock").symlink_to(victim)
+    view = zreplay.open(path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = all_rewards(view)
+    assert not victim.exists()
+    assert np.array_equal(got, stored_rewards(path))
+    assert any("cannot keep small columns" in str(w.message) for w in seen)
