@@ -4,7 +4,9 @@ cache directory other users can write, files they plant there, links."""
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,3 +104,80 @@ def test_a_planted_lock_link_never_creates_its_target(tmp_path, cols):
     assert not victim.exists()
     assert np.array_equal(got, stored_rewards(path))
     assert any("cannot keep small columns" in str(w.message) for w in seen)
+
+
+def restore(backup, path):
+    """What ``rsync -a --delete backup/ path/`` does: directories kept (same inodes),
+    files that differ by size or mtime copied over (a temporary renamed into place, the
+    mtime kept), files the backup lacks deleted."""
+    for d, dirs, files in os.walk(backup):
+        rel = os.path.relpath(d, backup)
+        dst = path / rel
+        dst.mkdir(exist_ok=True)
+        keep = set(dirs) | set(files)
+        for name in os.listdir(dst):
+            if name not in keep:
+                p = dst / name
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        for name in files:
+            src, out = Path(d) / name, dst / name
+            a = src.stat()
+            if out.exists() and (out.stat().st_size, out.stat().st_mtime_ns) == (
+                a.st_size,
+                a.st_mtime_ns,
+            ):
+                continue
+            shutil.copy2(src, dst / f".{name}.rsync")
+            os.replace(dst / f".{name}.rsync", out)
+
+
+def test_a_buffer_restored_in_place_and_written_again_serves_what_it_holds(tmp_path, cols):
+    path, backup = tmp_path / "b", tmp_path / "backup"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(6)])
+    buf.close()
+    shutil.copytree(path, backup)  # the older copy
+    ino = path.stat().st_ino
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(6, 12)])
+    buf.close()
+    view = zreplay.open(path)
+    view.sample(8)  # fills the cache file with the history about to be replaced
+    del view
+    restore(backup, path)
+    assert path.stat().st_ino == ino
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(50, 56)])  # other rows, same numbers
+    buf.close()
+    view = zreplay.open(path)
+    got = all_rewards(view)
+    assert np.array_equal(got, stored_rewards(path))
+    assert {int(x) // 10000 for x in got[:, 0]} == {*range(6), *range(50, 56)}
+    idx = np.random.default_rng(0).integers(0, view.num_rows, 64)
+    assert np.array_equal(np.asarray(view.rows(idx)["rewards"]), stored_rewards(path)[idx])
+
+
+def test_a_bucket_prefix_restored_from_a_backup_and_written_again_serves_what_it_holds(
+    url, s3, cols
+):
+    s3fs = pytest.importorskip("s3fs")
+    fs = s3fs.S3FileSystem(**s3)
+    key, backup = url[len("s3://") :], url[len("s3://") :] + "-backup"
+
+    def add(tids):
+        opts = {"auto_save": True, "auto_save_path": url, "storage_options": s3}
+        with zreplay.TrajectoryReplayBuffer(**opts) as buf:
+            buf.add_trajectories([make_traj(i) for i in tids])
+
+    add(range(6))
+    fs.copy(key, backup, recursive=True)
+    add(range(6, 12))
+    zreplay.open(url, storage_options=s3).sample(8)  # fills the cache file
+    fs.rm(key, recursive=True)  # the prefix deleted, the backup copied back
+    fs.copy(backup, key, recursive=True)
+    fs.invalidate_cache()
+    add(range(50, 56))  # other rows, same numbers, same contents id
+    got = all_rewards(zreplay.open(url, storage_options=s3))
+    plain = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    assert np.array_equal(got, all_rewards(plain))
+    assert {int(x) // 10000 for x in got[:, 0]} == {*range(6), *range(50, 56)}

@@ -37,7 +37,14 @@ deleted meanwhile read as zeros; they are never published), so a reader that fin
 unchanged after its gather read only valid rows, and one that does not reads them from the
 store instead.  A filler killed mid-way publishes nothing; the file records the boot it was
 written in, and one from an earlier boot (whose pages may never have reached the disk) is
-made anew.  The ring grows by doubling into a new file that replaces the old under the lock
+made anew.  A buffer restored in place from an older copy keeps its path, inode, row
+numbers and contents id, so the name proves nothing about the rows: a filler first
+appends the stamps of the shard files it reads (locally inode, mtime and size; in S3
+ETag and size, from one listing) to the file's ``.stamps`` log, and a process serves a
+file it did not fill only after checking, under the lock, that every shard file of the
+rows held still has the stamp recorded; from the first that does not on, rows are read
+again (so a process that opens a file after the writer appended to the shard of its last
+rows reads that shard's rows again).  The ring grows by doubling into a new file that replaces the old under the lock
 (processes holding the old one see it marked superseded and map the new one); a cache whose
 contents went (a clear, a loaded checkpoint) removes its file, and files untouched for
 :data:`PRUNE_AGE_S` are removed when a new one is made, with the lock files of cache files
@@ -87,6 +94,11 @@ FORGET_AFTER_ROWS = 1 << 20
 _RETRY_ROOM_S = 60.0  # a ring that cannot hold older rows asks again after this
 RESERVE_BYTES = 8 << 30  # a file leaves a tenth of its disk free, or this much if less
 _MAGIC, _VERSION = 0x5A52434F4C53, 1  # "ZRCOLS"
+# Beside each file, its stamp log: records of int64 [key index, a shard's first row,
+# *its stamp], appended before rows are read from the shard (ColumnCache._record).
+_STAMPS, _STAMP_FIELDS = ".stamps", 5
+_STAMPS_COMPACT = 1 << 20  # a log larger than this keeps only records of live shards
+_STAMPS_SPAN = 1 << 16  # (the largest shard: rows of shards below the first row held)
 # Header: int64 fields of the first page.
 _H_MAGIC, _H_VERSION, _H_SLOTS, _H_LO, _H_HI, _H_SUPERSEDED, _H_BOOT = range(7)
 
@@ -104,7 +116,9 @@ def small_keys(schema: Schema) -> list[str]:
 def contents_ident(location, contents: str) -> str | None:
     """What names a segment's rows for a cache file: its location (a local one resolved)
     and its contents id; None for segments written before contents ids (their rows may
-    be renumbered under one name, so they are not shared)."""
+    be renumbered under one name, so they are not shared).  A buffer restored in place
+    from an older copy keeps all of these: the rows are proven by the stamps of their
+    shard files instead (see :meth:`ColumnCache.cover`)."""
     if not contents:
         return None
     if not isinstance(location, os.PathLike):
@@ -309,6 +323,7 @@ class ColumnCache:
         self._private = False  # the cache directory failed: this process's memory
         self._named: tuple = (None, None)  # (ident, its file)
         self._capped = 0.0  # until then, the disk had no room for more rows: do not ask
+        self._trusted: _Ring | None = None  # the ring whose rows this process proved
         self.last_read: int | None = None  # first row the last cover() read, if any
         self.lock = threading.Lock()
         self._wait = wait
@@ -362,8 +377,9 @@ class ColumnCache:
             old = self._file(self._ident)
             self._ident, self._ring = ident, None
             if old is not None:
-                with contextlib.suppress(OSError):
-                    old.unlink()
+                for f in (old, old.with_suffix(_STAMPS)):
+                    with contextlib.suppress(OSError):
+                        f.unlink()
         path = self._file(ident)
         r = self._ring
         if path is None:
@@ -425,6 +441,7 @@ class ColumnCache:
         ident: str | None = None,
         live_from=None,
         forget=None,
+        stamps=None,
     ):
         """Hold the newest rows of ``[low_row, hi)`` that fit, reading what is missing with
         ``read_range(key, start, stop) -> future`` with ``.result()``; returns the first
@@ -438,7 +455,12 @@ class ColumnCache:
         cache drop the store's chunks as they are decoded (they compete with the file for
         it otherwise: at 300M rows of state data 10 GB of chunks and the 13.5 GB file do
         not fit in 24 GB, and the file's first pages left it again before the fill
-        ended)."""
+        ended).  ``stamps(key, start, stop)`` (``Segment.shard_stamps``) stamps the shard
+        files rows are read from: a file records them, and rows a process did not read
+        itself are served only while their shard files still carry the stamps recorded
+        when they were read (a buffer restored in place from an older copy keeps its
+        path, row numbers and contents id; rows from the first shard that changed on are
+        read again)."""
         self.last_read = None
         hi = int(hi)
         want_lo = max(int(low_row), hi - self.max_rows)
@@ -446,13 +468,23 @@ class ColumnCache:
             return hi
         path = self._bind(ident)
         r = self._ring
-        if r is not None and r.hi >= hi and (r.lo <= want_lo or time.monotonic() < self._capped):
+        if (
+            r is not None
+            and (r is self._trusted or r.path is None)
+            and r.hi >= hi
+            and (r.lo <= want_lo or time.monotonic() < self._capped)
+        ):
             return r.lo  # (a ring that cannot hold older rows holds the newest it can)
         with self._exclusive(path) as locked:
             if not locked:
                 return hi  # nothing held: the caller reads the store
             path = self._bind(ident)  # another process may have grown or filled it
             r = self._ring
+            if r is not None and r.path is not None and r is not self._trusted:
+                proven = self._proven_to(r, stamps, low_row)
+                if proven < r.hi:  # rows from there on are read again
+                    r.header[_H_HI] = max(proven, r.lo)
+                self._trusted = r
             if r is not None and r.lo <= want_lo and r.hi >= hi:
                 return r.lo
             held_lo, held_hi = (r.lo, r.hi) if r is not None else (0, 0)
@@ -478,6 +510,8 @@ class ColumnCache:
                 start = keep
                 r.header[_H_LO] = start  # first: nothing below start is valid any more
                 r.header[_H_HI] = start
+            if r.path is not None:  # stamped before they are read: a change meanwhile
+                self._record(r.path, stamps, start, hi, r.lo)  # reads them again, later
             step = max(1, _FILL_BYTES // max(1, self.row_bytes))
             for a in range(start, hi, step):
                 b = min(hi, a + step)
@@ -569,8 +603,74 @@ class ColumnCache:
             new.path = path
             if r is not None and r.path is not None:
                 r.header[_H_SUPERSEDED] = 1  # its holders map the new file
-        self._ring = new
+        self._ring = self._trusted = new  # (rows copied from a proven ring, or none)
         return new
+
+    # -- proof of the rows held -------------------------------------------------------
+
+    def _record(self, path: Path, stamps, start: int, stop: int, lo: int) -> None:
+        """Append the stamps of the shard files rows ``[start, stop)`` are read from to
+        the file's stamp log (records ``[key, first row, *stamp]``, the last one of a
+        shard counting), rewritten with only the shards of rows from ``lo`` on once it
+        is large.  A log that cannot be written proves nothing to other processes: they
+        read those rows again."""
+        if stamps is None:
+            return
+        with contextlib.suppress(OSError):
+            self._append(path.with_suffix(_STAMPS), stamps, start, stop, lo)
+
+    def _append(self, log: Path, stamps, start: int, stop: int, lo: int) -> None:
+        recs = [
+            (i, first, *st)
+            for i, k in enumerate(self.keys)
+            for first, st in stamps(k, start, stop)
+            if st is not None
+        ]
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            st = os.fstat(fd)
+            if not _ours(st):
+                raise PermissionError(f"{log} is not a file of this user's")
+            if recs:
+                os.write(fd, np.asarray(recs, np.int64).tobytes())
+            big = st.st_size > _STAMPS_COMPACT
+        finally:
+            os.close(fd)
+        if big:
+            self._compact(log, lo)
+
+    def _compact(self, log: Path, lo: int) -> None:
+        """Rewrite the stamp log with the last record of each shard that may still hold
+        rows from ``lo`` on (under the file's lock; a record dropped in error only costs
+        a read)."""
+        last = _read_stamps(log)
+        keep = [(*k, *v) for k, v in last.items() if k[1] >= lo - _STAMPS_SPAN]
+        tmp = log.with_name(f"{log.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        fd = _create(tmp)
+        try:
+            if keep:
+                os.write(fd, np.asarray(keep, np.int64).tobytes())
+        finally:
+            os.close(fd)
+        os.replace(tmp, log)
+
+    def _proven_to(self, r: _Ring, stamps, low_row: int) -> int:
+        """The first row of ``r`` (a file this process did not fill) from which its rows
+        are not proven the segment's: the first shard file, of any key, whose stamp is
+        not the one recorded when its rows were read (``r.hi``: all are)."""
+        lo, hi = max(r.lo, int(low_row)), r.hi
+        if hi <= lo:
+            return hi
+        if stamps is None:
+            return lo
+        last = _read_stamps(r.path.with_suffix(_STAMPS))
+        proven = hi
+        for i, k in enumerate(self.keys):
+            for first, st in stamps(k, lo, hi):
+                if st is None or last.get((i, first)) != tuple(st):
+                    proven = min(proven, max(first, lo))
+                    break
+        return proven
 
     def slots(self, rows: np.ndarray, below: int | None = None) -> np.ndarray:
         """Where rows (all within ``[lo, hi)``, and below ``below`` if given) are, for
@@ -582,6 +682,27 @@ class ColumnCache:
     def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``key`` in ``slots``: one fancy index."""
         return self._ring.arrays[key].take(slots, axis=0, out=out, mode="clip")
+
+
+def _read_stamps(log: Path) -> dict:
+    """``{(key index, first row): stamp}`` of a stamp log, the last record of a shard
+    counting ({} where it is missing or not this user's)."""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    try:
+        if not _ours(os.fstat(fd)):
+            return {}
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    n = len(raw) // (8 * _STAMP_FIELDS) * _STAMP_FIELDS
+    recs = np.frombuffer(raw, np.int64, count=n).reshape(-1, _STAMP_FIELDS).tolist()
+    return {(r[0], r[1]): tuple(r[2:]) for r in recs}
 
 
 def _warn_once(key: str, message: str, stacklevel: int) -> None:
