@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import zreplay
 from zreplay.errors import DeviceUnavailableError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+CACHE_DIR = os.environ["ZREPLAY_CACHE_DIR"]  # set by conftest
 
 SCRIPT = """
 import sys
@@ -44,7 +46,8 @@ def run_script(tmp_path: Path, body: str, name: str) -> subprocess.CompletedProc
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+        # (conftest's column cache directory: not the user's ~/.cache)
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "ZREPLAY_CACHE_DIR": CACHE_DIR},
     )
 
 

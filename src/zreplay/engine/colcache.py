@@ -46,9 +46,14 @@ rows held still has the stamp recorded; from the first that does not on, rows ar
 again (so a process that opens a file after the writer appended to the shard of its last
 rows reads that shard's rows again).  The ring grows by doubling into a new file that replaces the old under the lock
 (processes holding the old one see it marked superseded and map the new one); a cache whose
-contents went (a clear, a loaded checkpoint) removes its file, and files untouched for
-:data:`PRUNE_AGE_S` are removed when a new one is made, with the lock files of cache files
-gone (each under its own lock, and only the file locked: see :func:`_prune_lock`).
+contents went (a clear, a loaded checkpoint) removes its file.  When a new file is made,
+:func:`_prune` removes the files whose buffer is gone (each records its owner beside it:
+a local segment's path, directory inode and contents id, looked up again), files
+untouched for :data:`PRUNE_AGE_S` (all a buffer in S3 gets), then the least recently used
+until the directory fits in :func:`max_dir_bytes` (``ZREPLAY_CACHE_MAX_BYTES``), each
+under its lock, not waited for; and the lock files of cache files gone (each under its
+own lock, and only the file locked: see :func:`_prune_lock`).  A file starts at the rows
+its buffer has (and a quarter more), not at a fixed minimum.
 
 **Budget**: ``column_cache_bytes`` per segment (``zreplay.open(path, column_cache_bytes=...)``
 for views, ``RamPolicy(column_cache_bytes=...)`` for writers; 0 turns it off).  The
@@ -78,7 +83,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CorruptBufferError
 from ..schema import Schema
+from ..store.commit import read_commit
 
 # Keys with rows up to this size are cached: flags, rewards, actions, state vectors
 # (RLinf's actions f32[28] are 112 B, a SAC observation f32[64] 256 B; a 64x64x3 frame
@@ -88,7 +95,9 @@ SMALL_ROW_BYTES = 1024
 # large cache never holds a second copy of it.
 _FILL_BYTES = 32 << 20
 _PAGE = 4096
-MIN_SLOTS = 1 << 16
+# A file starts with the rows it needs and a quarter more (at least this many), and grows
+# by copying into a larger one: a 100-row buffer does not take 65,536 rows of disk.
+MIN_SLOTS = 256
 PRUNE_AGE_S = 7 * 86400
 FORGET_AFTER_ROWS = 1 << 20
 _RETRY_ROOM_S = 60.0  # a ring that cannot hold older rows asks again after this
@@ -97,6 +106,10 @@ _MAGIC, _VERSION = 0x5A52434F4C53, 1  # "ZRCOLS"
 # Beside each file, its stamp log: records of int64 [key index, a shard's first row,
 # *its stamp], appended before rows are read from the shard (ColumnCache._record).
 _STAMPS, _STAMP_FIELDS = ".stamps", 5
+# Beside each file, its owner: the contents ident it was made for (a local segment's
+# path, its dev:inode, its contents id), so a prune can tell its buffer is gone.
+_OWNER = ".owner"
+_SIDECARS = (_STAMPS, _OWNER)
 _STAMPS_COMPACT = 1 << 20  # a log larger than this keeps only records of live shards
 _STAMPS_SPAN = 1 << 16  # (the largest shard: rows of shards below the first row held)
 # Header: int64 fields of the first page.
@@ -183,6 +196,27 @@ def _create(path: Path) -> int:
     except FileExistsError:
         os.unlink(path)
         return os.open(path, flags, 0o600)
+
+
+def max_dir_bytes() -> int:
+    """The most bytes the cache directory's files may take together:
+    ``ZREPLAY_CACHE_MAX_BYTES``, else the machine's RAM (more than the page cache can
+    serve); the least recently used files go first when a new one would pass it."""
+    env = os.environ.get("ZREPLAY_CACHE_MAX_BYTES")
+    if env:
+        try:
+            value = int(env)
+            if value >= 0:
+                return value
+        except ValueError:
+            pass
+        _warn_once(
+            f"max:{env}",
+            f"zreplay: ZREPLAY_CACHE_MAX_BYTES={env!r} is not a number of bytes (>= 0); "
+            "the column cache directory is capped at the machine's RAM instead",
+            stacklevel=9,
+        )
+    return default_budget()
 
 
 def _boot_id() -> int:
@@ -377,7 +411,7 @@ class ColumnCache:
             old = self._file(self._ident)
             self._ident, self._ring = ident, None
             if old is not None:
-                for f in (old, old.with_suffix(_STAMPS)):
+                for f in (old, *(old.with_suffix(x) for x in _SIDECARS)):
                     with contextlib.suppress(OSError):
                         f.unlink()
         path = self._file(ident)
@@ -566,7 +600,7 @@ class ColumnCache:
                     )
                     if r is not None and slots <= r.slots or slots < 1:
                         return r
-                _prune(path.parent)
+                _prune(path.parent, keep=path, room=_Ring.nbytes(self._specs, slots))
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                 new = _Ring.make(self._specs, slots, tmp)
             except OSError as e:
@@ -591,6 +625,7 @@ class ColumnCache:
                 new.header[_H_LO] = new.header[_H_HI] = start
             if new.path is not None:
                 os.replace(new.path, path)
+                _write_owner(path, self._ident)
         except BaseException as e:  # a failed or interrupted copy leaves no temporary
             if new.path is not None:
                 with contextlib.suppress(OSError):
@@ -734,22 +769,111 @@ def _lock_file(path: Path, wait: bool) -> int:
         os.close(fd)  # pruned under us: again, on the file now at path
 
 
-def _prune(directory: Path) -> None:
-    """Remove cache files and stray temporaries untouched for :data:`PRUNE_AGE_S`:
-    caches of buffers deleted or moved since; and the lock files of cache files no
-    longer there, under their lock (one a filler holds stays; see :func:`_lock_file`)."""
+def _prune(directory: Path, keep: Path | None = None, room: int = 0) -> None:
+    """Remove cache files whose buffer is gone (a local segment no longer there, or
+    another at its path: another directory inode or contents id; see :func:`_owner_gone`),
+    files untouched for :data:`PRUNE_AGE_S` (buffers in S3 are not looked up), then the
+    least recently used until the files and a new one of ``room`` bytes fit in
+    :func:`max_dir_bytes`; never ``keep`` (the one being made) nor a file whose lock
+    another process holds.  Also stray temporaries, sidecars of files gone, and the lock
+    files of cache files gone, under their lock (see :func:`_lock_file`)."""
     now, entries = time.time(), []
     with contextlib.suppress(OSError):
         entries = list(os.scandir(directory))
     names = {e.name for e in entries}
+    live = []
     for entry in entries:
         with contextlib.suppress(OSError):
-            if now - entry.stat(follow_symlinks=False).st_mtime <= PRUNE_AGE_S:
-                continue
-            if entry.name.endswith((".cols", ".tmp")):
-                os.unlink(entry.path)
-            elif entry.name.endswith(".lock") and entry.name[:-5] + ".cols" not in names:
+            st = entry.stat(follow_symlinks=False)
+            old = now - st.st_mtime > PRUNE_AGE_S
+            name, path = entry.name, Path(entry.path)
+            if name.endswith(".cols"):
+                if keep is not None and path == keep:
+                    continue
+                if old or _owner_gone(path.with_suffix(_OWNER)):
+                    _remove_cache(path)
+                else:
+                    live.append((st.st_mtime, st.st_blocks * 512, path))
+            elif name.endswith(".tmp"):
+                if old:
+                    os.unlink(entry.path)
+            elif name.endswith(_SIDECARS) and name.rsplit(".", 1)[0] + ".cols" not in names:
+                if old:
+                    os.unlink(entry.path)
+            elif old and name.endswith(".lock") and name[:-5] + ".cols" not in names:
                 _prune_lock(entry.path)
+    total = sum(size for _, size, _ in live) + room
+    cap = max_dir_bytes()
+    for _, size, path in sorted(live, key=lambda x: x[0]):
+        if total <= cap:
+            break
+        if _remove_cache(path):
+            total -= size
+
+
+def _remove_cache(path: Path) -> bool:
+    """Remove a cache file and its sidecars under its lock (not waited for: one another
+    process fills or grows stays); a process that maps it keeps reading its rows."""
+    try:
+        fd = _lock_file(path.with_suffix(".lock"), wait=False)
+    except OSError:  # held (BlockingIOError), or not ours
+        return False
+    try:
+        for f in (path, path.with_suffix(_STAMPS), path.with_suffix(_OWNER)):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+    finally:
+        _HELD.discard(fd)
+        os.close(fd)
+    return True
+
+
+def _write_owner(path: Path, ident: str | None) -> None:
+    """Record beside the file ``path`` what it caches (for :func:`_owner_gone`)."""
+    if ident is None:
+        return
+    owner = path.with_suffix(_OWNER)
+    with contextlib.suppress(OSError):
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            if _ours(os.fstat(fd)):
+                os.write(fd, ident.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+
+
+def _owner_gone(owner: Path) -> bool:
+    """Is the buffer a cache file's owner record names gone: a local segment directory
+    no longer there, another directory at its path (inode), or other contents (a
+    commit with another contents id, or none)?  False where it cannot tell (no record,
+    a buffer in an object store, a commit that cannot be read)."""
+    try:
+        fd = os.open(owner, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        if not _ours(os.fstat(fd)):
+            return False
+        raw = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    parts = raw.decode("utf-8", "surrogateescape").split("\0")
+    if len(parts) != 3:  # (a URL and contents id: not looked up)
+        return False
+    where, dev_ino, contents = parts
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if f"{st.st_dev}:{st.st_ino}" != dev_ino:
+        return True
+    try:
+        commit = read_commit(where)
+    except (CorruptBufferError, OSError):
+        return False
+    return commit is None or commit.contents != contents
 
 
 def _prune_lock(path: str) -> None:
