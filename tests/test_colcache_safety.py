@@ -16,7 +16,12 @@ from conftest import make_traj
 import zreplay
 from zreplay.engine import colcache
 
-OTHER_UID = 65534  # "nobody": a file another user planted
+OTHER_UID = 65534
+KEYS = [  # make_traj's keys (all of them small enough for the column cache)
+    "actions", "rewards", "terminations", "truncations", "dones", "versions",
+    "prev_logprobs", "intervene_flags", "curr_obs/states", "next_obs/states",
+    "curr_obs/main_images", "next_obs/main_images",
+]  # fmt: skip  # "nobody": a file another user planted
 
 
 @pytest.fixture
@@ -181,3 +186,23 @@ def test_a_bucket_prefix_restored_from_a_backup_and_written_again_serves_what_it
     plain = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
     assert np.array_equal(got, all_rewards(plain))
     assert {int(x) // 10000 for x in got[:, 0]} == {*range(6), *range(50, 56)}
+
+
+def test_a_bucket_file_is_served_to_the_next_process_while_its_shards_are_unchanged(url, s3, cols):
+    """In S3 rows are proven by their shards' ETags (one listing per key): a second view
+    reads nothing, and after a commit only the rows of the shard it rewrote."""
+    layout = {k: {"chunk_rows": 4, "shard_rows": 32} for k in KEYS}
+    opts = {"auto_save": True, "auto_save_path": url, "storage_options": s3, "layout": layout}
+    with zreplay.TrajectoryReplayBuffer(**opts) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(6)])  # 108 rows: 3 shards + 12
+    zreplay.open(url, storage_options=s3).sample(8)
+    view = zreplay.open(url, storage_options=s3)
+    got = all_rewards(view)
+    assert cache_of(view).last_read is None  # every row served from the file
+    with zreplay.TrajectoryReplayBuffer(**opts) as buf:
+        buf.add_trajectories([make_traj(6)])  # rows 108..125: shard 96 rewritten
+    view = zreplay.open(url, storage_options=s3)
+    got = all_rewards(view)
+    assert cache_of(view).last_read == 96
+    plain = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
+    assert np.array_equal(got, all_rewards(plain))
