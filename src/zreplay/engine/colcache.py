@@ -40,14 +40,13 @@ written in, and one from an earlier boot (whose pages may never have reached the
 made anew.  A buffer restored in place from an older copy keeps its path, inode, row
 numbers and contents id, so the name proves nothing about the rows: a filler first
 appends the stamps of the shard files it reads (locally inode, mtime and size; in S3
-ETag and size from one listing, of complete shards) to the file's ``.stamps`` log; a process serves a
-file it did not fill only after checking, under the lock, that every shard file of the
-rows held still has the stamp recorded; from the first that does not on, rows are read
-again (so a process that opens a file after the writer appended to the shard of its last
-rows reads that shard's rows again).  The ring grows by doubling into a new file that
-replaces the old under the lock
-(processes holding the old one see it marked superseded and map the new one); a cache whose
-contents went (a clear, a loaded checkpoint) removes its file.  When a new file is made,
+ETag and size from one listing, of complete shards) to the file's ``.stamps`` log; a
+process serves a file it did not fill only after checking, under the lock, that every
+shard file of the rows held still has the stamp recorded; from the first that does not
+on, rows are read again (so a process that opens a file after the writer appended to the
+shard of its last rows reads that shard's rows again).  The ring grows by doubling into
+a new file that replaces the old under the lock (processes holding the old one see it
+marked superseded and map the new one); a cache whose contents went (a clear, a loaded checkpoint) removes its file.  When a new file is made,
 :func:`_prune` removes the files whose buffer is gone (each records its owner beside it:
 a local segment's path, directory inode and contents id, looked up again), files
 untouched for :data:`PRUNE_AGE_S` (all a buffer in S3 gets), then the least recently used
