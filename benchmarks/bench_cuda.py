@@ -32,8 +32,11 @@ Without CUDA it checks the CPU half, says so and exits 0 (nothing to measure).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,6 +49,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import zreplay  # noqa: E402
 from zreplay import TrajectoryReplayBuffer  # noqa: E402
+
+# Column cache files of the buffers this benchmark makes: a directory of this run,
+# removed at its end (children inherit it), not the user's ~/.cache.
+if "ZREPLAY_CACHE_DIR" not in os.environ:
+    os.environ["ZREPLAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="zreplay-bench-cols-")
+    atexit.register(shutil.rmtree, os.environ["ZREPLAY_CACHE_DIR"], True)
 
 T, B = 50, 8
 

@@ -29,6 +29,7 @@ the cost.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
@@ -44,6 +45,12 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import machine_info
+
+# Column cache files of the buffers this benchmark makes: a directory of this run,
+# removed at its end (children inherit it), not the user's ~/.cache.
+if "ZREPLAY_CACHE_DIR" not in os.environ:
+    os.environ["ZREPLAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="zreplay-bench-cols-")
+    atexit.register(shutil.rmtree, os.environ["ZREPLAY_CACHE_DIR"], True)
 
 HERE = Path(__file__).resolve().parent
 N_TRAJ, T, B, H = 20, 50, 8, 64

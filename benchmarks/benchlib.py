@@ -8,14 +8,17 @@ them, nor zreplay or torch, so benchmark children that load it start fast.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +26,13 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+
+# Column cache files of the buffers a benchmark makes go to a directory of this run,
+# removed at its end (child processes inherit it), not to the user's ~/.cache, where
+# an hour of runs left gigabytes of files of buffers long deleted.
+if "ZREPLAY_CACHE_DIR" not in os.environ:
+    os.environ["ZREPLAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="zreplay-bench-cols-")
+    atexit.register(shutil.rmtree, os.environ["ZREPLAY_CACHE_DIR"], True)
 
 
 def zarr_and_tensorstore_gathers(

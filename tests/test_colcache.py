@@ -255,7 +255,10 @@ def test_growing_the_ring_moves_every_process_to_the_new_file(tmp_path, cols, mo
     v2.refresh()
     v2.sample(8)
     c2 = cache_of(v2)
-    assert c2.capacity >= 360 and c2.last_read == 72  # grew, kept the 72 rows it had
+    # Grew; the 72 rows v1 read are read again: their shard file was rewritten since
+    # (the writer appended to it), and a file a process did not fill is served only while
+    # the shard files it was filled from are unchanged (test_colcache_safety: a restore).
+    assert c2.capacity >= 360 and c2.last_read == 0
     v1.refresh()
     v1.sample(8)
     c1 = cache_of(v1)
@@ -607,3 +610,61 @@ def test_no_memory_for_a_mapping_reads_the_store(tmp_path, cols, monkeypatch):
         check_all(view, path)
     monkeypatch.setattr(colcache.mmap, "mmap", mmap_module.mmap)
     check_all(view, path)  # and stay so once memory is back
+
+
+def cache_files(cols):
+    return sorted(cols.glob("*.cols"))
+
+
+def test_files_of_buffers_deleted_or_replaced_are_removed_when_a_file_is_made(tmp_path, cols):
+    """Files used to stay 7 days after their buffer went (12 buffers made, sampled and
+    deleted left 13 files for 1 live buffer)."""
+    import shutil
+
+    paths = [tmp_path / f"b{i}" for i in range(4)]
+    for p in paths:
+        write(p, range(3))
+        zreplay.open(p).sample(4)
+    assert len(cache_files(cols)) == 4
+    shutil.rmtree(paths[0])  # deleted
+    shutil.rmtree(paths[1])
+    write(paths[1], range(3))  # made again at the same path: another directory
+    write(paths[2], range(3), overwrite=True)  # replaced: other contents
+    live = tmp_path / "live"
+    write(live, range(3))
+    view = zreplay.open(live)
+    view.sample(4)  # makes a file: the three of buffers gone go
+    left = cache_files(cols)
+    assert len(left) == 2 and cache_of(view).path in left
+    assert not [
+        f
+        for f in cols.iterdir()
+        if f.suffix in (".stamps", ".owner") and not f.with_suffix(".cols").exists()
+    ]
+    zreplay.open(paths[3]).sample(4)  # the live buffer's file is still served
+    assert cache_files(cols) == left
+
+
+def test_the_directory_is_capped_least_recently_used_first(tmp_path, cols, monkeypatch):
+    paths = [tmp_path / f"b{i}" for i in range(4)]
+    views = []
+    for p in paths:
+        write(p, range(3))
+        views.append(zreplay.open(p))
+    views[0].sample(4)
+    one = cache_files(cols)[0].stat().st_blocks * 512
+    monkeypatch.setenv("ZREPLAY_CACHE_MAX_BYTES", str(2 * one + one // 2))
+    for v in views[1:]:
+        time.sleep(0.01)  # (mtimes order the files)
+        v.sample(4)
+    left = cache_files(cols)
+    assert len(left) == 2 and sum(f.stat().st_blocks * 512 for f in left) <= 2.5 * one
+    assert set(left) == {cache_of(views[2]).path, cache_of(views[3]).path}
+    for v, p in zip(views, paths, strict=True):
+        check_all(v, p)  # a view whose file went still reads its rows
+
+
+def test_a_small_buffer_gets_a_small_file(tmp_path, cols):
+    path, view, c = filled(tmp_path, range(6))  # 108 rows
+    assert view.num_rows == 108 and c.capacity < 1024
+    assert c.path.stat().st_size < 1024 * c.row_bytes + (len(c.keys) + 1) * 4096

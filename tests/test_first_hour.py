@@ -21,6 +21,7 @@ import zreplay
 from zreplay.errors import DeviceUnavailableError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+CACHE_DIR = os.environ["ZREPLAY_CACHE_DIR"]  # set by conftest
 
 SCRIPT = """
 import sys
@@ -46,7 +47,8 @@ def run_script(tmp_path: Path, body: str, name: str) -> subprocess.CompletedProc
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+        # (conftest's column cache directory: not the user's ~/.cache)
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "ZREPLAY_CACHE_DIR": CACHE_DIR},
     )
 
 

@@ -19,6 +19,11 @@ DataLoader workers, a notebook) maps the same file, so the rows are decoded once
 machine and held once by the page cache, which evicts them under memory pressure like any
 file (nothing is pinned in RAM).  Where the directory cannot be written, or for segments
 written before contents ids (format <= 3), the ring is anonymous memory of this process.
+Those names follow from facts anyone can read, so the directory must be one no other
+user can put files in: made mode 0700 if missing, and used only while it is a directory
+(not a link) of this user's that nobody else can write; else the rows stay in each
+process's memory, with a warning.  Its files are opened without following links, and one
+that is not this user's regular file is never mapped.
 
 **Filling**: it follows the commit, not the add path: :meth:`ColumnCache.cover` extends
 the ring with one range read per key of the committed rows it lacks (under an exclusive
@@ -32,11 +37,23 @@ deleted meanwhile read as zeros; they are never published), so a reader that fin
 unchanged after its gather read only valid rows, and one that does not reads them from the
 store instead.  A filler killed mid-way publishes nothing; the file records the boot it was
 written in, and one from an earlier boot (whose pages may never have reached the disk) is
-made anew.  The ring grows by doubling into a new file that replaces the old under the lock
-(processes holding the old one see it marked superseded and map the new one); a cache whose
-contents went (a clear, a loaded checkpoint) removes its file, and files untouched for
-:data:`PRUNE_AGE_S` are removed when a new one is made, with the lock files of cache files
-gone (each under its own lock, and only the file locked: see :func:`_prune_lock`).
+made anew.  A buffer restored in place from an older copy keeps its path, inode, row
+numbers and contents id, so the name proves nothing about the rows: a filler first
+appends the stamps of the shard files it reads (locally inode, mtime and size; in S3
+ETag and size from one listing, of complete shards) to the file's ``.stamps`` log; a
+process serves a file it did not fill only after checking, under the lock, that every
+shard file of the rows held still has the stamp recorded; from the first that does not
+on, rows are read again (so a process that opens a file after the writer appended to the
+shard of its last rows reads that shard's rows again).  The ring grows by doubling into
+a new file that replaces the old under the lock (processes holding the old one see it
+marked superseded and map the new one); a cache whose contents went (a clear, a loaded checkpoint) removes its file.  When a new file is made,
+:func:`_prune` removes the files whose buffer is gone (each records its owner beside it:
+a local segment's path, directory inode and contents id, looked up again), files
+untouched for :data:`PRUNE_AGE_S` (all a buffer in S3 gets), then the least recently used
+until the directory fits in :func:`max_dir_bytes` (``ZREPLAY_CACHE_MAX_BYTES``), each
+under its lock, not waited for; and the lock files of cache files gone (each under its
+own lock, and only the file locked: see :func:`_prune_lock`).  A file starts at the rows
+its buffer has (and a quarter more), not at a fixed minimum.
 
 **Budget**: ``column_cache_bytes`` per segment (``zreplay.open(path, column_cache_bytes=...)``
 for views, ``RamPolicy(column_cache_bytes=...)`` for writers; 0 turns it off).  The
@@ -58,6 +75,7 @@ import math
 import mmap
 import os
 import shutil
+import stat
 import threading
 import time
 import warnings
@@ -65,7 +83,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CorruptBufferError
 from ..schema import Schema
+from ..store.commit import read_commit
 
 # Keys with rows up to this size are cached: flags, rewards, actions, state vectors
 # (RLinf's actions f32[28] are 112 B, a SAC observation f32[64] 256 B; a 64x64x3 frame
@@ -75,12 +95,23 @@ SMALL_ROW_BYTES = 1024
 # large cache never holds a second copy of it.
 _FILL_BYTES = 32 << 20
 _PAGE = 4096
-MIN_SLOTS = 1 << 16
+# A file starts with the rows it needs and a quarter more (at least this many), and grows
+# by copying into a larger one: a 100-row buffer does not take 65,536 rows of disk.
+MIN_SLOTS = 256
 PRUNE_AGE_S = 7 * 86400
 FORGET_AFTER_ROWS = 1 << 20
 _RETRY_ROOM_S = 60.0  # a ring that cannot hold older rows asks again after this
 RESERVE_BYTES = 8 << 30  # a file leaves a tenth of its disk free, or this much if less
 _MAGIC, _VERSION = 0x5A52434F4C53, 1  # "ZRCOLS"
+# Beside each file, its stamp log: records of int64 [key index, a shard's first row,
+# *its stamp], appended before rows are read from the shard (ColumnCache._record).
+_STAMPS, _STAMP_FIELDS = ".stamps", 5
+# Beside each file, its owner: the contents ident it was made for (a local segment's
+# path, its dev:inode, its contents id), so a prune can tell its buffer is gone.
+_OWNER = ".owner"
+_SIDECARS = (_STAMPS, _OWNER)
+_STAMPS_COMPACT = 1 << 20  # a log larger than this keeps only records of live shards
+_STAMPS_SPAN = 1 << 16  # (the largest shard: rows of shards below the first row held)
 # Header: int64 fields of the first page.
 _H_MAGIC, _H_VERSION, _H_SLOTS, _H_LO, _H_HI, _H_SUPERSEDED, _H_BOOT = range(7)
 
@@ -98,7 +129,9 @@ def small_keys(schema: Schema) -> list[str]:
 def contents_ident(location, contents: str) -> str | None:
     """What names a segment's rows for a cache file: its location (a local one resolved)
     and its contents id; None for segments written before contents ids (their rows may
-    be renumbered under one name, so they are not shared)."""
+    be renumbered under one name, so they are not shared).  A buffer restored in place
+    from an older copy keeps all of these: the rows are proven by the stamps of their
+    shard files instead (see :meth:`ColumnCache.cover`)."""
     if not contents:
         return None
     if not isinstance(location, os.PathLike):
@@ -128,6 +161,62 @@ def cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "zreplay" / "columns"
+
+
+def _private_dir(d: Path) -> None:
+    """Make the cache directory ``d`` (mode 0700) if missing, and check that it is one
+    no other user can put files in: a directory (not a link) of this user's, writable by
+    nobody else.  Its files' names follow from facts anyone can read (a buffer's path and
+    contents id), so in a directory others can write one could plant rows for readers to
+    serve; OSError (PermissionError) names what is wrong."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{d} is not a directory (a link is not followed there)")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{d} belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & 0o022:
+        raise PermissionError(
+            f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): they could"
+            " plant rows there"
+        )
+
+
+def _ours(st: os.stat_result) -> bool:
+    """A regular file of this user's (not one another user planted)."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _create(path: Path) -> int:
+    """A new file of ours at ``path`` (a temporary name: one left by a killed process
+    with the same pid is replaced; a link there is never followed)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, 0o600)
+
+
+def max_dir_bytes() -> int:
+    """The most bytes the cache directory's files may take together:
+    ``ZREPLAY_CACHE_MAX_BYTES``, else the machine's RAM (more than the page cache can
+    serve); the least recently used files go first when a new one would pass it."""
+    env = os.environ.get("ZREPLAY_CACHE_MAX_BYTES")
+    if env:
+        try:
+            value = int(env)
+            if value >= 0:
+                return value
+        except ValueError:
+            pass
+        _warn_once(
+            f"max:{env}",
+            f"zreplay: ZREPLAY_CACHE_MAX_BYTES={env!r} is not a number of bytes (>= 0); "
+            "the column cache directory is capped at the machine's RAM instead",
+            stacklevel=9,
+        )
+    return default_budget()
 
 
 def _boot_id() -> int:
@@ -187,7 +276,7 @@ class _Ring:
         if path is None:
             mm = mmap.mmap(-1, size)
         else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = _create(path)
             try:
                 # Blocks reserved now: a store into a mapped page the disk has no room
                 # for would kill the process (SIGBUS), not raise.
@@ -208,14 +297,17 @@ class _Ring:
     def open(cls, path: Path, specs: dict) -> _Ring | None:
         """The ring in ``path`` if it is one of these keys, of this boot; else None."""
         try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:  # none, or a link someone put there: not followed
             return None
         try:
-            size = os.fstat(fd).st_size
-            if size < _PAGE:
+            st = os.fstat(fd)
+            size = st.st_size
+            if size < _PAGE or not _ours(st):  # another user's file is no cache of ours
                 return None
             mm = mmap.mmap(fd, size)
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # in use: not pruned
         except OSError:  # no address space or memory for the mapping (ENOMEM)
             return None
         finally:
@@ -225,8 +317,6 @@ class _Ring:
         ok = h[_H_MAGIC] == _MAGIC and h[_H_VERSION] == _VERSION and h[_H_BOOT] == _BOOT
         if not ok or slots <= 0 or size != cls.nbytes(specs, slots) or h[_H_SUPERSEDED]:
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # in use: not pruned
         return cls(mm, specs, slots, path)
 
     @property
@@ -267,6 +357,7 @@ class ColumnCache:
         self._private = False  # the cache directory failed: this process's memory
         self._named: tuple = (None, None)  # (ident, its file)
         self._capped = 0.0  # until then, the disk had no room for more rows: do not ask
+        self._trusted: _Ring | None = None  # the ring whose rows this process proved
         self.last_read: int | None = None  # first row the last cover() read, if any
         self.lock = threading.Lock()
         self._wait = wait
@@ -302,6 +393,11 @@ class ColumnCache:
             return None
         if self._named[0] != ident:
             d = cache_dir()
+            try:
+                _private_dir(d)
+            except OSError as e:
+                self._go_private(d, e)
+                return None
             sig = repr([(k, s.dtype.str, tuple(s.row_shape)) for k, s in self._specs.items()])
             digest = hashlib.sha256(f"{ident}\0{sig}".encode()).hexdigest()[:40]
             self._named = (ident, d / f"{digest}.cols")
@@ -315,8 +411,9 @@ class ColumnCache:
             old = self._file(self._ident)
             self._ident, self._ring = ident, None
             if old is not None:
-                with contextlib.suppress(OSError):
-                    old.unlink()
+                for f in (old, *(old.with_suffix(x) for x in _SIDECARS)):
+                    with contextlib.suppress(OSError):
+                        f.unlink()
         path = self._file(ident)
         r = self._ring
         if path is None:
@@ -341,7 +438,7 @@ class ColumnCache:
         fd = None
         if path is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                _private_dir(path.parent)  # (the user may have removed it meanwhile)
                 fd = _lock_file(path.with_suffix(".lock"), self._wait)
             except BlockingIOError:  # another process fills the file: not waited for
                 yield False
@@ -363,7 +460,8 @@ class ColumnCache:
         _warn_once(
             str(where),
             f"zreplay: cannot keep small columns in {where} ({e}); each process keeps them"
-            " in its own memory instead (set ZREPLAY_CACHE_DIR to a writable local directory)",
+            " in its own memory instead (set ZREPLAY_CACHE_DIR to a writable local directory"
+            " of your own that no other user can write)",
             stacklevel=7,
         )
 
@@ -377,6 +475,7 @@ class ColumnCache:
         ident: str | None = None,
         live_from=None,
         forget=None,
+        stamps=None,
     ):
         """Hold the newest rows of ``[low_row, hi)`` that fit, reading what is missing with
         ``read_range(key, start, stop) -> future`` with ``.result()``; returns the first
@@ -390,7 +489,12 @@ class ColumnCache:
         cache drop the store's chunks as they are decoded (they compete with the file for
         it otherwise: at 300M rows of state data 10 GB of chunks and the 13.5 GB file do
         not fit in 24 GB, and the file's first pages left it again before the fill
-        ended)."""
+        ended).  ``stamps(key, start, stop)`` (``Segment.shard_stamps``) stamps the shard
+        files rows are read from: a file records them, and rows a process did not read
+        itself are served only while their shard files still carry the stamps recorded
+        when they were read (a buffer restored in place from an older copy keeps its
+        path, row numbers and contents id; rows from the first shard that changed on are
+        read again)."""
         self.last_read = None
         hi = int(hi)
         want_lo = max(int(low_row), hi - self.max_rows)
@@ -398,13 +502,23 @@ class ColumnCache:
             return hi
         path = self._bind(ident)
         r = self._ring
-        if r is not None and r.hi >= hi and (r.lo <= want_lo or time.monotonic() < self._capped):
+        if (
+            r is not None
+            and (r is self._trusted or r.path is None)
+            and r.hi >= hi
+            and (r.lo <= want_lo or time.monotonic() < self._capped)
+        ):
             return r.lo  # (a ring that cannot hold older rows holds the newest it can)
         with self._exclusive(path) as locked:
             if not locked:
                 return hi  # nothing held: the caller reads the store
             path = self._bind(ident)  # another process may have grown or filled it
             r = self._ring
+            if r is not None and r.path is not None and r is not self._trusted:
+                proven = self._proven_to(r, stamps, low_row)
+                if proven < r.hi:  # rows from there on are read again
+                    r.header[_H_HI] = max(proven, r.lo)
+                self._trusted = r
             if r is not None and r.lo <= want_lo and r.hi >= hi:
                 return r.lo
             held_lo, held_hi = (r.lo, r.hi) if r is not None else (0, 0)
@@ -430,6 +544,8 @@ class ColumnCache:
                 start = keep
                 r.header[_H_LO] = start  # first: nothing below start is valid any more
                 r.header[_H_HI] = start
+            if r.path is not None:  # stamped before they are read: a change meanwhile
+                self._record(r.path, stamps, start, hi, r.lo)  # reads them again, later
             step = max(1, _FILL_BYTES // max(1, self.row_bytes))
             for a in range(start, hi, step):
                 b = min(hi, a + step)
@@ -484,7 +600,7 @@ class ColumnCache:
                     )
                     if r is not None and slots <= r.slots or slots < 1:
                         return r
-                _prune(path.parent)
+                _prune(path.parent, keep=path, room=_Ring.nbytes(self._specs, slots))
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                 new = _Ring.make(self._specs, slots, tmp)
             except OSError as e:
@@ -509,6 +625,7 @@ class ColumnCache:
                 new.header[_H_LO] = new.header[_H_HI] = start
             if new.path is not None:
                 os.replace(new.path, path)
+                _write_owner(path, self._ident)
         except BaseException as e:  # a failed or interrupted copy leaves no temporary
             if new.path is not None:
                 with contextlib.suppress(OSError):
@@ -521,8 +638,74 @@ class ColumnCache:
             new.path = path
             if r is not None and r.path is not None:
                 r.header[_H_SUPERSEDED] = 1  # its holders map the new file
-        self._ring = new
+        self._ring = self._trusted = new  # (rows copied from a proven ring, or none)
         return new
+
+    # -- proof of the rows held -------------------------------------------------------
+
+    def _record(self, path: Path, stamps, start: int, stop: int, lo: int) -> None:
+        """Append the stamps of the shard files rows ``[start, stop)`` are read from to
+        the file's stamp log (records ``[key, first row, *stamp]``, the last one of a
+        shard counting), rewritten with only the shards of rows from ``lo`` on once it
+        is large.  A log that cannot be written proves nothing to other processes: they
+        read those rows again."""
+        if stamps is None:
+            return
+        with contextlib.suppress(OSError):
+            self._append(path.with_suffix(_STAMPS), stamps, start, stop, lo)
+
+    def _append(self, log: Path, stamps, start: int, stop: int, lo: int) -> None:
+        recs = [
+            (i, first, *st)
+            for i, k in enumerate(self.keys)
+            for first, st in stamps(k, start, stop)
+            if st is not None
+        ]
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            st = os.fstat(fd)
+            if not _ours(st):
+                raise PermissionError(f"{log} is not a file of this user's")
+            if recs:
+                os.write(fd, np.asarray(recs, np.int64).tobytes())
+            big = st.st_size > _STAMPS_COMPACT
+        finally:
+            os.close(fd)
+        if big:
+            self._compact(log, lo)
+
+    def _compact(self, log: Path, lo: int) -> None:
+        """Rewrite the stamp log with the last record of each shard that may still hold
+        rows from ``lo`` on (under the file's lock; a record dropped in error only costs
+        a read)."""
+        last = _read_stamps(log)
+        keep = [(*k, *v) for k, v in last.items() if k[1] >= lo - _STAMPS_SPAN]
+        tmp = log.with_name(f"{log.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        fd = _create(tmp)
+        try:
+            if keep:
+                os.write(fd, np.asarray(keep, np.int64).tobytes())
+        finally:
+            os.close(fd)
+        os.replace(tmp, log)
+
+    def _proven_to(self, r: _Ring, stamps, low_row: int) -> int:
+        """The first row of ``r`` (a file this process did not fill) from which its rows
+        are not proven the segment's: the first shard file, of any key, whose stamp is
+        not the one recorded when its rows were read (``r.hi``: all are)."""
+        lo, hi = max(r.lo, int(low_row)), r.hi
+        if hi <= lo:
+            return hi
+        if stamps is None:
+            return lo
+        last = _read_stamps(r.path.with_suffix(_STAMPS))
+        proven = hi
+        for i, k in enumerate(self.keys):
+            for first, st in stamps(k, lo, hi):
+                if st is None or last.get((i, first)) != tuple(st):
+                    proven = min(proven, max(first, lo))
+                    break
+        return proven
 
     def slots(self, rows: np.ndarray, below: int | None = None) -> np.ndarray:
         """Where rows (all within ``[lo, hi)``, and below ``below`` if given) are, for
@@ -534,6 +717,27 @@ class ColumnCache:
     def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``key`` in ``slots``: one fancy index."""
         return self._ring.arrays[key].take(slots, axis=0, out=out, mode="clip")
+
+
+def _read_stamps(log: Path) -> dict:
+    """``{(key index, first row): stamp}`` of a stamp log, the last record of a shard
+    counting ({} where it is missing or not this user's)."""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    try:
+        if not _ours(os.fstat(fd)):
+            return {}
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    n = len(raw) // (8 * _STAMP_FIELDS) * _STAMP_FIELDS
+    recs = np.frombuffer(raw, np.int64, count=n).reshape(-1, _STAMP_FIELDS).tolist()
+    return {(r[0], r[1]): tuple(r[2:]) for r in recs}
 
 
 def _warn_once(key: str, message: str, stacklevel: int) -> None:
@@ -549,9 +753,11 @@ def _lock_file(path: Path, wait: bool) -> int:
     on a file that was pruned meanwhile (:func:`_prune` unlinks unused lock files under
     their lock) guards nothing: it is taken again on the file now at ``path``."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         _HELD.add(fd)
         try:
+            if not _ours(os.fstat(fd)):
+                raise PermissionError(f"{path} is not a file of this user's")
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             if _same_file(fd, path):
                 return fd
@@ -563,29 +769,118 @@ def _lock_file(path: Path, wait: bool) -> int:
         os.close(fd)  # pruned under us: again, on the file now at path
 
 
-def _prune(directory: Path) -> None:
-    """Remove cache files and stray temporaries untouched for :data:`PRUNE_AGE_S`:
-    caches of buffers deleted or moved since; and the lock files of cache files no
-    longer there, under their lock (one a filler holds stays; see :func:`_lock_file`)."""
+def _prune(directory: Path, keep: Path | None = None, room: int = 0) -> None:
+    """Remove cache files whose buffer is gone (a local segment no longer there, or
+    another at its path: another directory inode or contents id; see :func:`_owner_gone`),
+    files untouched for :data:`PRUNE_AGE_S` (buffers in S3 are not looked up), then the
+    least recently used until the files and a new one of ``room`` bytes fit in
+    :func:`max_dir_bytes`; never ``keep`` (the one being made) nor a file whose lock
+    another process holds.  Also stray temporaries, sidecars of files gone, and the lock
+    files of cache files gone, under their lock (see :func:`_lock_file`)."""
     now, entries = time.time(), []
     with contextlib.suppress(OSError):
         entries = list(os.scandir(directory))
     names = {e.name for e in entries}
+    live = []
     for entry in entries:
         with contextlib.suppress(OSError):
-            if now - entry.stat().st_mtime <= PRUNE_AGE_S:
-                continue
-            if entry.name.endswith((".cols", ".tmp")):
-                os.unlink(entry.path)
-            elif entry.name.endswith(".lock") and entry.name[:-5] + ".cols" not in names:
+            st = entry.stat(follow_symlinks=False)
+            old = now - st.st_mtime > PRUNE_AGE_S
+            name, path = entry.name, Path(entry.path)
+            if name.endswith(".cols"):
+                if keep is not None and path == keep:
+                    continue
+                if old or _owner_gone(path.with_suffix(_OWNER)):
+                    _remove_cache(path)
+                else:
+                    live.append((st.st_mtime, st.st_blocks * 512, path))
+            elif name.endswith(".tmp"):
+                if old:
+                    os.unlink(entry.path)
+            elif name.endswith(_SIDECARS) and name.rsplit(".", 1)[0] + ".cols" not in names:
+                if old:
+                    os.unlink(entry.path)
+            elif old and name.endswith(".lock") and name[:-5] + ".cols" not in names:
                 _prune_lock(entry.path)
+    total = sum(size for _, size, _ in live) + room
+    cap = max_dir_bytes()
+    for _, size, path in sorted(live, key=lambda x: x[0]):
+        if total <= cap:
+            break
+        if _remove_cache(path):
+            total -= size
+
+
+def _remove_cache(path: Path) -> bool:
+    """Remove a cache file and its sidecars under its lock (not waited for: one another
+    process fills or grows stays); a process that maps it keeps reading its rows."""
+    try:
+        fd = _lock_file(path.with_suffix(".lock"), wait=False)
+    except OSError:  # held (BlockingIOError), or not ours
+        return False
+    try:
+        for f in (path, path.with_suffix(_STAMPS), path.with_suffix(_OWNER)):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+    finally:
+        _HELD.discard(fd)
+        os.close(fd)
+    return True
+
+
+def _write_owner(path: Path, ident: str | None) -> None:
+    """Record beside the file ``path`` what it caches (for :func:`_owner_gone`)."""
+    if ident is None:
+        return
+    owner = path.with_suffix(_OWNER)
+    with contextlib.suppress(OSError):
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            if _ours(os.fstat(fd)):
+                os.write(fd, ident.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+
+
+def _owner_gone(owner: Path) -> bool:
+    """Is the buffer a cache file's owner record names gone: a local segment directory
+    no longer there, another directory at its path (inode), or other contents (a
+    commit with another contents id, or none)?  False where it cannot tell (no record,
+    a buffer in an object store, a commit that cannot be read)."""
+    try:
+        fd = os.open(owner, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        if not _ours(os.fstat(fd)):
+            return False
+        raw = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    parts = raw.decode("utf-8", "surrogateescape").split("\0")
+    if len(parts) != 3:  # (a URL and contents id: not looked up)
+        return False
+    where, dev_ino, contents = parts
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if f"{st.st_dev}:{st.st_ino}" != dev_ino:
+        return True
+    try:
+        commit = read_commit(where)
+    except (CorruptBufferError, OSError):
+        return False
+    return commit is None or commit.contents != contents
 
 
 def _prune_lock(path: str) -> None:
     """Unlink an unused lock file while holding its lock (a filler holding it: left).
     Only the file locked: another pruner may have unlinked it between this open and
     this flock, and a filler made and locked a new one at the path since."""
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if _same_file(fd, path):  # then only this lock's holder (us) can unlink it

@@ -360,7 +360,7 @@ def _cover(part: Part, cache: ColumnCache) -> int:
         seg = part.segment
         return cache.cover(
             seg.read_range, part.low_row, part.cache_hi, part.cache_id, part.live_from,
-            seg.forget_pages,
+            seg.forget_pages, seg.shard_stamps,
         )  # fmt: skip
     except StaleRead:
         raise Evicted() from None

@@ -157,6 +157,20 @@ class Backend(ABC):
         ``open_array`` returns other handles says how."""
         return store.widened(rows)
 
+    def file_stamps(self, files) -> list[tuple[int, int, int] | None]:
+        """For each of ``files`` (of one directory tree), what changes whenever it is
+        written, replaced or restored from a copy (locally: inode, mtime in ns, size; in
+        S3: its ETag and size), for caches of its contents kept elsewhere to prove they
+        are still its contents; None where a file is missing or the store cannot tell
+        cheaply (such a cache is then not trusted: its rows are read again)."""
+        return [None] * len(files)
+
+    def tree_stamps(self, loc) -> dict[str, tuple[int, int, int]] | None:
+        """``{path relative to loc: stamp}`` (see :meth:`file_stamps`) of every file under
+        the directory ``loc``, in one listing where the store lists cheaper than it looks
+        files up one by one; None where it does not."""
+        return None
+
     def forget_pages(self, files) -> None:
         """Tell the OS that ``files`` will not be read again soon (their rows were
         decoded elsewhere: the column cache file), so its page cache keeps what will be;

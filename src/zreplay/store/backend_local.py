@@ -112,6 +112,17 @@ _FORK_WARNED = mmap.mmap(-1, 1)
 class LocalBackend(Backend):
     is_local = True
 
+    def file_stamps(self, files) -> list[tuple[int, int, int] | None]:
+        out = []
+        for f in files:
+            try:
+                st = os.stat(f)
+            except OSError:
+                out.append(None)
+            else:
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return out
+
     def forget_pages(self, files) -> None:
         for f in files:
             try:

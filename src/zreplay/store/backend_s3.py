@@ -21,6 +21,7 @@ by byte ranges and written a whole shard per PUT.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -188,10 +189,27 @@ class S3Backend(Backend):
     def head(self, key: str) -> int:
         return self.client().head(key)
 
+    def etags(self, prefix: str) -> dict[str, tuple[str, int]]:
+        return self.client().etags(prefix)
+
     def copy(self, src: str, dst: str) -> None:
         self.client().copy(src, dst)
 
     # -- files --------------------------------------------------------------------
+
+    def tree_stamps(self, loc) -> dict[str, tuple[int, int, int]] | None:
+        """One listing: an object's ETag (of its bytes, for a whole-object PUT) and size."""
+        prefix = loc.key + "/"
+        try:
+            found = self.etags(prefix)
+        except OSError:
+            return None
+        out = {}
+        for key, (tag, size) in found.items():
+            if tag and key.startswith(prefix):
+                digest = hashlib.sha256(tag.encode()).digest()
+                out[key[len(prefix) :]] = (int.from_bytes(digest[:7], "little"), 0, size)
+        return out
 
     def publish(self, loc, data: bytes, durable: bool) -> None:
         self.put([(loc.key, bytes(data))])

@@ -239,6 +239,10 @@ class ObjectClient:
         """The size of object ``key``; FileNotFoundError if there is none."""
         raise NotImplementedError
 
+    def etags(self, prefix: str) -> dict[str, tuple[str, int]]:
+        """``{key: (ETag, size)}`` of every object below ``prefix`` (ending with '/')."""
+        raise NotImplementedError
+
     def copy(self, src: str, dst: str) -> None:
         """Copy object ``src`` to ``dst`` inside the bucket (server-side)."""
         raise NotImplementedError
@@ -339,6 +343,15 @@ class ObstoreClient(ObjectClient):
 
         return int(self._run(go, key)["size"])
 
+    def etags(self, prefix: str) -> dict[str, tuple[str, int]]:
+        async def go():
+            out = {}
+            async for batch in self.ob.list(self.store, prefix, chunk_size=1000):
+                out.update({o["path"]: (o.get("e_tag") or "", int(o["size"])) for o in batch})
+            return out
+
+        return self._run(go, prefix)
+
     def copy(self, src: str, dst: str) -> None:
         async def go():
             await self.ob.copy_async(self.store, src, dst)
@@ -425,6 +438,14 @@ class S3fsClient(ObjectClient):
         if info.get("type") != "file":
             raise FileNotFoundError(errno.ENOENT, "no such object", key)
         return int(info["size"])
+
+    def etags(self, prefix: str) -> dict[str, tuple[str, int]]:
+        n = len(self.bucket) + 1
+        try:
+            found = self._run(self.fs._find(self._p(prefix), detail=True), prefix)
+        except FileNotFoundError:
+            return {}
+        return {p[n:]: (i.get("ETag") or "", int(i.get("size") or 0)) for p, i in found.items()}
 
     def copy(self, src: str, dst: str) -> None:
         self._run(self.fs._copy(self._p(src), self._p(dst)), src)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,6 +38,9 @@ from .format import (
 )
 from .layout import KeyLayout, chunk_key_separator, shard_key, shard_number
 from .location import Location, locate
+
+# A shard file's name in its array's directory, either separator (not a temporary).
+_SHARD_FILE = re.compile(r"c(?:[./][0-9]+)+")
 
 
 def _grow(current: int, needed: int) -> int:
@@ -387,6 +391,30 @@ class Segment:
         n = self.layouts[key].shard_rows
         files = [self._shard_file(key, s) for s in range(start // n, -(-stop // n))]
         self.backend.forget_pages([f for f in files if f is not None])
+
+    def shard_stamps(self, key: str, start: int, stop: int) -> list[tuple[int, tuple | None]]:
+        """``(first row, stamp)`` of every shard file of ``key`` holding rows of ``[start,
+        stop)`` (see :meth:`Backend.file_stamps <zreplay.store.backend.Backend.file_stamps>`;
+        None: missing or unknown): what a cache of those rows records when it reads them,
+        and compares before it serves them again (a restored backup keeps row numbers
+        and contents id, not its shard files' stamps)."""
+        n = self.layouts[key].shard_rows
+        shards = range(start // n, -(-stop // n))
+        if not self.backend.is_local and stop < (start // n + 1) * n:
+            # Rows of one shard not yet complete (a fill after a small commit): no listing
+            # on the sampling path; its rows are read again by the next process anyway
+            # (every commit rewrites that shard).
+            return [(start // n * n, None)]
+        listed = self.backend.tree_stamps(self.dir / "data" / key)
+        if listed is not None:  # (no zarr.json read for the chunk-key separator)
+            by = {shard_number(r): st for r, st in listed.items() if _SHARD_FILE.fullmatch(r)}
+            return [(s * n, by.get(s)) for s in shards]
+        files = [self._shard_file(key, s) for s in shards]
+        found = self.backend.file_stamps([f for f in files if f is not None])
+        stamps = iter(found)
+        return [
+            (s * n, None if f is None else next(stamps)) for s, f in zip(shards, files, strict=True)
+        ]
 
     def read_points(self, key: str, rows: np.ndarray) -> PendingRead:
         """Start reading ``rows`` of ``key`` (int64, any order, repeats allowed): the
