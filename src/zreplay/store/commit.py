@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from ..errors import CorruptBufferError
-from .format import FORMAT_VERSION, READABLE_FORMATS, commit_path, legacy_commit_path
+from .format import (
+    FORMAT_VERSION,
+    ID_BITS,
+    READABLE_FORMATS,
+    commit_path,
+    legacy_commit_path,
+)
 from .location import Location, locate
 
 log = logging.getLogger("zreplay")
@@ -76,6 +82,13 @@ class Commit:
                 f"{where}: format version {c.format} is not supported by this zreplay "
                 f"(reads {list(READABLE_FORMATS)}); upgrade zreplay"
             )
+        wild = _out_of_range(c)
+        if wild:
+            raise CorruptBufferError(
+                f"{where}: commit record holds numbers out of range ({', '.join(wild)}); "
+                "no writer records these: the segment cannot be trusted (restore it from "
+                "a checkpoint; zreplay.verify() reports all damage)"
+            )
         if not (
             0 <= c.low_traj <= c.n_traj
             and 0 <= c.low_row <= c.n_rows
@@ -91,6 +104,27 @@ class Commit:
                 "trusted (restore it from a checkpoint; zreplay.verify() reports all damage)"
             )
         return c
+
+
+# Every count of a commit record is stored in int64 columns and arrays (offsets, ids,
+# episode numbers): a larger number in a crafted record would overflow them later.
+INT64_MAX = (1 << 63) - 1
+_COUNTS = (
+    "gen", "n_rows", "n_traj", "low_row", "low_traj", "reclaimed_below",
+    "n_pieces", "low_piece", "inserted",
+)  # fmt: skip
+
+
+def _out_of_range(c: Commit) -> list[str]:
+    """``field=value`` of each number of ``c`` outside what its columns can hold."""
+    bounds = {f: (0, INT64_MAX) for f in _COUNTS}
+    # Ids and episodes handed out next: one past the largest int64 once all are used.
+    bounds["next_trajectory_id"] = bounds["next_episode"] = (0, INT64_MAX + 1)
+    # Writer n's trajectory ids start at n << ID_BITS, an int64.
+    bounds["writer_number"] = (-1, (1 << (63 - ID_BITS)) - 1)
+    return [
+        f"{f}={getattr(c, f)}" for f, (lo, hi) in bounds.items() if not lo <= getattr(c, f) <= hi
+    ]
 
 
 _TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict}

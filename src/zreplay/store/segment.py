@@ -30,7 +30,9 @@ from .format import (
     CHUNK_KEY_SEPARATOR,
     INDEX_CHUNK,
     LIVE_ROWS_ATTR,
+    META,
     PIECE_COLUMNS,
+    PRIORITY_GROUP,
     STORED_ATTRS,
     TRAJ_COLUMNS,
     commit_path,
@@ -87,6 +89,13 @@ class Segment:
         self.offsets = handle("offsets", "int64", ())
         self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
         self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
+        # Every array is written, resized and deleted (clear, reclaim) at its path: none
+        # may resolve outside the buffer (segments/<w>/ sits two levels below the root).
+        root = self.dir.parent.parent
+        for h in [*self.data.values(), self.offsets, *self.traj.values(), *self.pieces.values()]:
+            self.backend.confine(root, h.path)
+        for name in (PRIORITY_GROUP, META):
+            self.backend.confine(root, self.dir / name)
         self._separators: dict[str, str] = {}  # data arrays' chunk-key separators read
         self._live: list[int] | None = None  # the live_rows attribute written last
         # (n_rows, n_traj, last trajectory id, contents id) of the commit read last
@@ -240,6 +249,7 @@ class Segment:
             for s in range(first, last):
                 shard = self._shard_file(key, s)
                 if shard is not None:
+                    self.backend.confine(self.dir, shard)  # c/<s>/... nests (format 4)
                     self.backend.remove_file(shard, self.dir / "data" / key)
 
     def _separator(self, key: str) -> str | None:
@@ -282,6 +292,7 @@ class Segment:
                 for p in found:
                     shard = shard_number(prefix + p.name)
                     if shard is not None and shard < limit:
+                        self.backend.confine(self.dir, p)
                         if p.is_file():
                             p.unlink(missing_ok=True)
                         else:
