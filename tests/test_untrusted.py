@@ -15,6 +15,7 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import make_traj, tree_state
 
@@ -262,3 +263,54 @@ def test_used_up_trajectory_ids_fail_the_add_clearly_and_add_nothing(tmp_path):
     assert zreplay.verify(buf).ok
     view = zreplay.open(buf)
     assert view.num_trajectories == 5 and view.next_trajectory_id == 2**63
+
+
+# -- item 5: HDF5 episode files with an inconsistent episode index -----------------------
+
+
+def _h5(path: Path, lens, offs, steps: int = 6) -> Path:
+    import h5py
+
+    with h5py.File(path, "w") as f:  # stable-worldmodel's layout: no zreplay attribute
+        f["action"] = np.arange(steps * 2, dtype=np.float32).reshape(steps, 2)
+        f["reward"] = np.arange(steps, dtype=np.float32)
+        f["ep_len"] = np.asarray(lens, np.int32)
+        f["ep_offset"] = np.asarray(offs, np.int64)
+    return path
+
+
+def test_a_consistent_hdf5_file_loads_every_step(tmp_path):
+    rb = zreplay.load_hdf5(_h5(tmp_path / "ok.h5", [2, 4], [0, 2]))
+    try:
+        assert len(rb) == 6
+    finally:
+        rb.close()
+    got = [e["reward"].tolist() for e in zreplay.iter_hdf5(tmp_path / "ok.h5")]
+    assert got == [[0, 1], [2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize(
+    "lens, offs, why",
+    [
+        ([3, 3], [0, 0], "share step 0"),  # the first episode twice, steps 3..5 never
+        ([2, 2], [0, 4], "cover 4 of the 6"),  # steps 2, 3 dropped
+        ([3, 5], [0, 3], r"episode 1 is steps \[3, 8\) of 6"),  # cut short by slicing
+        ([3, 3], [0], "2 ep_len entries but 1 ep_offset"),
+        ([6, 0], [0, 6], "episode 1 has 0 steps"),
+        ([3, 3], [0, -3], r"episode 1 is steps \[-3, 0\)"),
+    ],
+)
+def test_inconsistent_hdf5_episode_index_is_refused_before_anything_is_written(
+    tmp_path, lens, offs, why
+):
+    src = _h5(tmp_path / "bad.h5", lens, offs)
+    dest = tmp_path / "imported.zarr"
+    with pytest.raises(zreplay.FormatError, match=why) as e:
+        zreplay.load_hdf5(src, path=str(dest))
+    assert "bad.h5" in str(e.value) and "episode index" in str(e.value)
+    assert not dest.exists()
+    with pytest.raises(zreplay.FormatError, match=why):
+        list(zreplay.iter_hdf5(src))
+    done = _cli("import", str(src), str(dest))
+    assert done.returncode != 0 and "episode index" in done.stderr
+    assert not dest.exists()
