@@ -275,6 +275,25 @@ class LocalBackend(Backend):
                 "directory it names, or restore the buffer from a checkpoint"
             )
 
+    def check_files(self, loc) -> None:
+        # TensorStore opens chunk files itself and would wait forever on a FIFO.
+        try:
+            with os.scandir(loc) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                self.check_files(e.path)
+            elif e.is_symlink() or not e.is_file(follow_symlinks=False):
+                kind = "a symbolic link" if e.is_symlink() else "not a regular file"
+                raise CorruptBufferError(
+                    f"{e.path} is {kind} (a FIFO, socket, device or link where a buffer "
+                    "keeps a chunk file); zreplay does not read it, since reading it could "
+                    "block forever or leave the buffer. Remove it, or restore the buffer "
+                    "from a checkpoint"
+                )
+
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         skip = {os.path.normpath(k): v for k, v in (committed_shards or {}).items()}
         removed = []

@@ -82,13 +82,6 @@ class Commit:
                 f"{where}: format version {c.format} is not supported by this zreplay "
                 f"(reads {list(READABLE_FORMATS)}); upgrade zreplay"
             )
-        wild = _out_of_range(c)
-        if wild:
-            raise CorruptBufferError(
-                f"{where}: commit record holds numbers out of range ({', '.join(wild)}); "
-                "no writer records these: the segment cannot be trusted (restore it from "
-                "a checkpoint; zreplay.verify() reports all damage)"
-            )
         if not (
             0 <= c.low_traj <= c.n_traj
             and 0 <= c.low_row <= c.n_rows
@@ -102,6 +95,13 @@ class Commit:
             raise CorruptBufferError(
                 f"{where}: commit record is inconsistent: {d}; the segment cannot be "
                 "trusted (restore it from a checkpoint; zreplay.verify() reports all damage)"
+            )
+        wild = _out_of_range(c)
+        if wild:
+            raise CorruptBufferError(
+                f"{where}: commit record holds numbers out of range ({', '.join(wild)}); "
+                "no writer records these: the segment cannot be trusted (restore it from "
+                "a checkpoint; zreplay.verify() reports all damage)"
             )
         return c
 

@@ -313,6 +313,8 @@ class Segment:
             self._observe(commit, out["trajectory_id"])
             return out
         self._check_index_size(commit)
+        for h in [self.offsets, *self.traj.values(), *self.pieces.values()]:
+            self.backend.check_files(h.path)  # a chunk file TensorStore would block on
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
             futs[name] = h.reopen_if_short(n)[:n].read()

@@ -90,6 +90,7 @@ def verify(
                 "(removed when its writer next opens it)"
             )
         try:
+            root.backend.check_files(seg_dir)  # a FIFO would block the reads below
             commit = read_commit(seg_dir)
         except CorruptBufferError as e:
             report.problems.append(str(e))
