@@ -196,7 +196,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 _PY_OPEN = "import sys, zreplay\ntry:\n    {call}\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
 
 
-@pytest.mark.parametrize("rel", ["zreplay/commit.json", "offsets/c/0"])
+@pytest.mark.parametrize("rel", ["zreplay/commit.json", "offsets/c/0", "data/actions/c.0.0"])
 @pytest.mark.parametrize(
     "call",
     ["zreplay.open(sys.argv[1])", "print(zreplay.verify(sys.argv[1]))", "cli"],

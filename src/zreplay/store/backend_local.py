@@ -286,6 +286,8 @@ class LocalBackend(Backend):
             if e.is_dir(follow_symlinks=False):
                 self.check_files(e.path)
             elif e.is_symlink() or not e.is_file(follow_symlinks=False):
+                if not os.path.lexists(e.path):
+                    continue  # a temp file renamed away while we listed
                 kind = "a symbolic link" if e.is_symlink() else "not a regular file"
                 raise CorruptBufferError(
                     f"{e.path} is {kind} (a FIFO, socket, device or link where a buffer "

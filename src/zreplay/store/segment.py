@@ -96,6 +96,7 @@ class Segment:
             self.backend.confine(root, h.path)
         for name in (PRIORITY_GROUP, META):
             self.backend.confine(root, self.dir / name)
+        self._files_checked = False  # every array's files are regular files (read_index)
         self._separators: dict[str, str] = {}  # data arrays' chunk-key separators read
         self._live: list[int] | None = None  # the live_rows attribute written last
         # (n_rows, n_traj, last trajectory id, contents id) of the commit read last
@@ -313,8 +314,15 @@ class Segment:
             self._observe(commit, out["trajectory_id"])
             return out
         self._check_index_size(commit)
-        for h in [self.offsets, *self.traj.values(), *self.pieces.values()]:
-            self.backend.check_files(h.path)  # a chunk file TensorStore would block on
+        if not self._files_checked:  # a FIFO TensorStore would block on: once per open
+            for h in [
+                *self.data.values(),
+                self.offsets,
+                *self.traj.values(),
+                *self.pieces.values(),
+            ]:
+                self.backend.check_files(h.path)
+            self._files_checked = True
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
             futs[name] = h.reopen_if_short(n)[:n].read()
