@@ -191,6 +191,31 @@ def test_hostile_index_never_reads_or_writes_outside(tmp_path):
     }  # refused before the destination was even created
 
 
+@pytest.mark.parametrize("where", ["trajectory_id_list", "trajectory_index"])
+def test_repeated_trajectory_id_names_the_source_file_and_the_id(tmp_path, where):
+    trajs = [make_traj(i) for i in range(3)]
+    rl = tmp_path / "rl"
+    _write_rlinf_dir(rl, trajs)
+    idx = json.loads((rl / "trajectory_index.json").read_text())
+    if where == "trajectory_id_list":
+        idx["trajectory_id_list"] = [0, 1, 1, 2]
+    else:  # "1" and "01" are both trajectory 1
+        idx["trajectory_index"]["01"] = idx["trajectory_index"]["1"]
+    (rl / "trajectory_index.json").write_text(json.dumps(idx))
+    before = tree_state(tmp_path)
+    with pytest.raises(zreplay.CorruptBufferError) as e:
+        zreplay.import_rlinf(str(rl), str(tmp_path / "dst"))
+    msg = str(e.value)
+    assert str(rl / "trajectory_index.json") in msg and "trajectory id 1 appears twice" in msg
+    assert where in msg and ".partial" not in msg  # not the hidden destination
+    assert tree_state(tmp_path) == before  # refused before the destination was created
+    with zreplay.TrajectoryReplayBuffer() as buf:
+        buf.add_trajectories([make_traj(5)])
+        with pytest.raises(zreplay.CorruptBufferError, match="appears twice"):
+            buf.load_checkpoint(str(rl))
+        assert len(buf) == 1
+
+
 def test_export_refuses_weights_ids_that_are_paths(tmp_path):
     with zreplay.TrajectoryReplayBuffer() as buf:
         buf.add_trajectories([make_traj(0)])

@@ -82,12 +82,7 @@ def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     for name, value in nested.items():
         check_key_component(name, prefix)
         path = f"{prefix}/{name}" if prefix else name
-        if len(path) > MAX_KEY_PATH or path.count("/") >= MAX_KEY_DEPTH:
-            raise KeyNameError(
-                f"key path {path[:80]!r}... is {len(path)} characters, {path.count('/') + 1} "
-                f"levels deep; at most {MAX_KEY_PATH} characters and {MAX_KEY_DEPTH} levels "
-                "(each becomes a directory of the buffer): shorten names or nest less"
-            )
+        _check_path_size(path)
         if isinstance(value, Mapping):
             if not value:
                 continue
@@ -95,6 +90,32 @@ def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
+
+
+def _check_path_size(path: str) -> None:
+    if len(path) > MAX_KEY_PATH or path.count("/") >= MAX_KEY_DEPTH:
+        raise KeyNameError(
+            f"key path {path[:80]!r}... is {len(path)} characters, {path.count('/') + 1} "
+            f"levels deep; at most {MAX_KEY_PATH} characters and {MAX_KEY_DEPTH} levels "
+            "(each becomes a directory of the buffer): shorten names or nest less"
+        )
+
+
+def check_key_path(path: Any) -> str:
+    """Return the flat key ``path`` (``"a/b"``) if :func:`flatten` could have made it,
+    else raise KeyNameError: the check a key passes when written, applied to keys read
+    back from a buffer (each becomes directories under it, so ``..`` must never pass)."""
+    if not isinstance(path, str):
+        raise KeyNameError(f"key {path!r}: names must be str, got {type(path).__name__}")
+    prefix = ""
+    try:
+        for name in path.split("/"):
+            check_key_component(name, prefix)
+            prefix = f"{prefix}/{name}" if prefix else name
+    except KeyNameError as e:
+        raise KeyNameError(f"key {path!r}: {e}") from None
+    _check_path_size(path)
+    return path
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,4 +297,6 @@ class Schema:
 
     @classmethod
     def from_json(cls, d: Mapping) -> Schema:
-        return cls({k: KeySpec.from_json(k, v) for k, v in d.items()})
+        """A recorded schema; KeyNameError for a key no writer could have made (a path
+        out of the buffer), ValueError for a spec no writer could have recorded."""
+        return cls({check_key_path(k): KeySpec.from_json(k, v) for k, v in d.items()})

@@ -334,6 +334,59 @@ def layout(f, path) -> tuple[list[str], list[str]]:
     return names, names
 
 
+def episode_index(f, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(ep_len, ep_offset)`` of an open episode file whose column datasets are
+    ``names``, checked before a step is read: every episode has at least one step, lies
+    inside the columns, which are equally long, and no two overlap, and together they
+    cover every step.  A file from elsewhere may say otherwise, and slicing HDF5 would
+    then drop, repeat or cut episodes silently; FormatError naming the file instead."""
+    if not all(k in f for k in EPISODE_DATASETS):
+        if not names:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        _bad_index(f, "the file has columns but no ep_len/ep_offset datasets")
+    lens_ds, offs_ds = f["ep_len"], f["ep_offset"]
+    for ds in (lens_ds, offs_ds):
+        if getattr(ds, "ndim", None) != 1 or ds.dtype.kind not in "iu":
+            _bad_index(f, f"{ds.name} is not a 1-d integer dataset")
+    rows = {int(f[d].shape[0]) if f[d].ndim else -1 for d in names}
+    if len(rows) > 1:
+        _bad_index(f, f"its columns have different numbers of steps ({sorted(rows)})")
+    steps = max(rows.pop(), 0) if rows else 0
+    # Sizes first: an index longer than the steps (one at least per episode) is not read.
+    n = lens_ds.shape[0]
+    if n != offs_ds.shape[0]:
+        _bad_index(f, f"{n} ep_len entries but {offs_ds.shape[0]} ep_offset entries")
+    if n > steps:
+        _bad_index(f, f"{n} episodes in columns of {steps} steps")
+    lens, offs = lens_ds[:].astype(np.int64), offs_ds[:].astype(np.int64)
+    if not n:
+        if steps:
+            _bad_index(f, f"no episodes, but columns of {steps} steps")
+        return lens, offs
+    if lens.min() < 1:
+        _bad_index(f, f"episode {int(np.argmin(lens))} has {int(lens.min())} steps")
+    outside = np.flatnonzero((offs < 0) | (offs > steps - lens))
+    if outside.size:
+        e = int(outside[0])
+        _bad_index(f, f"episode {e} is steps [{offs[e]}, {offs[e] + lens[e]}) of {steps}")
+    order = np.argsort(offs, kind="stable")
+    overlap = np.flatnonzero(offs[order][1:] < (offs + lens)[order][:-1])
+    if overlap.size:
+        a, b = int(order[overlap[0]]), int(order[overlap[0] + 1])
+        _bad_index(f, f"episodes {a} and {b} share step {offs[b]}")
+    if int(lens.sum()) != steps:
+        _bad_index(f, f"its episodes cover {int(lens.sum())} of the {steps} steps")
+    return lens, offs
+
+
+def _bad_index(f, problem: str):
+    raise FormatError(
+        f"{f.filename}: the episode index (ep_len, ep_offset) is inconsistent: {problem}; "
+        "the file is damaged or was not written by zreplay or stable-worldmodel (nothing "
+        "was read from it: write it again from its source)"
+    )
+
+
 def iter_hdf5(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
     """Episodes of a zreplay (or stable-worldmodel) HDF5 episode file, as nested
     ``{column: [L, ...]}`` arrays."""
@@ -346,7 +399,7 @@ def iter_hdf5(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
         columns, names = layout(f, path)
         if not columns:
             return
-        lens, offs = f["ep_len"][:].astype(np.int64), f["ep_offset"][:].astype(np.int64)
+        lens, offs = episode_index(f, names)
         # Consecutive episodes are read together, ~READ_BYTES per batch: one read per
         # column decompresses each chunk once instead of once per episode it holds.
         row_bytes = sum(max(1, f[d].dtype.itemsize * int(np.prod(f[d].shape[1:]))) for d in names)
@@ -369,10 +422,13 @@ def iter_hdf5(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
 def episode_flags(f, columns: list[str], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """How each episode of an open file ended: the legacy datasets of a version 1 file,
     else its last step's termination / truncation column (False without one)."""
-    lens = f["ep_len"][:] if "ep_len" in f else np.zeros(0, np.int64)
+    lens, offs = episode_index(f, names)
     if all(k in f for k in LEGACY_FLAGS):
-        return f[LEGACY_FLAGS[0]][:].astype(bool), f[LEGACY_FLAGS[1]][:].astype(bool)
-    last = (f["ep_offset"][:] + lens - 1) if len(lens) else np.zeros(0, np.int64)
+        flags = f[LEGACY_FLAGS[0]][:].astype(bool), f[LEGACY_FLAGS[1]][:].astype(bool)
+        if any(len(x) != len(lens) for x in flags):
+            raise FormatError(f"{f.filename}: {LEGACY_FLAGS} do not have one entry per episode")
+        return flags
+    last = (offs + lens - 1) if len(lens) else np.zeros(0, np.int64)
     by_path = dict(zip(columns, names, strict=True))
     out = []
     for keys in (TERMINATION_KEYS, TRUNCATION_KEYS):
@@ -391,7 +447,7 @@ def hdf5_info(path: str | Path) -> dict[str, Any]:
 
     with h5py.File(path, "r") as f:
         columns, names = layout(f, path)
-        lens = f["ep_len"][:] if "ep_len" in f else np.zeros(0, np.int64)
+        lens, _ = episode_index(f, names)
         return {
             "columns": columns,
             "datasets": names,

@@ -165,15 +165,38 @@ def _read_json(path: Path) -> dict:
 def read_rlinf_index(src: Path) -> tuple[dict, list[int], dict]:
     meta = _read_json(src / "metadata.json")
     idx = _read_json(src / "trajectory_index.json")
+    where = src / "trajectory_index.json"
     try:
-        index = {int(k): dict(v) for k, v in idx.get("trajectory_index", {}).items()}
+        entries = idx.get("trajectory_index", {}).items()
+        index = {int(k): dict(v) for k, v in entries}
         ids = [int(i) for i in idx.get("trajectory_id_list", sorted(index))]
     except (TypeError, ValueError, AttributeError) as e:
         raise CorruptBufferError(
-            f"{src / 'trajectory_index.json'}: trajectory ids must be integers and entries "
-            f"objects ({e})"
+            f"{where}: trajectory ids must be integers and entries objects ({e})"
         ) from None
+    # A buffer keeps one trajectory per id: found here, the file is named, not the
+    # import's hidden destination where the second add would be found damaged.
+    for what, seen in (
+        ("trajectory_index", [int(k) for k, _ in entries]),
+        ("trajectory_id_list", ids),
+    ):
+        twice = _repeated(seen)
+        if twice is not None:
+            raise CorruptBufferError(
+                f"{where}: trajectory id {twice} appears twice in {what}; an RLinf buffer "
+                "holds one trajectory per id. Fix or regenerate the index (nothing was "
+                "imported)"
+            )
     return meta, ids, index
+
+
+def _repeated(ids: list[int]) -> int | None:
+    seen: set[int] = set()
+    for i in ids:
+        if i in seen:
+            return i
+        seen.add(i)
+    return None
 
 
 def load_rlinf_file(path: Path, allow_pickle: bool) -> dict:

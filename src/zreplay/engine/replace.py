@@ -119,11 +119,19 @@ class Intent:
         return cls(d["writer_id"], Commit(**d["commit"]), schema, layouts, list(d["children"]))
 
 
+def _staging(seg_dir):
+    """Where the segment's replacement is built: written and removed whole, so it must
+    be the segment's own directory, not a link out of it."""
+    path = staging_root(seg_dir)
+    path.backend.confine(seg_dir, path)
+    return path
+
+
 def new_staging(seg_dir, writer_id: str, base: Commit | None = None) -> BufferRoot:
     """An empty staging buffer for segment ``writer_id`` (anything left of an earlier one
     removed).  ``base``: the segment's staged rows, trajectory ids and episode ids go on
     from where this commit left them (never reused), and it keeps its writer number."""
-    root = BufferRoot(staging_root(seg_dir))
+    root = BufferRoot(_staging(seg_dir))
     root.backend.remove_tree(root.path)
     root.create()
     if base is not None:
@@ -156,7 +164,7 @@ def stage_links(seg_dir, writer_id: str, src: Adoptable, commit: Commit) -> Inte
 def staged_intent(seg_dir, writer_id: str, gen: int, sampler: dict) -> Intent:
     """The intent for what a writer committed into the staging buffer: its last commit
     (numbered after generation ``gen``, carrying ``sampler``), schema and layout."""
-    root = BufferRoot(staging_root(seg_dir))
+    root = BufferRoot(_staging(seg_dir))
     schema, layouts = root.schema()
     staged = root.segment_dir(writer_id)
     commit = read_commit(staged)
@@ -170,14 +178,14 @@ def _children(staged) -> list[str]:
 
 def discard(seg_dir) -> None:
     """Remove a staging buffer (a replacement that failed before its intent)."""
-    path = staging_root(seg_dir)
+    path = _staging(seg_dir)
     path.backend.remove_tree(path)
 
 
 def finish(root: BufferRoot, seg_dir, intent: Intent, durable: bool) -> None:
     """Carry out a published intent (again, after a crash: every step can be redone)."""
     backend = seg_dir.backend
-    staged = BufferRoot(staging_root(seg_dir)).segment_dir(intent.writer_id)
+    staged = BufferRoot(_staging(seg_dir)).segment_dir(intent.writer_id)
     for child in SEGMENT_CHILDREN:
         src, dst = staged / child, seg_dir / child
         if child in intent.children:
@@ -204,7 +212,7 @@ def recover(root: BufferRoot, seg_dir, durable: bool) -> None:
     try:
         text = intent_path(seg_dir).read_bytes()
     except FileNotFoundError:
-        if staging_root(seg_dir).exists():
+        if _staging(seg_dir).exists():
             discard(seg_dir)
         return
     finish(root, seg_dir, Intent.from_json(text), durable)

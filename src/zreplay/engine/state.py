@@ -12,11 +12,12 @@ import math
 
 import numpy as np
 
+from ..errors import CapacityError
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.split import split_pieces
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
-from ..store.commit import Commit, new_contents
+from ..store.commit import INT64_MAX, Commit, new_contents
 from ..store.segment import Segment
 from .colcache import ColumnCache, contents_ident
 from .committer import Job, StateSource, build_job, sampler_state
@@ -224,6 +225,12 @@ class SegmentState:
         entries, ids = [], []
         for it in items:
             tid = next_id if it.trajectory_id is None else int(it.trajectory_id)
+            if tid > INT64_MAX:  # ids are int64: the one past the last is no id
+                raise CapacityError(
+                    f"this segment's trajectory ids are used up (the next would be {tid}, "
+                    "past the largest int64); nothing was added. Give trajectory ids "
+                    "explicitly, or write to another writer_id"
+                )
             next_id = max(next_id, tid + 1)
             pieces, lanes, next_episode = split_pieces(
                 it.columns,

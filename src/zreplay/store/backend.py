@@ -92,6 +92,18 @@ class Backend(ABC):
                 continue
         return linked, copied
 
+    def confine(self, root, loc) -> None:
+        """CorruptBufferError unless ``loc`` (a path zreplay built under the buffer
+        ``root``) is where its name says, inside ``root``: nothing zreplay writes, deletes
+        or walks may resolve elsewhere.  Object stores have no links: nothing to check."""
+        return None
+
+    def check_files(self, loc) -> None:
+        """CorruptBufferError if anything under ``loc`` is neither a directory nor a
+        regular file (a FIFO an array reader would block on, a device, a link).  Object
+        stores hold objects only: nothing to check."""
+        return None
+
     @abstractmethod
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         """Delete temp files a killed writer left under ``loc`` (recovery); see

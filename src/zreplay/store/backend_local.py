@@ -15,17 +15,19 @@ TensorStore refuses relative paths with ``..``; array paths are made absolute he
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import mmap
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
-from ..errors import ZReplayError, warn_caller
+from ..errors import CorruptBufferError, ZReplayError, warn_caller
 from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
@@ -39,6 +41,43 @@ class LocalPath(PosixPath):
     @property
     def backend(self) -> LocalBackend:
         return LOCAL
+
+    def read_bytes(self) -> bytes:
+        return read_regular(self)
+
+    def read_text(self, encoding: str | None = None, errors: str | None = None) -> str:
+        return read_regular(self).decode(encoding or "utf-8", errors or "strict")
+
+
+def _not_regular(path, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(mode):
+        raise CorruptBufferError(
+            f"{path} is not a regular file (a FIFO, socket or device where a buffer keeps a "
+            "file); zreplay does not read it, since reading it could block forever or never "
+            "end. Remove it, or restore the buffer from a checkpoint"
+        )
+
+
+def read_regular(path) -> bytes:
+    """The bytes of the regular file ``path``: a buffer may come from a stranger, and a
+    FIFO or a device in place of a file would block a reader or never end.  A directory
+    is IsADirectoryError (as ``open`` says); anything else not a regular file is
+    CorruptBufferError, found before it is opened (and again on the open descriptor)."""
+    _not_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        _not_regular(path, st.st_mode)
+        parts, size = [], st.st_size
+        while True:
+            part = os.read(fd, max(size, 1 << 16))
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
+    finally:
+        os.close(fd)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -230,6 +269,43 @@ class LocalBackend(Backend):
         os.makedirs(os.path.dirname(d0), exist_ok=True)
         _link_dir(os.fspath(src), d0, skip, counts)
         return counts[0], counts[1]
+
+    def confine(self, root, loc) -> None:
+        # A buffer directory may come from a stranger: a symbolic link in it (even one
+        # that stays inside) would have a writer create, rename and delete files through
+        # it, so the path must resolve to itself.  The root itself may be a link.
+        rel = os.path.relpath(os.path.abspath(loc), os.path.abspath(root))
+        real = os.path.realpath(loc)
+        if rel.startswith("..") or real != os.path.normpath(
+            os.path.join(os.path.realpath(root), rel)
+        ):
+            raise CorruptBufferError(
+                f"{loc} is or lies under a symbolic link (it resolves to {real}); "
+                f"zreplay refuses links inside a buffer ({root}), since writes and "
+                "deletions through them would land elsewhere. Replace the link with the "
+                "directory it names, or restore the buffer from a checkpoint"
+            )
+
+    def check_files(self, loc) -> None:
+        # TensorStore opens chunk files itself and would wait forever on a FIFO.
+        try:
+            with os.scandir(loc) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                self.check_files(e.path)
+            elif e.is_symlink() or not e.is_file(follow_symlinks=False):
+                if not os.path.lexists(e.path):
+                    continue  # a temp file renamed away while we listed
+                kind = "a symbolic link" if e.is_symlink() else "not a regular file"
+                raise CorruptBufferError(
+                    f"{e.path} is {kind} (a FIFO, socket, device or link where a buffer "
+                    "keeps a chunk file); zreplay does not read it, since reading it could "
+                    "block forever or leave the buffer. Remove it, or restore the buffer "
+                    "from a checkpoint"
+                )
 
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         skip = {os.path.normpath(k): v for k, v in (committed_shards or {}).items()}

@@ -17,7 +17,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from ..errors import CorruptBufferError
-from .format import FORMAT_VERSION, READABLE_FORMATS, commit_path, legacy_commit_path
+from .format import (
+    FORMAT_VERSION,
+    ID_BITS,
+    READABLE_FORMATS,
+    commit_path,
+    legacy_commit_path,
+)
 from .location import Location, locate
 
 log = logging.getLogger("zreplay")
@@ -91,7 +97,35 @@ class Commit:
                 f"{where}: commit record is inconsistent: {d}; the segment cannot be trusted",
                 "Restore it from a checkpoint; zreplay.verify() reports all damage",
             )
+        wild = _out_of_range(c)
+        if wild:
+            raise CorruptBufferError(
+                f"{where}: commit record holds numbers out of range ({', '.join(wild)}); "
+                "no writer records these: the segment cannot be trusted (restore it from "
+                "a checkpoint; zreplay.verify() reports all damage)"
+            )
         return c
+
+
+# Every count of a commit record is stored in int64 columns and arrays (offsets, ids,
+# episode numbers): a larger number in a crafted record would overflow them later.
+INT64_MAX = (1 << 63) - 1
+_COUNTS = (
+    "gen", "n_rows", "n_traj", "low_row", "low_traj", "reclaimed_below",
+    "n_pieces", "low_piece", "inserted",
+)  # fmt: skip
+
+
+def _out_of_range(c: Commit) -> list[str]:
+    """``field=value`` of each number of ``c`` outside what its columns can hold."""
+    bounds = {f: (0, INT64_MAX) for f in _COUNTS}
+    # Ids and episodes handed out next: one past the largest int64 once all are used.
+    bounds["next_trajectory_id"] = bounds["next_episode"] = (0, INT64_MAX + 1)
+    # Writer n's trajectory ids start at n << ID_BITS, an int64.
+    bounds["writer_number"] = (-1, (1 << (63 - ID_BITS)) - 1)
+    return [
+        f"{f}={getattr(c, f)}" for f, (lo, hi) in bounds.items() if not lo <= getattr(c, f) <= hi
+    ]
 
 
 _TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict}

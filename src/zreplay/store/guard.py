@@ -80,10 +80,7 @@ def _segment_dirs(path: Location) -> list[Location]:
     opened it but not added yet (no ``zarr.json``); [] when ``path`` is no buffer."""
     if not is_buffer(path):
         return []
-    try:
-        return sorted(p for p in BufferRoot(path).segments_dir.iterdir() if p.is_dir())
-    except FileNotFoundError:
-        return []
+    return BufferRoot(path).segment_dirs()
 
 
 def _locked_error(what: str, path: Location, found: tuple[str, dict]) -> WriterLockedError:

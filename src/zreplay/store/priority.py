@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import CorruptBufferError, EmptyBufferError
 from .arrays import ArrayHandle
-from .commit import Commit, read_commit
-from .format import PRIORITY_CHUNK_ROWS, PRIORITY_GROUP
+from .commit import INT64_MAX, Commit, read_commit
+from .format import PRIORITY_CHUNK_ROWS, PRIORITY_GROUP, PRIORITY_SLOTS, commit_path
 from .location import Location, locate
 
 _RETRIES = 5
@@ -174,6 +174,55 @@ class PriorityArrays:
         return None
 
 
+def priority_record(commit: Commit, where) -> dict | None:
+    """``commit.sampler["priority"]`` (None if absent), its numbers checked against what
+    the segment holds: a sampler allocates a tree of ``capacity`` leaves, so a crafted
+    one must not ask for more than the commit's rows can need (a tree never grows past
+    twice the rows it holds, nor starts below :data:`PRIORITY_CHUNK_ROWS`)."""
+    meta = (commit.sampler or {}).get("priority")
+    if not meta:
+        return None
+    problem = _record_problem(meta, commit)
+    if problem:
+        raise CorruptBufferError(
+            f"{where}: the saved priorities' record {problem}; the commit record is damaged "
+            "(restore the segment from a checkpoint; zreplay.verify() reports all damage)"
+        )
+    return meta
+
+
+def _record_problem(meta, commit: Commit) -> str | None:
+    if not isinstance(meta, dict):
+        return f"is {type(meta).__name__}, not an object"
+
+    def whole(name: str, lo: int, hi: int) -> bool:
+        v = meta.get(name)
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+    def real(name: str) -> bool:
+        v = meta.get(name)
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+    rows = commit.n_rows
+    checks = {
+        "slot": whole("slot", min(PRIORITY_SLOTS), max(PRIORITY_SLOTS)),
+        "seq": whole("seq", 0, INT64_MAX),
+        "low": whole("low", 0, INT64_MAX),
+        "high": whole("high", 0, INT64_MAX) and meta.get("high", 0) >= meta.get("low", 0),
+        "capacity": whole("capacity", 1, max(PRIORITY_CHUNK_ROWS, 2 * rows)),
+        "max_priority": real("max_priority") and meta["max_priority"] >= 0,
+        "alpha": real("alpha"),
+        "eps": real("eps"),
+    }
+    bad = [f"{k}={meta.get(k)!r}" for k, ok in checks.items() if not ok]
+    if not bad:
+        return None
+    return (
+        f"holds {', '.join(bad)}, out of range for a segment of {rows} rows (capacity at "
+        f"most {max(PRIORITY_CHUNK_ROWS, 2 * rows)} leaves)"
+    )
+
+
 def saved_priorities(seg_dir: Location, commit: Commit, arrays: PriorityArrays | None = None):
     """``(meta, read(lo, hi))`` of the priorities saved with ``commit`` (``None`` if none
     were saved, or, for the writer, if they cover none of its rows); ``meta["high"]`` is
@@ -184,7 +233,7 @@ def saved_priorities(seg_dir: Location, commit: Commit, arrays: PriorityArrays |
     does *not* name, so a copy read while the commit still names it (same ``seq`` before
     and after) is consistent; otherwise the read is retried on the newly named copy.
     """
-    meta = (commit.sampler or {}).get("priority")
+    meta = priority_record(commit, commit_path(seg_dir))
     if not meta:
         return None
     bounded = {**meta, "high": min(meta["high"], commit.n_rows)}

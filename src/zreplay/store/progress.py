@@ -108,12 +108,8 @@ def committed_rows(root, skip: str | None = None) -> tuple[int, int]:
     ``inserted`` sums the commits' ``inserted`` (rows ever added: not the row numbers a
     clear skips, nor rows a loaded checkpoint brought), ``visible`` the rows kept."""
     inserted = visible = 0
-    try:
-        segments = list(root.segments_dir.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return 0, 0
-    for seg_dir in segments:  # no zarr.json check: a segment without a commit adds 0
-        if seg_dir.name == skip or seg_dir.name == "zarr.json":
+    for seg_dir in root.segment_dirs():  # no zarr.json check: one without a commit adds 0
+        if seg_dir.name == skip:
             continue
         c = read_commit(seg_dir)
         if c is not None:

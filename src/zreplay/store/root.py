@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import CorruptBufferError, FormatError, SchemaError
-from ..schema import Schema, check_key_component
+from ..schema import Schema, check_key_component, safe_component
 from .format import (
     ATTR,
     FORMAT_VERSION,
@@ -76,6 +76,9 @@ class BufferRoot:
     def __init__(self, path: str | Path | Location, storage_options: Mapping | None = None):
         self.path = locate(path, storage_options)
         self.backend = self.path.backend
+        # zreplay's own files of the root (writer claims, schema marker, learners) are
+        # written and deleted under its meta node: never through a link out of it.
+        self.backend.confine(self.path, self.path / META)
 
     @property
     def segments_dir(self) -> Location:
@@ -83,7 +86,9 @@ class BufferRoot:
 
     def segment_dir(self, writer_id: str) -> Location:
         check_key_component(writer_id, "segments")
-        return self.segments_dir / writer_id
+        seg = self.segments_dir / writer_id
+        self.backend.confine(self.path, seg / META)  # its commit record, lock, staging
+        return seg
 
     # -- metadata -------------------------------------------------------------------
 
@@ -226,14 +231,27 @@ class BufferRoot:
             marker = self.path / META / SCHEMA_NAME
             mine = {"schema": schema.to_json(), "layout": {k: vars(v) for k, v in layouts.items()}}
             if not self.backend.create_exclusive(marker, json.dumps(mine).encode()):
-                mine = json.loads(marker.read_bytes())  # another writer fixed it first
-            current = Schema.from_json(mine["schema"])
-            recorded = {k: KeyLayout.from_json(v) for k, v in mine["layout"].items()}
+                mine = None  # another writer fixed it first
+            current, recorded = self._recorded(marker, mine)
             if current == schema:
                 self.replace_schema(current, recorded)  # the same for every writer
         if current != schema:
             raise SchemaError(f"{self.path} already has a different schema: {current.to_json()}")
         return recorded
+
+    def _recorded(self, marker: Location, mine: dict | None) -> tuple[Schema, dict]:
+        """The schema and layouts of ``mine`` (this writer's record) or, if None, of the
+        record at ``marker`` that another writer made, checked as a root's are."""
+        try:
+            doc = json.loads(marker.read_bytes()) if mine is None else mine
+            schema = Schema.from_json(doc["schema"])
+            layouts = {k: KeyLayout.from_json(v) for k, v in doc["layout"].items()}
+        except (ValueError, TypeError, KeyError, AttributeError, SchemaError) as e:
+            raise CorruptBufferError(
+                f"{marker}: the recorded schema or layout is invalid ({e}); the buffer's "
+                "root metadata is damaged (restore it from a checkpoint)"
+            ) from None
+        return schema, layouts
 
     def replace_schema(
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
@@ -271,25 +289,39 @@ class BufferRoot:
 
     # -- segments -------------------------------------------------------------------
 
-    def writer_ids(self) -> list[str]:
-        """Segments present on disk (those with a zarr.json), sorted by name."""
+    def segment_dirs(self) -> list[Location]:
+        """Every directory of ``segments/`` that may be a segment, sorted by name (hidden
+        staging trees of a replace skipped).  Their names become paths, so a name no
+        writer id can have (``..``, a separator, a control character) is
+        CorruptBufferError, and so is a link (see ``Backend.confine``)."""
         try:
             entries = sorted(self.segments_dir.iterdir())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return [p.name for p in entries if (p / "zarr.json").is_file()]
+        out = []
+        for p in entries:
+            if p.name.startswith(".") or not p.is_dir():
+                continue  # zarr.json, temp files, a replace's .<w>.partial-... trees
+            if not safe_component(p.name):
+                raise CorruptBufferError(
+                    f"{self.segments_dir}: entry {p.name!r} is not a name a writer id can "
+                    "have (1-128 characters from [A-Za-z0-9_.-]); the buffer was made or "
+                    "changed by something other than zreplay. Remove or rename it"
+                )
+            out.append(self.segment_dir(p.name))
+        return out
+
+    def writer_ids(self) -> list[str]:
+        """Segments present on disk (those with a zarr.json), sorted by name."""
+        return [p.name for p in self.segment_dirs() if (p / "zarr.json").is_file()]
 
     def committed_ids(self) -> list[str]:
         """Segments with a commit record, sorted by name: those of :meth:`writer_ids`,
         and one that committed before it had arrays (a buffer emptied or never added to,
         whose commit carries its sampler and facade state)."""
-        try:
-            entries = sorted(self.segments_dir.iterdir())
-        except FileNotFoundError:
-            return []
         return [
             p.name
-            for p in entries
+            for p in self.segment_dirs()
             if (p / "zarr.json").is_file()
             or commit_path(p).is_file()
             or legacy_commit_path(p).is_file()

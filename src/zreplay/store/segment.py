@@ -31,7 +31,9 @@ from .format import (
     CHUNK_KEY_SEPARATOR,
     INDEX_CHUNK,
     LIVE_ROWS_ATTR,
+    META,
     PIECE_COLUMNS,
+    PRIORITY_GROUP,
     STORED_ATTRS,
     TRAJ_COLUMNS,
     commit_path,
@@ -91,6 +93,14 @@ class Segment:
         self.offsets = handle("offsets", "int64", ())
         self.traj = {c: handle(f"traj/{c}", d, r) for c, (d, r) in TRAJ_COLUMNS.items()}
         self.pieces = {c: handle(f"episodes/{c}", d, ()) for c, d in PIECE_COLUMNS.items()}
+        # Every array is written, resized and deleted (clear, reclaim) at its path: none
+        # may resolve outside the buffer (segments/<w>/ sits two levels below the root).
+        root = self.dir.parent.parent
+        for h in [*self.data.values(), self.offsets, *self.traj.values(), *self.pieces.values()]:
+            self.backend.confine(root, h.path)
+        for name in (PRIORITY_GROUP, META):
+            self.backend.confine(root, self.dir / name)
+        self._files_checked = False  # every array's files are regular files (read_index)
         self._separators: dict[str, str] = {}  # data arrays' chunk-key separators read
         self._live: list[int] | None = None  # the live_rows attribute written last
         # (n_rows, n_traj, last trajectory id, contents id) of the commit read last
@@ -244,6 +254,7 @@ class Segment:
             for s in range(first, last):
                 shard = self._shard_file(key, s)
                 if shard is not None:
+                    self.backend.confine(self.dir, shard)  # c/<s>/... nests (format 4)
                     self.backend.remove_file(shard, self.dir / "data" / key)
 
     def _separator(self, key: str) -> str | None:
@@ -286,6 +297,7 @@ class Segment:
                 for p in found:
                     shard = shard_number(prefix + p.name)
                     if shard is not None and shard < limit:
+                        self.backend.confine(self.dir, p)
                         if p.is_file():
                             p.unlink(missing_ok=True)
                         else:
@@ -306,6 +318,15 @@ class Segment:
             self._observe(commit, out["trajectory_id"])
             return out
         self._check_index_size(commit)
+        if not self._files_checked:  # a FIFO TensorStore would block on: once per open
+            for h in [
+                *self.data.values(),
+                self.offsets,
+                *self.traj.values(),
+                *self.pieces.values(),
+            ]:
+                self.backend.check_files(h.path)
+            self._files_checked = True
         futs = {"offsets": self.offsets.reopen_if_short(n + 1)[: n + 1].read()}
         for name, h in self.traj.items():
             futs[name] = h.reopen_if_short(n)[:n].read()

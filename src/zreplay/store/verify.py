@@ -21,7 +21,7 @@ from .arraymeta import check_array, segment_arrays
 from .commit import read_commit
 from .format import PRIORITY_SLOTS, commit_path, is_temp_name
 from .layout import shard_number
-from .priority import PriorityArrays
+from .priority import PriorityArrays, priority_record
 from .root import BufferRoot
 from .segment import Segment
 
@@ -71,8 +71,13 @@ def verify(
     except (FormatError, CorruptBufferError, ValueError, KeyError) as e:
         report.problems.append(f"root metadata: {e}")
         return report
-    for wid in root.writer_ids():
-        seg_dir = root.segment_dir(wid)
+    try:
+        seg_dirs = [root.segment_dir(wid) for wid in root.writer_ids()]
+    except CorruptBufferError as e:  # a link out of the buffer, a name no writer made
+        report.problems.append(str(e))
+        return report
+    for seg_dir in seg_dirs:
+        wid = seg_dir.name
         report.segments += 1
         temps = [
             rel
@@ -85,6 +90,7 @@ def verify(
                 "(removed when its writer next opens it)"
             )
         try:
+            root.backend.check_files(seg_dir)  # a FIFO would block the reads below
             commit = read_commit(seg_dir)
         except CorruptBufferError as e:
             report.problems.append(e.finding)
@@ -157,7 +163,11 @@ def _check_priorities(seg_dir: Path, commit, report: VerifyReport) -> None:
     """The saved priority copy the commit names decodes, and holds valid leaves (a
     problem otherwise); a copy it does not name that does not decode is a warning (its
     contents are garbage by definition, and the writer rewrites it whole)."""
-    meta = (commit.sampler or {}).get("priority")
+    try:
+        meta = priority_record(commit, commit_path(seg_dir))
+    except CorruptBufferError as e:
+        report.problems.append(str(e))
+        return
     arrays = PriorityArrays(seg_dir, writable=False)
     for slot in PRIORITY_SLOTS:
         if meta and slot == int(meta["slot"]):

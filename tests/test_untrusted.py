@@ -1,0 +1,317 @@
+"""Buffers crafted by a stranger: links out of the buffer, unsafe names, wild numbers,
+FIFOs where files belong, inconsistent HDF5 episode indexes.
+
+Each crafted buffer is opened the ways a user would (a resuming writer, a reader, verify,
+``zreplay info``) and must give a clear error (type and message), change nothing outside
+the buffer, block on nothing and allocate no more than its files can justify.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_traj, tree_state
+
+import zreplay
+from zreplay import CorruptBufferError
+from zreplay.samplers import Prioritized
+
+SRC = str(Path(zreplay.__file__).resolve().parents[1])
+
+
+def _buffer(root: Path, **kw) -> Path:
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(root), **kw) as buf:
+        buf.add_trajectories([make_traj(i, T=2, B=2) for i in range(4)])
+        if "sampler" in kw:
+            buf.sample(4)
+    return root
+
+
+@pytest.fixture
+def outer(tmp_path) -> Path:
+    """A directory holding a buffer (``buf.zarr``) and a stranger's files beside it that
+    zreplay must never touch: temp-looking files and a ``data/`` tree."""
+    (tmp_path / "data" / "deep").mkdir(parents=True)
+    (tmp_path / "data" / "deep" / "precious.bin").write_bytes(b"keep me")
+    (tmp_path / "notes.tmp").write_text("keep me too")
+    (tmp_path / "x.partial").write_text("and me")
+    _buffer(tmp_path / "buf.zarr")
+    return tmp_path
+
+
+def _commit_path(buf: Path, wid: str = "default") -> Path:
+    return buf / "segments" / wid / "zreplay" / "commit.json"
+
+
+def _edit_commit(buf: Path, edit) -> None:
+    p = _commit_path(buf)
+    doc = json.loads(p.read_text())
+    edit(doc)
+    p.write_text(json.dumps(doc))
+
+
+def _resume_and_clear(buf: Path) -> None:
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
+        b.add_trajectories([make_traj(9, T=2, B=2)])
+        b.clear()
+
+
+def _resume_torchrl(buf: Path) -> None:
+    from zreplay.torchrl import ZarrStorage
+
+    storage = ZarrStorage(8, path=str(buf))
+    try:
+        storage.get(0)
+    finally:
+        storage.close()
+
+
+def _read(buf: Path) -> None:
+    zreplay.open(buf).sample(2)
+
+
+OPENERS = {"writer": _resume_and_clear, "torchrl": _resume_torchrl, "reader": _read}
+
+
+# -- item 2: links out of (or inside) the buffer ---------------------------------------
+
+
+@pytest.mark.parametrize("how", OPENERS)
+def test_segment_linked_out_of_the_buffer_is_refused_and_nothing_outside_changes(outer, how):
+    buf = outer / "buf.zarr"
+    seg = buf / "segments" / "default"
+    os.rename(seg, outer / "moved-segment")  # the link's target keeps a real segment
+    os.symlink("../..", seg)  # segments/default -> the directory holding the buffer
+    before = tree_state(outer, skip=buf)
+    with pytest.raises(CorruptBufferError, match="symbolic link") as e:
+        OPENERS[how](buf)
+    assert "segments/default" in str(e.value)
+    assert tree_state(outer, skip=buf) == before
+    assert (outer / "data" / "deep" / "precious.bin").read_bytes() == b"keep me"
+    assert (outer / "notes.tmp").exists() and (outer / "x.partial").exists()
+    report = zreplay.verify(buf)
+    assert not report.ok and "symbolic link" in report.problems[0]
+    assert tree_state(outer, skip=buf) == before
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "segments/default/data",
+        "segments/default/data/rewards",
+        "segments/default/offsets",
+        "segments/default/zreplay",  # commit record, lock, staging
+        "zreplay",  # writer claims, schema marker
+    ],
+)
+def test_links_below_the_segment_are_refused_before_anything_is_written(outer, rel):
+    buf = outer / "buf.zarr"
+    p = buf / rel
+    moved = outer / "moved"  # outside the buffer, holding what was there
+    os.rename(p, moved)
+    os.symlink(os.path.relpath(moved, p.parent), p)
+    before = tree_state(outer, skip=buf)
+    with pytest.raises(CorruptBufferError, match="symbolic link"):
+        _resume_and_clear(buf)
+    assert tree_state(outer, skip=buf) == before
+
+
+def test_a_link_that_stays_inside_the_buffer_is_refused_too(outer):
+    buf = outer / "buf.zarr"
+    seg = buf / "segments" / "default"
+    os.rename(seg, buf / "segments" / "real")
+    os.symlink("real", seg)
+    with pytest.raises(CorruptBufferError, match="symbolic link"):
+        _read(buf)
+
+
+def test_the_buffer_path_itself_may_be_a_link(outer):
+    os.symlink(outer / "buf.zarr", outer / "alias.zarr")
+    assert zreplay.open(outer / "alias.zarr").num_rows == 16
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(outer / "alias.zarr")
+    ) as b:
+        b.add_trajectories([make_traj(9, T=2, B=2)])
+    assert zreplay.verify(outer / "alias.zarr").ok
+
+
+# -- item 3: names read from disk ------------------------------------------------------
+
+
+def test_schema_key_leading_out_of_the_buffer_is_refused(outer):
+    buf = outer / "buf.zarr"
+    meta = buf / "zarr.json"
+    doc = json.loads(meta.read_text())
+    info = doc["attributes"]["zreplay"]
+    # data/<key> of segment "default" is the real rewards array, moved out of the buffer
+    os.rename(buf / "segments" / "default" / "data" / "rewards", outer / "moved")
+    bad = "../../../../moved"
+    info["schema"][bad] = info["schema"].pop("rewards")
+    info["layout"][bad] = info["layout"].pop("rewards")
+    meta.write_text(json.dumps(doc))
+    before = tree_state(outer, skip=buf)
+    for opener in (_read, _resume_and_clear):
+        with pytest.raises(CorruptBufferError) as e:
+            opener(buf)
+        assert bad in str(e.value) and "zarr.json" in str(e.value)
+    report = zreplay.verify(buf)
+    assert not report.ok and bad in report.problems[0]
+    done = _cli("info", str(buf))
+    assert done.returncode != 0
+    assert bad in done.stderr and "kvstore" not in done.stderr + done.stdout  # no raw spec
+    assert tree_state(outer, skip=buf) == before
+
+
+def test_segment_directory_named_unlike_any_writer_id_is_refused(outer):
+    buf = outer / "buf.zarr"
+    odd = buf / "segments" / "a b"
+    odd.mkdir()
+    (odd / "zarr.json").write_text("{}")
+    with pytest.raises(CorruptBufferError, match="'a b'"):
+        _read(buf)
+    assert not zreplay.verify(buf).ok
+
+
+# -- item 4: numbers and file kinds read from disk ---------------------------------------
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "zreplay.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+_PY_OPEN = "import sys, zreplay\ntry:\n    {call}\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+
+
+@pytest.mark.parametrize("rel", ["zreplay/commit.json", "offsets/c/0", "data/actions/c.0.0"])
+@pytest.mark.parametrize(
+    "call",
+    ["zreplay.open(sys.argv[1])", "print(zreplay.verify(sys.argv[1]))", "cli"],
+)
+def test_fifo_in_place_of_a_file_never_blocks(outer, call, rel):
+    buf = outer / "buf.zarr"
+    p = buf / "segments" / "default" / rel  # the commit record; an index chunk
+    p.unlink()
+    os.mkfifo(p)
+    if call == "cli":
+        cmd = [sys.executable, "-m", "zreplay.cli", "info", str(buf)]
+    else:
+        cmd = [sys.executable, "-c", _PY_OPEN.format(call=call), str(buf)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    try:  # a reader blocked on the FIFO would wait forever: the timeout is the failure
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{call} blocked on a FIFO in place of {rel}")
+    out = done.stdout + done.stderr
+    assert "not a regular file" in out and str(p) in out, out
+
+
+def test_crafted_priority_capacity_is_refused_without_allocating_it(tmp_path):
+    buf = _buffer(tmp_path / "buf.zarr", sampler=Prioritized())
+    _edit_commit(buf, lambda d: d["sampler"]["priority"].update(capacity=1 << 26))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptBufferError, match="capacity=67108864"):
+            zreplay.open(buf, sampler=Prioritized()).sample(4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak >> 20} MiB allocated for a 16-row buffer"
+    report = zreplay.verify(buf)
+    assert not report.ok and "capacity=67108864" in report.problems[0]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("next_episode", 2**70),
+        ("writer_number", 2**40),
+        ("inserted", 2**64),
+        ("gen", -1),
+    ],
+)
+def test_commit_numbers_beyond_int64_are_damage_named_by_field(tmp_path, field, value):
+    buf = _buffer(tmp_path / "buf.zarr")
+    _edit_commit(buf, lambda d: d.update({field: value}))
+    for opener in (_read, _resume_and_clear):
+        with pytest.raises(CorruptBufferError, match=f"{field}={value}"):
+            opener(buf)
+    report = zreplay.verify(buf)
+    assert not report.ok and f"{field}={value}" in report.problems[0]
+
+
+def test_used_up_trajectory_ids_fail_the_add_clearly_and_add_nothing(tmp_path):
+    buf = _buffer(tmp_path / "buf.zarr")
+    _edit_commit(buf, lambda d: d.update(next_trajectory_id=2**63 - 1))
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
+        b.add_trajectories([make_traj(9, T=2, B=2)])  # takes the last id, 2**63 - 1
+        with pytest.raises(zreplay.CapacityError, match="trajectory ids"):
+            b.add_trajectories([make_traj(10, T=2, B=2)])
+        assert len(b) == 5
+    assert zreplay.verify(buf).ok
+    view = zreplay.open(buf)
+    assert view.num_trajectories == 5 and view.next_trajectory_id == 2**63
+
+
+# -- item 5: HDF5 episode files with an inconsistent episode index -----------------------
+
+
+def _h5(path: Path, lens, offs, steps: int = 6) -> Path:
+    import h5py
+
+    with h5py.File(path, "w") as f:  # stable-worldmodel's layout: no zreplay attribute
+        f["action"] = np.arange(steps * 2, dtype=np.float32).reshape(steps, 2)
+        f["reward"] = np.arange(steps, dtype=np.float32)
+        f["ep_len"] = np.asarray(lens, np.int32)
+        f["ep_offset"] = np.asarray(offs, np.int64)
+    return path
+
+
+def test_a_consistent_hdf5_file_loads_every_step(tmp_path):
+    rb = zreplay.load_hdf5(_h5(tmp_path / "ok.h5", [2, 4], [0, 2]))
+    try:
+        assert len(rb) == 6
+    finally:
+        rb.close()
+    got = [e["reward"].tolist() for e in zreplay.iter_hdf5(tmp_path / "ok.h5")]
+    assert got == [[0, 1], [2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize(
+    "lens, offs, why",
+    [
+        ([3, 3], [0, 0], "share step 0"),  # the first episode twice, steps 3..5 never
+        ([2, 2], [0, 4], "cover 4 of the 6"),  # steps 2, 3 dropped
+        ([3, 5], [0, 3], r"episode 1 is steps \[3, 8\) of 6"),  # cut short by slicing
+        ([3, 3], [0], "2 ep_len entries but 1 ep_offset"),
+        ([6, 0], [0, 6], "episode 1 has 0 steps"),
+        ([3, 3], [0, -3], r"episode 1 is steps \[-3, 0\)"),
+    ],
+)
+def test_inconsistent_hdf5_episode_index_is_refused_before_anything_is_written(
+    tmp_path, lens, offs, why
+):
+    src = _h5(tmp_path / "bad.h5", lens, offs)
+    dest = tmp_path / "imported.zarr"
+    with pytest.raises(zreplay.FormatError, match=why) as e:
+        zreplay.load_hdf5(src, path=str(dest))
+    assert "bad.h5" in str(e.value) and "episode index" in str(e.value)
+    assert not dest.exists()
+    with pytest.raises(zreplay.FormatError, match=why):
+        list(zreplay.iter_hdf5(src))
+    done = _cli("import", str(src), str(dest))
+    assert done.returncode != 0 and "episode index" in done.stderr
+    assert not dest.exists()
