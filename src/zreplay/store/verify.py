@@ -71,6 +71,13 @@ def verify(
     except (FormatError, CorruptBufferError, ValueError, KeyError) as e:
         report.problems.append(f"root metadata: {e}")
         return report
+    missing = root.unfinished()
+    if missing:
+        report.problems.append(
+            f"the buffer's creation was interrupted ({', '.join(map(str, missing))} missing): "
+            "plain Zarr cannot open it and checkpoints fail; open a writer on it "
+            "(TrajectoryReplayBuffer on this path) to finish it"
+        )
     for wid in root.writer_ids():
         seg_dir = root.segment_dir(wid)
         report.segments += 1
