@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
 from ..errors import ZReplayError, warn_caller
+from ..threads import import_whole
 from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
@@ -274,7 +275,7 @@ class LocalBackend(Backend):
         return str(loc)
 
     def array_context(self, durable: bool, cache_bytes: int = 0):
-        import tensorstore as ts
+        ts = import_whole("tensorstore")  # a Ctrl-C in its first import: see there
 
         # By default no decoded-chunk cache (the RAM tier and the column cache are
         # zreplay's); a reader may ask for one (hot image chunks: measured 4x faster
@@ -286,7 +287,7 @@ class LocalBackend(Backend):
         if forked():
             _check_forked(writable)
             return ZarrArray(loc, writable=False), True
-        import tensorstore as ts
+        ts = import_whole("tensorstore")
 
         # Every chunk is stored, zeros included, so a chunk missing below the commit is
         # damage (a read error), not rows of zeros.  Arrays made before this was so lack
@@ -303,7 +304,7 @@ class LocalBackend(Backend):
     def widened(self, store, rows: int, context) -> object:
         if isinstance(store, ZarrArray):  # a forked process's reader
             return super().widened(store, rows, context)
-        import tensorstore as ts
+        ts = import_whole("tensorstore")
 
         spec = store.spec(retain_context=False).to_json()
         spec.pop("transform", None)
