@@ -18,26 +18,49 @@ except ImportError:  # pragma: no cover - other interpreters
     _set_handler = signal.signal
 
 
+class Deferral:
+    """What :func:`deferred_interrupts` yields: :meth:`check` raises the held-back
+    KeyboardInterrupt at once, where the block waits (it then is not raised again)."""
+
+    def __init__(self, outer: Deferral | None = None):
+        self.got: list = []
+        self.outer = outer  # the deferral this one is nested in (a SIGINT may be there)
+
+    def _record(self, sig, frame) -> None:
+        self.got.append(frame)
+
+    def check(self) -> None:
+        d, pending = self, False
+        while d is not None:
+            pending, d.got[:] = pending or bool(d.got), []
+            d = d.outer
+        if pending:
+            raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
+def deferred_interrupts() -> Iterator[Deferral]:
     """Run the block with SIGINT held back; a SIGINT that arrived meanwhile is handed to
-    the previous handler (raising KeyboardInterrupt by default) right after it.  Only the
-    main thread receives signals: elsewhere the block just runs."""
+    the previous handler (raising KeyboardInterrupt by default) right after it, or
+    raised where the block calls the yielded :meth:`Deferral.check` (in a wait).  Only
+    the main thread receives signals: elsewhere the block just runs."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield Deferral()
         return
-    got: list = []
+    d = Deferral()
     try:
-        old = _set_handler(signal.SIGINT, lambda sig, frame: got.append(frame))
+        old = _set_handler(signal.SIGINT, d._record)
     except (ValueError, TypeError):  # not the main interpreter, or no signal support
-        yield
+        yield d
         return
+    outer = getattr(old, "__self__", None)
+    d.outer = outer if isinstance(outer, Deferral) else None
     try:
-        yield
+        yield d
     finally:
         _set_handler(signal.SIGINT, old)
-        if got and callable(old):
-            old(signal.SIGINT, got[0])
+        if d.got and callable(old):
+            old(signal.SIGINT, d.got[0])
 
 
 def import_whole(name: str) -> ModuleType:

@@ -20,13 +20,14 @@ import json
 import mmap
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
 from ..errors import ZReplayError, warn_caller
-from ..threads import import_whole
+from ..threads import Deferral, deferred_interrupts, import_whole
 from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
@@ -60,18 +61,22 @@ def _write_synced(path: Path, data: bytes, flags: int = 0, sync: bool = True) ->
         os.close(fd)
 
 
-def _flock_within(fd: int, timeout: float | None) -> None:
+def _flock_within(fd: int, timeout: float | None, deferral: Deferral | None = None) -> None:
     """An exclusive flock on ``fd``, waiting at most ``timeout`` seconds (None: as long
     as it takes); ``TimeoutError`` after that.  No flock here (some network
-    filesystems): nothing to wait for."""
+    filesystems): nothing to wait for.  With Ctrl-C held back (``deferral``, in the
+    main thread) it polls, so that a Ctrl-C still ends the wait."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    poll = deadline is not None or deferral is not None
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if poll else 0))
             return
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"the guard was held for more than {timeout:g} s") from None
+            if deferral is not None:
+                deferral.check()
             time.sleep(0.01)
         except OSError:
             return
@@ -243,14 +248,26 @@ class LocalBackend(Backend):
 
     @contextlib.contextmanager
     def guard(self, loc, timeout: float | None = None) -> Iterator[None]:
-        try:
-            fd = liveness.open_tracked(loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT)
-        except OSError:
-            yield  # read-only or odd filesystem: go on without the guard
-            return
-        with liveness.tracked(fd):  # closed at the end (releasing it), and in a fork
-            _flock_within(fd, timeout)
-            yield
+        # Ctrl-C held back from opening the fd to closing it (a Ctrl-C landing between
+        # the two would leave the flock held by this process for good); the block is
+        # short (a commit, a lock's judgement), and the wait for the flock polls for it.
+        with deferred_interrupts() as deferral:
+            try:
+                fd = liveness.open_tracked(
+                    loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT
+                )
+            except OSError:
+                yield  # read-only or odd filesystem: go on without the guard
+                return
+            try:  # closed at the end (releasing it), and in a fork
+                _flock_within(fd, timeout, deferral if self._interruptible() else None)
+                yield
+            finally:
+                liveness.close_tracked(fd)
+
+    @staticmethod
+    def _interruptible() -> bool:
+        return threading.current_thread() is threading.main_thread()
 
     def hold(self, loc):
         return liveness.hold(loc)

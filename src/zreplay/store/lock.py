@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Iterator
 
 from ..errors import WriterLockedError
-from ..threads import InterruptSafeCondition
+from ..threads import InterruptSafeCondition, deferred_interrupts
 from .format import legacy_lock_path, lock_path
 from .liveness import BOOT_ID, PID_NS, pid_alive, same_pid_space
 from .location import Location, locate
@@ -224,11 +224,14 @@ class WriterLock:
             "lease_s": self.lease_s,
         }
         backend = self.path.backend
-        if not backend.create_exclusive(self.path, json.dumps(me).encode()):
-            return False
-        self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
-        self.held, self.lost, self._pid = True, None, os.getpid()
-        _HELD_HERE.add(self.token)
+        # Ctrl-C held back from creating the file to marking it held: one landing in
+        # between would leave a lock (and its flock) that nothing releases.
+        with deferred_interrupts():
+            if not backend.create_exclusive(self.path, json.dumps(me).encode()):
+                return False
+            self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
+            self.held, self.lost, self._pid = True, None, os.getpid()
+            _HELD_HERE.add(self.token)
         self._beat()
         self._beat_due = time.monotonic() + self.lease_s / 6
         _RENEWER.add(self)
@@ -425,6 +428,10 @@ class WriterLock:
             _RELEASING.setdefault(self.token, threading.Event())
 
     def _release(self) -> None:
+        with deferred_interrupts():  # once it is marked released, it must be let go
+            self._let_go()
+
+    def _let_go(self) -> None:
         with self._mutex:
             if not self.held:
                 return
