@@ -22,6 +22,8 @@ class Deferral:
     """What :func:`deferred_interrupts` yields: :meth:`check` raises the held-back
     KeyboardInterrupt at once, where the block waits (it then is not raised again)."""
 
+    __slots__ = ("got", "outer")  # made twice per add: kept light
+
     def __init__(self, outer: Deferral | None = None):
         self.got: list = []
         self.outer = outer  # the deferral this one is nested in (a SIGINT may be there)
