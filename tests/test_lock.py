@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -479,3 +480,40 @@ def test_a_contender_gives_up_on_a_commit_longer_than_a_lease(bufpath, monkeypat
         holder.kill()
         holder.wait()
     assert _obs_values(bufpath) == [0.0, 1.0, 2.0]
+
+
+def test_a_live_writers_lock_file_damaged_in_place_keeps_it_locked(bufpath):
+    """The holder's lock file turned to garbage (not JSON) under it: its flock is still
+    held, so the segment is still locked; the holder's later adds are all kept."""
+    holder = _holder(bufpath)
+    try:
+        lock = os.path.join(bufpath, "segments", "default", "zreplay", "writer.lock")
+        with open(lock, "w") as f:  # in place: the holder's flock stays on this file
+            f.write("\x00garbage{")
+        with pytest.raises(WriterLockedError, match="lock file is damaged"):
+            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+        got = subprocess.run(
+            [sys.executable, "-c", CONTENDER.format(path=bufpath)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert got.returncode == 3, got.stdout + got.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    # Once its holder is gone (flock free), the damaged lock is stale: taken at once.
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        assert len(buf) == 2
+
+
+def test_a_lock_file_naming_no_integer_pid_is_judged_not_crashed_on(bufpath):
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        buf.add_trajectories(
+            [{"obs": np.zeros((4, 2, 3), np.float32), "rewards": np.zeros((4, 2), np.float32)}]
+        )
+    lock = os.path.join(bufpath, "segments", "default", "zreplay", "writer.lock")
+    with open(lock, "w") as f:  # a crafted lock left behind: no holder keeps its flock
+        json.dump({"host": socket.gethostname(), "pid": "not a pid", "token": "t"}, f)
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        assert len(buf) == 1

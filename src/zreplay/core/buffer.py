@@ -98,21 +98,21 @@ class BufferCore:
         ``learner_id``: :meth:`set_rate_limiter`."""
         sampler = as_sampler(sampler)
         BoundSampler.check(sampler)  # before anything is made on disk
-        engine = new_writer(path, options)
-        try:
+        engine = core = None
+        try:  # the writer made, everything up to its owner's finalizer: nothing orphaned
+            engine = new_writer(path, options)
             core = cls(engine, sampler, stream or RandomStream(), owner)
-        except BaseException:
-            engine.close()
-            raise
-        try:
             core.load_state(core.engine.commit.sampler)
             core.engine.attach(core)
             core.set_rate_limiter(rate_limiter, learner_id)
+            if owner is not None:
+                core.close_when_dropped(owner)
         except BaseException:
-            core.close()
+            if core is not None:
+                core.close()
+            elif engine is not None:
+                engine.close()
             raise
-        if owner is not None:
-            core.close_when_dropped(owner)
         return core
 
     @classmethod

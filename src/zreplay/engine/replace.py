@@ -27,6 +27,7 @@ from ..store.format import META, SEGMENT_CHILDREN, intent_path, meta_node_json, 
 from ..store.layout import KeyLayout
 from ..store.root import BufferRoot
 from ..store.segment import Segment
+from ..threads import deferred_interrupts
 
 
 @dataclass
@@ -243,8 +244,10 @@ def clear(writer) -> None:
     stream goes on.  The schema is kept.
     """
     with writer.exclusive():
-        with writer.cond, writer.quiescent():  # samples reading rows from disk finish
-            st = writer.state
+        # Ctrl-C held back from here to the emptied state: a Ctrl-C in between would
+        # leave disk reads held off (quiescent) or the state not matching the commit.
+        with deferred_interrupts(), writer.cond, writer.quiescent():
+            st = writer.state  # (samples reading rows from disk finish first)
             commit = st.cleared_commit(writer.source)
             with writer.fenced():
                 write_commit(writer.seg_dir, commit, durable=writer.durable)  # commit point

@@ -130,8 +130,9 @@ class SegmentWriter:
         self.seg_dir.mkdir(parents=True, exist_ok=True)
         self.root.create_meta_node(self.seg_dir)
         self._wlock = WriterLock(self.seg_dir)
-        self._wlock.acquire(break_lock=break_lock)
-        try:
+        self._committer = self._preload = None
+        try:  # from taking the lock on: a Ctrl-C anywhere leaves nothing held
+            self._wlock.acquire(break_lock=break_lock)
             self._wlock.remove_legacy()
             opened = open_segment(self.root, writer_id, durable)
             if opened.schema is not None:
@@ -142,15 +143,31 @@ class SegmentWriter:
             over = capacity is not None and self.state.index.visible_rows > capacity
             if over:
                 self.state.index.evict_to(capacity)
+            with deferred_interrupts():  # no thread started that nothing would stop
+                self._committer = Committer(self)
+                self._preload = TierPreload(self.cond, self.state, self._committer).start()
+            _LIVE.add(self)
+            if over:
+                with self.cond:
+                    self._committer.request()
         except BaseException:
-            self._wlock.release()
+            self._abort_open()
             raise
-        self._committer = Committer(self)
-        self._preload = TierPreload(self.cond, self.state, self._committer).start()
-        _LIVE.add(self)
-        if over:
-            with self.cond:
-                self._committer.request()
+
+    def _abort_open(self) -> None:
+        """Undo a constructor that failed (or was interrupted) part way: its threads
+        stopped, its lock released, nothing left for a new writer to wait for."""
+        with deferred_interrupts():
+            self._closed = True
+            _LIVE.discard(self)
+            try:
+                if self._preload is not None:
+                    self._preload.stop()
+                if self._committer is not None:
+                    self._committer.abandon(BufferClosedError("the open was interrupted"))
+                    self._committer.stop()
+            finally:
+                self._wlock.release()
 
     def attach(self, source: StateSource) -> None:
         """Save ``source``'s state with every commit from now on (held weakly: the

@@ -22,12 +22,14 @@ import mmap
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
 from ..errors import CorruptBufferError, ZReplayError, warn_caller
+from ..threads import Deferral, deferred_interrupts, import_whole
 from . import liveness, localswap
 from .arrays import ZarrArray, forked
 from .backend import Backend
@@ -98,18 +100,22 @@ def _write_synced(path: Path, data: bytes, flags: int = 0, sync: bool = True) ->
         os.close(fd)
 
 
-def _flock_within(fd: int, timeout: float | None) -> None:
+def _flock_within(fd: int, timeout: float | None, deferral: Deferral | None = None) -> None:
     """An exclusive flock on ``fd``, waiting at most ``timeout`` seconds (None: as long
     as it takes); ``TimeoutError`` after that.  No flock here (some network
-    filesystems): nothing to wait for."""
+    filesystems): nothing to wait for.  With Ctrl-C held back (``deferral``, in the
+    main thread) it polls, so that a Ctrl-C still ends the wait."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    poll = deadline is not None or deferral is not None
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if poll else 0))
             return
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"the guard was held for more than {timeout:g} s") from None
+            if deferral is not None:
+                deferral.check()
             time.sleep(0.01)
         except OSError:
             return
@@ -329,14 +335,26 @@ class LocalBackend(Backend):
 
     @contextlib.contextmanager
     def guard(self, loc, timeout: float | None = None) -> Iterator[None]:
-        try:
-            fd = liveness.open_tracked(loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT)
-        except OSError:
-            yield  # read-only or odd filesystem: go on without the guard
-            return
-        with liveness.tracked(fd):  # closed at the end (releasing it), and in a fork
-            _flock_within(fd, timeout)
-            yield
+        # Ctrl-C held back from opening the fd to closing it (a Ctrl-C landing between
+        # the two would leave the flock held by this process for good); the block is
+        # short (a commit, a lock's judgement), and the wait for the flock polls for it.
+        with deferred_interrupts() as deferral:
+            try:
+                fd = liveness.open_tracked(
+                    loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT
+                )
+            except OSError:
+                yield  # read-only or odd filesystem: go on without the guard
+                return
+            try:  # closed at the end (releasing it), and in a fork
+                _flock_within(fd, timeout, deferral if self._interruptible() else None)
+                yield
+            finally:
+                liveness.close_tracked(fd)
+
+    @staticmethod
+    def _interruptible() -> bool:
+        return threading.current_thread() is threading.main_thread()
 
     def hold(self, loc):
         return liveness.hold(loc)
@@ -361,7 +379,7 @@ class LocalBackend(Backend):
         return str(loc)
 
     def array_context(self, durable: bool, cache_bytes: int = 0):
-        import tensorstore as ts
+        ts = import_whole("tensorstore")  # a Ctrl-C in its first import: see there
 
         # By default no decoded-chunk cache (the RAM tier and the column cache are
         # zreplay's); a reader may ask for one (hot image chunks: measured 4x faster
@@ -373,7 +391,7 @@ class LocalBackend(Backend):
         if forked():
             _check_forked(writable)
             return ZarrArray(loc, writable=False), True
-        import tensorstore as ts
+        ts = import_whole("tensorstore")
 
         # Every chunk is stored, zeros included, so a chunk missing below the commit is
         # damage (a read error), not rows of zeros.  Arrays made before this was so lack
@@ -390,7 +408,7 @@ class LocalBackend(Backend):
     def widened(self, store, rows: int, context) -> object:
         if isinstance(store, ZarrArray):  # a forked process's reader
             return super().widened(store, rows, context)
-        import tensorstore as ts
+        ts = import_whole("tensorstore")
 
         spec = store.spec(retain_context=False).to_json()
         spec.pop("transform", None)

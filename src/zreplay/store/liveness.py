@@ -29,6 +29,8 @@ import threading
 import weakref
 from collections.abc import Iterator
 
+from ..threads import deferred_interrupts
+
 __all__ = [
     "BOOT_ID",
     "PID_NS",
@@ -41,6 +43,7 @@ __all__ = [
     "open_tracked",
     "tag_is_dead",
     "tracked",
+    "close_tracked",
 ]
 
 
@@ -114,12 +117,19 @@ def open_tracked(path, flags: int, mode: int = 0o644) -> int:
 def tracked(fd: int) -> Iterator[int]:
     """Within the block, a fork closes the child's copy of ``fd`` (from
     :func:`open_tracked`: a flock taken on it stays the parent's alone); closed at the
-    end."""
-    _TRACKED.add(fd)
-    try:
-        yield fd
-    finally:
-        _close_tracked(fd)
+    end, Ctrl-C held back meanwhile (one landing before the close would leak the fd,
+    and a flock taken on it)."""
+    with deferred_interrupts():
+        _TRACKED.add(fd)
+        try:
+            yield fd
+        finally:
+            _close_tracked(fd)
+
+
+def close_tracked(fd: int) -> None:
+    """Close an fd of :func:`open_tracked` (releasing a flock taken on it)."""
+    _close_tracked(fd)
 
 
 def _close_tracked(fd: int) -> None:
@@ -208,34 +218,43 @@ class Hold:
         self.release()
 
     def release(self) -> None:
-        fd, self.fd = getattr(self, "fd", None), None
-        if fd is None:
-            return  # released, or inherited by a forked child (which closed its copy)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)  # for every fd sharing it, forked ones too
-        except OSError:
-            pass
-        _close_tracked(fd)
+        with deferred_interrupts():  # a Ctrl-C between the two steps would leak the flock
+            fd, self.fd = getattr(self, "fd", None), None
+            if fd is None:
+                return  # released, or inherited by a forked child (which closed its copy)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)  # for every fd sharing it, forked ones too
+            except OSError:
+                pass
+            _close_tracked(fd)
 
 
 def hold(path) -> Hold | None:
     """Take an exclusive ``flock`` on ``path`` (file or directory) and keep it; None
     where the filesystem has no ``flock`` or someone else holds it."""
-    try:
-        fd = open_tracked(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        _close_tracked(fd)
-        return None
-    return Hold(fd)
+    # Ctrl-C held back until the flock is in a Hold (which releases it when dropped):
+    # one landing in between would keep the file looking alive for good.
+    with deferred_interrupts():
+        try:
+            fd = open_tracked(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            _close_tracked(fd)
+            return None
+        return Hold(fd)
 
 
 def probe(path) -> bool | None:
     """Whether a live process holds an ``flock`` on ``path``: True, False (nobody does,
     or ``path`` is gone), or None where this filesystem cannot tell."""
+    with deferred_interrupts():  # the probe's own flock must never outlive it
+        return _probe(path)
+
+
+def _probe(path) -> bool | None:
     try:
         fd = open_tracked(path, os.O_RDONLY)
     except FileNotFoundError:

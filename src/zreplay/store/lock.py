@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Iterator
 
 from ..errors import WriterLockedError
-from ..threads import InterruptSafeCondition
+from ..threads import InterruptSafeCondition, deferred_interrupts
 from .format import legacy_lock_path, lock_path
 from .liveness import BOOT_ID, PID_NS, pid_alive, same_pid_space
 from .location import Location, locate
@@ -53,6 +53,8 @@ DEFAULT_LEASE_S = 30.0
 # writers; one longer than an hour makes a dead writer's segment wait that long.
 MIN_LEASE_S, MAX_LEASE_S = 0.5, 3600.0
 LIVE, STALE, UNKNOWN = "live", "stale", "unknown"
+# The key holder() marks an unreadable lock file's stand-in with.
+DAMAGED = "damaged"
 
 # Tokens of the locks lock objects of this process hold.
 _HELD_HERE: set[str] = set()
@@ -109,21 +111,34 @@ class WriterLock:
         except FileNotFoundError:
             return None
         except ValueError:
-            # Unreadable (an older zreplay could leave it empty): no live holder to name.
-            return {"host": socket.gethostname(), "pid": -1, "token": "", "time": 0}
+            # Unreadable (an older zreplay could leave it empty, or it was damaged in
+            # place): no holder to name, but its holder may live and keep its flock.
+            return {"host": socket.gethostname(), "pid": -1, "token": "", "time": 0, DAMAGED: True}
 
     def judge(self, info: dict, path: Location | None = None) -> str:
         """``LIVE``, ``STALE`` or ``UNKNOWN`` (only a lease can tell) for the holder
         ``info`` of the lock file at ``path`` (default this lock's)."""
-        token, pid = info.get("token"), int(info.get("pid", -1))
+        token, pid = info.get("token"), _as_pid(info.get("pid", -1))
         if token and token in _HELD_HERE:
             return LIVE
+        path = path or self.path
+        if info.get(DAMAGED) or "boot" not in info:
+            # No boot id to trust a flock by, but a flock held on this kernel is a live
+            # holder whatever the file says (its holder may write a lock file older
+            # zreplay wrote, or one damaged in place under it): the flock is the truth.
+            held = path.backend.probe(path)
+            if held:
+                return LIVE
+            if info.get(DAMAGED):
+                # Free flock: its holder is gone (or was never on this kernel); where
+                # no flock can tell, only the lease can.
+                return STALE if held is False else UNKNOWN
         if "boot" not in info:  # a lock of a zreplay before leases: judged as it was
             if info.get("host") != socket.gethostname():
                 return LIVE
             return STALE if pid <= 0 or pid == os.getpid() or not pid_alive(pid) else LIVE
         if BOOT_ID is not None and info.get("boot") == BOOT_ID:
-            held = (path or self.path).backend.probe(path or self.path)
+            held = path.backend.probe(path)
             if held is not None:
                 return LIVE if held else STALE
             if same_pid_space(info.get("boot"), info.get("pidns")):
@@ -209,11 +224,14 @@ class WriterLock:
             "lease_s": self.lease_s,
         }
         backend = self.path.backend
-        if not backend.create_exclusive(self.path, json.dumps(me).encode()):
-            return False
-        self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
-        self.held, self.lost, self._pid = True, None, os.getpid()
-        _HELD_HERE.add(self.token)
+        # Ctrl-C held back from creating the file to marking it held: one landing in
+        # between would leave a lock (and its flock) that nothing releases.
+        with deferred_interrupts():
+            if not backend.create_exclusive(self.path, json.dumps(me).encode()):
+                return False
+            self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
+            self.held, self.lost, self._pid = True, None, os.getpid()
+            _HELD_HERE.add(self.token)
         self._beat()
         self._beat_due = time.monotonic() + self.lease_s / 6
         _RENEWER.add(self)
@@ -302,9 +320,12 @@ class WriterLock:
                 " That is this process: another buffer object still holds the segment "
                 "(a notebook cell run twice?); close() it or `del` it first."
             )
+        who = f"pid {info.get('pid')} on host {info.get('host')!r}"
+        if info.get(DAMAGED):
+            who = "a live process that holds its lock's flock (the lock file is damaged)"
         return WriterLockedError(
-            f"segment {self.path.parent.parent} is being written by pid {info.get('pid')} on "
-            f"host {info.get('host')!r} (lock {self.path}).{here} Use another writer_id, "
+            f"segment {self.path.parent.parent} is being written by {who} (lock "
+            f"{self.path}).{here} Use another writer_id, "
             "open it read-only with zreplay.open(), or, if that writer is gone, "
             "pass break_lock=True"
         )
@@ -407,6 +428,10 @@ class WriterLock:
             _RELEASING.setdefault(self.token, threading.Event())
 
     def _release(self) -> None:
+        with deferred_interrupts():  # once it is marked released, it must be let go
+            self._let_go()
+
+    def _let_go(self) -> None:
         with self._mutex:
             if not self.held:
                 return
@@ -425,6 +450,14 @@ class WriterLock:
             if self._flock is not None:
                 self._flock.release()
                 self._flock = None
+
+
+def _as_pid(value) -> int:
+    """The pid a lock file names; -1 (none) for anything but an integer."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
 
 
 def _lease_of(info: dict) -> float:

@@ -143,7 +143,9 @@ class BufferRoot:
         self.recover()
         meta = self.path / "zarr.json"
         if meta.is_file():
-            return self.read_meta()  # or the specific error of a damaged or foreign root
+            info = self.read_meta()  # or the specific error of a damaged or foreign root
+            self._complete()  # a creation killed after the root's zarr.json: finished now
+            return info
         # Temp files are another writer's zarr.json on its way in (written aside, then
         # linked into place): the buffer is being created, not foreign.
         if (
@@ -167,10 +169,24 @@ class BufferRoot:
         # complete buffer root.
         self.path.mkdir(parents=True, exist_ok=True)
         won = self.backend.create_exclusive(meta, group_json({ATTR: info}))
-        self.segments_dir.mkdir(exist_ok=True)
-        self.backend.create_exclusive(self.segments_dir / "zarr.json", group_json({}))
-        self.create_meta_node(self.path)
+        self._complete()
         return info if won else self.read_meta()
+
+    def _complete(self) -> None:
+        """Make the root's other nodes (``segments/zarr.json``, the ``zreplay`` meta node)
+        if absent.  A writer killed between the root's ``zarr.json`` and these leaves a
+        buffer plain Zarr cannot open and checkpoints fail on, so every writer that opens
+        it finishes them; each is one exclusive create, so writers racing here agree."""
+        self.segments_dir.mkdir(exist_ok=True)
+        if not (self.segments_dir / "zarr.json").is_file():
+            self.backend.create_exclusive(self.segments_dir / "zarr.json", group_json({}))
+        self.create_meta_node(self.path)
+
+    def unfinished(self) -> list[Location]:
+        """The nodes of the root a creation makes after its ``zarr.json`` that are missing
+        (a writer killed while creating the buffer; the next writer makes them)."""
+        nodes = [self.segments_dir / "zarr.json", self.path / META / "zarr.json"]
+        return [n for n in nodes if not n.is_file()]
 
     def create_meta_node(self, parent: Location) -> None:
         """The ``zreplay`` array node under ``parent`` (the root, or a segment) that holds

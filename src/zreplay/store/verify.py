@@ -71,6 +71,13 @@ def verify(
     except (FormatError, CorruptBufferError, ValueError, KeyError) as e:
         report.problems.append(f"root metadata: {e}")
         return report
+    missing = root.unfinished()
+    if missing:
+        report.problems.append(
+            f"the buffer's creation was interrupted ({', '.join(map(str, missing))} missing): "
+            "plain Zarr cannot open it and checkpoints fail; open any writer on this path "
+            "(a TrajectoryReplayBuffer, ReplayBuffer or ZarrStorage) to finish it"
+        )
     try:
         seg_dirs = [root.segment_dir(wid) for wid in root.writer_ids()]
     except CorruptBufferError as e:  # a link out of the buffer, a name no writer made
