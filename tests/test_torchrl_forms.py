@@ -6,6 +6,7 @@ answer."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import warnings
 
@@ -357,6 +358,68 @@ def test_a_tensorclass_not_importable_comes_back_as_a_tensordict(tmp_path):
     assert type(got) is TensorDict and got["obs"].shape == (2, 3)
     assert any("cannot be imported" in str(w.message) for w in caught)
     again.close()
+
+
+_EVIL = """
+import pathlib, torch
+from tensordict import tensorclass
+pathlib.Path("ran.marker").write_text("evil.py ran")
+@tensorclass
+class Thing:
+    obs: torch.Tensor
+    reward: torch.Tensor
+"""
+
+_OPEN_IN_BUFFER = """
+import sys, warnings
+warnings.simplefilter("always")
+if sys.argv[1] == "imported":
+    import evil  # the user's own choice: the class is already imported
+from zreplay.torchrl import ZarrStorage
+kw = {"tensorclasses": [__import__("evil").Thing]} if sys.argv[1] == "allowed" else {}
+with warnings.catch_warnings(record=True) as caught:
+    st = ZarrStorage(4, path=".", **kw)
+    got = st[0:2]
+print(type(got).__name__, got.batch_size[0], [str(w.message)[:60] for w in caught])
+st.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "imported", "allowed"])
+def test_a_buffer_naming_a_module_of_its_own_never_imports_it(how, tmp_path):
+    # A downloaded buffer directory is the working directory of a REPL or `python -c`
+    # (so on sys.path) and holds evil.py; its commit record names evil:Thing.
+    import json
+    import subprocess
+    import sys
+
+    buf = tmp_path / "b"
+    st = ZarrStorage(4, path=buf)
+    st.set(torch.arange(2), Step(obs=torch.zeros(2, 3), reward=torch.ones(2), batch_size=[2]))
+    st.close()
+    commit = buf / "segments" / "default" / "zreplay" / "commit.json"
+    record = json.loads(commit.read_text())
+    assert record["sampler"]["facade"]["form"]["classes"] == {"": "test_torchrl_forms:Step"}
+    record["sampler"]["facade"]["form"]["classes"] = {"": "evil:Thing"}
+    commit.write_text(json.dumps(record))
+    (buf / "evil.py").write_text(_EVIL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN_IN_BUFFER, how],
+        cwd=buf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    kind, rows, warned = out.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert rows == "2"
+    if how == "plain":
+        assert not (buf / "ran.marker").exists()  # evil.py never ran
+        assert kind == "TensorDict" and "evil:Thing" in warned
+    else:  # the user imported or listed the class: it comes back
+        assert kind == "Thing" and "evil:Thing" not in warned
 
 
 # -- ndim > 1: [envs, time] batches -------------------------------------------------------

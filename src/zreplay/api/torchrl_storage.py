@@ -49,7 +49,7 @@ from .torchrl_columns import (
     show_slots,
     slot_index,
 )
-from .torchrl_forms import Form, encode, import_class
+from .torchrl_forms import Form, class_names, encode, find_class
 
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
 CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
@@ -78,6 +78,11 @@ class ZarrStorage(TensorStorage):
             committed (fsynced too with ``durable=True``, the default), so a ``kill -9``
             right after it loses nothing; default ``False``: commits run in the
             background and :meth:`flush` waits for them.
+        tensorclasses: tensorclasses the rows may be rebuilt as.  A buffer records its
+            tensorclasses by name and reading it never imports one (a buffer from
+            elsewhere could name a module of its own choosing): a recorded class comes
+            back if it is listed here or its module is already imported in this process
+            (or it was extended here), else its rows are TensorDicts, with a warning.
         **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
             ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
             ``storage_options``, ``ram_budget_bytes`` (default 1 GiB of the newest rows),
@@ -96,9 +101,11 @@ class ZarrStorage(TensorStorage):
         device: torch.device | str = "cpu",
         ndim: int = 1,
         flush_each_extend: bool = False,
+        tensorclasses=(),
         **store: Unpack[StoreOptions],
     ):
         opts = store_options("ZarrStorage", store)
+        allowed = class_names(tensorclasses)
         if opts["learner_id"] is not None:
             raise ValueError(
                 "ZarrStorage cannot be a learner: TorchRL's samplers draw its batches, which "
@@ -114,6 +121,7 @@ class ZarrStorage(TensorStorage):
         self._given_max = M = max_size
         self._flush_each = bool(flush_each_extend)
         self._piece = min(M, MAX_PIECE_ROWS)
+        self._classes: dict[str, type | None] = dict(allowed)
         self.core = BufferCore.writer(
             path,
             stream=RandomStream(tag=KIND),
@@ -453,10 +461,11 @@ class ZarrStorage(TensorStorage):
         return self._form.build(flat, lead, self.device, self._class)
 
     def _class(self, name: str) -> type | None:
-        """The tensorclass recorded as ``name``: the one extended in this process, else
-        imported (once; ``None`` and one warning if it cannot be: rows are TensorDicts)."""
+        """The tensorclass recorded as ``name``: one passed as ``tensorclasses`` or
+        extended here, else one already imported in this process, never imported (looked
+        up once; ``None`` and one warning if not found: rows are TensorDicts)."""
         if name not in self._classes:
-            self._classes[name] = import_class(name)
+            self._classes[name] = find_class(name, self._classes)
         return self._classes[name]
 
     def _get_along_dims(self, index):
