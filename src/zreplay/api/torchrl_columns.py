@@ -137,6 +137,8 @@ def slot_index(index, L: int) -> np.ndarray:
     """The slots ``index`` names among ``L`` (torch indexing; torch's IndexError text)."""
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
+    if isinstance(index, list):  # an index tensor, as TensorDicts (and so TorchRL) read it
+        index = _listed(index)
     if isinstance(index, int | np.integer) or (
         isinstance(index, torch.Tensor)
         and not index.dtype.is_floating_point
@@ -153,6 +155,18 @@ def slot_index(index, L: int) -> np.ndarray:
     if isinstance(index, slice):
         return np.arange(*index.indices(L))
     return torch.arange(L)[index].numpy()  # torch's semantics and errors
+
+
+def _listed(index: list):
+    """A list index as the tensor TensorDict indexing makes of it (``[[0, 1]]`` is a
+    ``[1, 2]`` index, not a tuple of one); a list torch cannot make a tensor of stays."""
+    try:
+        t = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError):
+        return index
+    if t.numel() == 0:
+        return t.to(torch.int64).reshape(t.shape)
+    return index if t.dtype.is_floating_point else t
 
 
 class OwnCheckpoints:

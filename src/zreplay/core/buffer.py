@@ -373,6 +373,16 @@ class BufferCore:
         """``(writer_id, commit)`` of every visible segment (readers)."""
         return self._reader().segments()
 
+    def commits(self) -> list[tuple[str, Any]]:
+        """``(writer_id, commit)`` of every committed segment, empty ones (cleared, or
+        all evicted) included (readers)."""
+        return self._reader().commits()
+
+    @property
+    def last_commit(self):
+        """What this writer last committed (after :meth:`flush`: everything added)."""
+        return self._writer().commit
+
     # -- writing (writable cores) ----------------------------------------------------
 
     def _writer(self) -> SegmentWriter:

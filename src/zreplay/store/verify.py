@@ -1,7 +1,8 @@
 """``zreplay.verify(path)``: walk a buffer and report every problem found.
 
-Checks, per segment: the commit record parses and is consistent, every array's
-``zarr.json`` says what the root records (dtype, row shape, layout, crc32c checksums),
+Checks, per segment: the commit record parses and is consistent (a ZarrStorage's record
+in it too), every array's ``zarr.json`` says what the root records (dtype, row shape,
+layout, crc32c checksums),
 the array shapes and shard files cover the commit's counts, the index (offsets,
 trajectory and episode columns) agrees with it, and (with ``data=True``) every committed
 row of every key decodes with a valid checksum.  Reads only; takes no lock, so it can run beside a
@@ -24,6 +25,7 @@ from .layout import shard_number
 from .priority import PriorityArrays
 from .root import BufferRoot
 from .segment import Segment
+from .torchrl_record import KIND, record_problem
 
 
 @dataclass
@@ -97,6 +99,11 @@ def verify(
                     "commit.json)"
                 )
             continue
+        facade = (commit.sampler or {}).get("facade") or {}
+        if isinstance(facade, dict) and facade.get("kind") == KIND:
+            why = record_problem(facade, commit.n_rows, None if schema is None else schema.keys)
+            if why:
+                report.problems.append(f"{commit_path(seg_dir)}: sampler.facade: {why}")
         if commit.n_traj == 0:
             continue
         if schema is None:
