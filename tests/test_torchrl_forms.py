@@ -835,3 +835,41 @@ def test_a_crafted_number_in_the_storages_record_is_a_corrupt_buffer(field, valu
         ZarrStorage(6, path=tmp_path / "b")
     report = zreplay.verify(tmp_path / "b")
     assert not report.ok and any(field in p and "commit.json" in p for p in report.problems)
+
+
+def test_crafted_numbers_in_a_checkpoint_are_refused_before_it_is_loaded(tmp_path):
+    import json
+
+    from torchrl.data import LazyMemmapStorage
+
+    from zreplay.errors import CorruptBufferError
+
+    ragged = LazyStackedTensorDict(
+        TensorDict(x=torch.zeros(3, 4), batch_size=3),
+        TensorDict(x=torch.zeros(3, 2), batch_size=3),
+        stack_dim=1,
+    )
+    src = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "src"))
+    src.extend(ragged)
+    src.dumps(tmp_path / "ck")
+    src.storage.close()
+    commit = tmp_path / "ck" / "storage" / "segments" / "default" / "zreplay" / "commit.json"
+    record = json.loads(commit.read_text())
+    spec = json.loads(record["sampler"]["facade"]["form"]["spec"])
+    record["sampler"]["facade"]["form"]["spec"] = json.dumps(dict(spec, items=200_000))
+    commit.write_text(json.dumps(record))
+    rb = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "b"))
+    rb.extend(TensorDict(x=torch.arange(2)[:, None].float(), batch_size=2))
+    with pytest.raises(CorruptBufferError, match="items"):
+        rb.loads(tmp_path / "ck")
+    assert rb.storage[:]["x"].tolist() == [[0.0], [1.0]]  # nothing was taken over
+
+    mm = ReplayBuffer(storage=LazyMemmapStorage(6, scratch_dir=tmp_path / "scratch"))
+    mm.extend(TensorDict(x=torch.arange(4)[:, None].float(), batch_size=4))
+    mm.dumps(tmp_path / "torchrl_ck")
+    meta = tmp_path / "torchrl_ck" / "writer" / "metadata.json"
+    meta.write_text(json.dumps(dict(json.loads(meta.read_text()), cursor=10**15)))
+    with pytest.raises(CorruptBufferError, match="cursor"):
+        rb.loads(tmp_path / "torchrl_ck")
+    assert rb.storage[:]["x"].tolist() == [[0.0], [1.0]]
+    rb.storage.close()

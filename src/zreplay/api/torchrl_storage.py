@@ -38,7 +38,7 @@ from ..errors import AppendOnlyError, CorruptBufferError, FormatError, ReadOnlyE
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
-from ..store.root import is_buffer
+from ..store.root import BufferRoot, is_buffer
 from ..store.torchrl_record import KIND, MAX_SIZE, record_problem
 from .batches import torch_dtype
 from .torchrl_columns import (
@@ -637,13 +637,15 @@ class ZarrStorage(TensorStorage):
                 f"{path} is neither a ZarrStorage checkpoint nor a TorchRL storage "
                 "checkpoint (no storage_metadata.json)"
             )
-        meta = json.loads(meta_file.read_text())
+        meta = _json_object(meta_file)
         if meta.get("is_pytree"):
             raise FormatError(f"{path}: TorchRL pytree storages cannot be loaded; TensorDicts can")
-        n = int(meta["len"])
+        n = _checked(meta.get("len"), meta_file, "len", MAX_SIZE + 1)
         rows = TensorDict.load_memmap(p) if n else None
         writer = p.parent / "writer" / "metadata.json"
-        cursor = json.loads(writer.read_text()).get("cursor") if writer.is_file() else None
+        cursor = _json_object(writer).get("cursor") if writer.is_file() else None
+        if cursor is not None:
+            cursor = _checked(cursor, writer, "cursor", self._given_max)
         self._import_rows(rows, n, cursor)
 
     def _import_rows(self, rows, n: int, next_slot: int | None, sync: bool = True) -> None:
@@ -735,6 +737,13 @@ class ZarrStorage(TensorStorage):
             return
         state = dict(commit.sampler)
         facade = dict(state["facade"])
+        schema, _ = BufferRoot(src, self.core.storage_options).schema()
+        why = record_problem(facade, commit.n_rows, None if schema is None else schema.keys)
+        if why:  # before anything is taken over
+            raise CorruptBufferError(
+                f"{src}: the ZarrStorage record of its commit.json (sampler.facade) is "
+                f"damaged or crafted: {why}; it cannot be loaded"
+            )
         if facade.get("max_size") != self._given_max or facade.get("ndim", 1) != self.ndim:
             raise ValueError(
                 f"{src} is a ZarrStorage of max_size={facade.get('max_size')}, ndim="
@@ -928,6 +937,30 @@ def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int
     storage = ZarrStorage.__new__(ZarrStorage)
     storage._open_copy(path, storage_options, max_size, device, ndim, pin)
     return storage
+
+
+def _json_object(file: Path) -> dict:
+    """A TorchRL checkpoint's JSON file (CorruptBufferError, naming it, if it is not an
+    object)."""
+    try:
+        out = json.loads(file.read_text())
+    except (ValueError, OSError) as e:
+        raise CorruptBufferError(
+            f"{file} is not readable JSON ({e}); the checkpoint is damaged"
+        ) from None
+    if not isinstance(out, dict):
+        raise CorruptBufferError(f"{file} is not a JSON object; the checkpoint is damaged")
+    return out
+
+
+def _checked(value, file: Path, name: str, stop: int) -> int:
+    """``value``, field ``name`` of ``file``, if it is an int in ``[0, stop)``."""
+    if type(value) is not int or not 0 <= value < stop:
+        raise CorruptBufferError(
+            f"{file}: {name} is {str(value)[:40]!r}, not an int in [0, {stop}); the checkpoint "
+            "is damaged or was written for a storage of another size"
+        )
+    return value
 
 
 def _max_size(value) -> int:
