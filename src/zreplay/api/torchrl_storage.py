@@ -206,6 +206,10 @@ class ZarrStorage(TensorStorage):
         M0, self._per_slot = _ring_slots(self._given_max, dims)
         self.max_size = M0 * self._per_slot
         self._piece = min(self._piece, M0)
+        # Overwritten rows stay on disk until their whole piece is (see __init__): a
+        # zreplay.open view shows only pieces that start within the ring's newest M0
+        # rows, which are all live (it may miss up to a piece of live rows before them).
+        self.core.view_rows = M0
         return M0
 
     def _fit_capacity(self) -> None:
@@ -808,7 +812,11 @@ class ZarrStorage(TensorStorage):
         self._facade_seen: dict = {}
         self._facade_shown: dict = {}
         self._pin = pin  # the commit it was pickled at, shown while its rows are on disk
-        self.core = BufferCore.reader(path, storage_options=storage_options, owner=self)
+        # Every row on disk: the copy shows the ring's slots itself, partly overwritten
+        # pieces included (a zreplay.open view hides those: view_rows).
+        self.core = BufferCore.reader(
+            path, storage_options=storage_options, owner=self, every_row=True
+        )
         try:
             self._follow_commit()
         except BaseException:
