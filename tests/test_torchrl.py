@@ -564,3 +564,20 @@ def test_a_crafted_view_rows_is_refused_and_reported(tmp_path, value):
     with pytest.raises(zreplay.CorruptBufferError, match="view_rows"):
         zreplay.open(path)
     assert any("view_rows" in p for p in zreplay.verify(path).problems)
+
+
+@pytest.mark.parametrize("collectors", [1, 2])
+def test_a_trajectory_buffer_loads_only_the_rings_rows(tmp_path, collectors):
+    """RLinf's load_checkpoint of collectors' ZarrStorage path takes what a view of it
+    shows: no row a ring overwrote."""
+    path = tmp_path / "replay"
+    for c in range(collectors):
+        s = ZarrStorage(10, path=str(path), writer_id=f"collector-{c}")
+        g = fill(TensorDictReplayBuffer(storage=s, batch_size=2))
+        s.close()
+    dst = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "dst"))
+    dst.load_checkpoint(str(path))
+    dst.close()
+    view = zreplay.open(tmp_path / "dst")
+    shown = view.rows(np.arange(view.num_rows))["g"]
+    assert shown.min() >= g - 10 and (shown == g - 1).sum() == collectors

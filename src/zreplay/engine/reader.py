@@ -314,6 +314,12 @@ class BufferReader:
         """``(writer_id, commit)`` of every visible segment, in name order."""
         return [(s.segment.writer_id, s.commit) for s in self._order]
 
+    def visible_trajectories(self) -> list[tuple[str, Commit, int]]:
+        """``(writer_id, commit, first)`` of every visible segment, in name order: this
+        reader shows its trajectories ``[first, commit.n_traj)`` (``first`` is above
+        ``commit.low_traj`` where the commit's ``view_rows`` hides older ones)."""
+        return [(s.segment.writer_id, s.commit, s.index.low) for s in self._order]
+
     def commits(self) -> list[tuple[str, Commit]]:
         """``(writer_id, commit)`` of every committed segment as of the last refresh,
         empty ones (cleared, or all evicted) included, in name order."""
