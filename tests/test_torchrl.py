@@ -581,3 +581,22 @@ def test_a_trajectory_buffer_loads_only_the_rings_rows(tmp_path, collectors):
     view = zreplay.open(tmp_path / "dst")
     shown = view.rows(np.arange(view.num_rows))["g"]
     assert shown.min() >= g - 10 and (shown == g - 1).sum() == collectors
+
+
+@pytest.mark.parametrize("format", ["zarr", "hdf5"])
+def test_zreplay_dump_of_a_zarr_storage_holds_only_the_rings_rows(tmp_path, format):
+    """zreplay.dump of a ZarrStorage writes what a view of it shows: no row its ring
+    overwrote (they stay on disk until their whole piece is overwritten)."""
+    storage = ZarrStorage(10, path=str(tmp_path / "replay"))
+    g = fill(TensorDictReplayBuffer(storage=storage, batch_size=2))
+    out = tmp_path / ("dump.h5" if format == "hdf5" else "dump")
+    zreplay.dump(storage, out, format=format)
+    storage.close()
+    if format == "hdf5":
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(out) as f:
+            shown = f["g"][:]
+    else:
+        view = zreplay.open(out)
+        shown = view.rows(np.arange(view.num_rows))["g"]
+    assert shown.min() >= g - 10 and shown.max() == g - 1
