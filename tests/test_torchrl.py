@@ -600,3 +600,18 @@ def test_zreplay_dump_of_a_zarr_storage_holds_only_the_rings_rows(tmp_path, form
         view = zreplay.open(out)
         shown = view.rows(np.arange(view.num_rows))["g"]
     assert shown.min() >= g - 10 and shown.max() == g - 1
+
+
+@pytest.mark.parametrize("n", [50, 51, 99, 130])
+def test_a_view_shows_the_whole_ring_after_an_extend_that_fills_it(tmp_path, n):
+    """An extend of at least ``max_size`` rows leaves the ring's rows one piece on disk,
+    so a view shows exactly the ring, none of it missing, nothing overwritten."""
+    storage = ZarrStorage(50, path=str(tmp_path / "replay"))
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=2)
+    rb.extend(batch(0, 7))
+    rb.extend(batch(7, n))
+    storage.flush()
+    view = zreplay.open(tmp_path / "replay")
+    shown = view.rows(np.arange(view.num_rows))["g"]
+    assert sorted(shown.tolist()) == list(range(7 + n - 50, 7 + n))
+    storage.close()
