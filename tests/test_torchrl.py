@@ -267,7 +267,10 @@ def test_dumps_loads_and_torchrl_memmap_checkpoints(tmp_path):
     fill(rb)
     rb.dumps(tmp_path / "ckpt")
     rb.extend(batch(1000, 2))  # after the checkpoint: not in it
-    assert zreplay.open(tmp_path / "ckpt" / "storage").num_rows >= 10
+    view = zreplay.open(tmp_path / "ckpt" / "storage")
+    shown = view.rows(np.arange(view.num_rows))["g"]
+    # The ring's rows at the dump: none it had overwritten, none extended after it.
+    assert shown.max() == g - 1 and shown.min() >= g - 10
 
     back = zarr_rb(tmp_path / "back", 10, batch_size=4)
     back.loads(tmp_path / "ckpt")
@@ -478,3 +481,137 @@ def test_an_episode_of_zarr_storage_goes_on_across_extends(tmp_path):
     storage.close()
     table = zreplay.open(tmp_path / "replay").episode_table()
     assert table["length"].tolist() == [50, 10]
+
+
+def _written(c: int, start: int, n: int, lanes: int | None) -> TensorDict:
+    """Rows of collector ``c`` whose ``g`` is their write number in its ring (``lanes``:
+    that many environments, for ``ndim=2``)."""
+    g = torch.arange(start, start + n)
+    if lanes is None:
+        return TensorDict({"g": g, "collector": torch.full((n,), c)}, [n])
+    return TensorDict(  # [envs, time]: the ring runs along time
+        {"g": g.expand(lanes, n).clone(), "collector": torch.full((lanes, n), c)},
+        [lanes, n],
+    )
+
+
+def _no_overwritten_row(view, written: dict[int, int], slots: int) -> None:
+    """Nothing ``view`` returns is a row its collector's ring has overwritten."""
+    n = view.num_rows
+    assert n >= 1
+    got = [view.rows(np.arange(n)), view.sample(500), view[0], view[n - 1]]
+    got.append(zreplay.ClipDataset(view, history_len=2)[0])
+    clips = view.sample_clips(200, history_len=2)
+    got.append(clips)
+    for out in got:
+        g, c = np.asarray(out["g"]), np.asarray(out["collector"])
+        for k, total in written.items():
+            mine = g[c == k]
+            assert mine.size == 0 or mine.min() >= total - slots, (k, total, mine.min())
+    rows = got[0]
+    for k, total in written.items():  # the newest row of every ring is shown
+        assert (np.asarray(rows["g"])[np.asarray(rows["collector"]) == k] == total - 1).any()
+
+
+@pytest.mark.parametrize(
+    "max_size, sizes, lanes",
+    [
+        (50, [7, 13, 1, 30, 49, 50, 51, 120, 3], None),
+        (64, [5, 64, 17, 100, 9, 33], None),
+        (5000, [999, 1500, 4096, 700, 2500, 1], None),
+        (60, [4, 9, 25, 2, 11], 3),  # ndim=2: 20 slots of 3 environments along time
+    ],
+)
+def test_a_view_never_shows_a_row_the_ring_overwrote(tmp_path, max_size, sizes, lanes):
+    """A learner reading collectors' ZarrStorage rings with zreplay.open draws only rows
+    the rings still hold (old rows stay on disk until their whole piece is overwritten)."""
+    path = tmp_path / "replay"
+    ndim = 1 if lanes is None else 2
+    slots = max_size if lanes is None else -(-max_size // lanes)
+    storages = [
+        ZarrStorage(max_size, path=str(path), writer_id=f"collector-{c}", ndim=ndim)
+        for c in range(2)
+    ]
+    rbs = [TensorDictReplayBuffer(storage=s, batch_size=4) for s in storages]
+    written = {0: 0, 1: 0}
+    for rnd in range(3):
+        for c, rb in enumerate(rbs):
+            for n in sizes[rnd % 2 :: 1 + c]:
+                rb.extend(_written(c, written[c], n, lanes))
+                written[c] += n
+            rb.storage.flush()
+        view = zreplay.open(path, seed=rnd)
+        _no_overwritten_row(view, written, slots)
+        view.close()
+    for s in storages:
+        s.close()
+
+
+@pytest.mark.parametrize("value", ["50", -3, 0, True, 2**70, 1.5])
+def test_a_crafted_view_rows_is_refused_and_reported(tmp_path, value):
+    """``view_rows`` in a commit record is a stranger's number: a view refuses a bad one
+    (CorruptBufferError) and zreplay.verify names it."""
+    path = tmp_path / "replay"
+    rb = zarr_rb(str(path), 20)
+    rb.extend(batch(0, 30))
+    rb.storage.close()
+    assert zreplay.open(path).num_rows <= 20 and not zreplay.verify(path).problems
+    (record,) = path.glob("segments/*/zreplay/commit.json")
+    commit = json.loads(record.read_text())
+    assert commit["sampler"]["view_rows"] == 20
+    commit["sampler"]["view_rows"] = value
+    record.write_text(json.dumps(commit))
+    with pytest.raises(zreplay.CorruptBufferError, match="view_rows"):
+        zreplay.open(path)
+    assert any("view_rows" in p for p in zreplay.verify(path).problems)
+
+
+@pytest.mark.parametrize("collectors", [1, 2])
+def test_a_trajectory_buffer_loads_only_the_rings_rows(tmp_path, collectors):
+    """RLinf's load_checkpoint of collectors' ZarrStorage path takes what a view of it
+    shows: no row a ring overwrote."""
+    path = tmp_path / "replay"
+    for c in range(collectors):
+        s = ZarrStorage(10, path=str(path), writer_id=f"collector-{c}")
+        g = fill(TensorDictReplayBuffer(storage=s, batch_size=2))
+        s.close()
+    dst = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "dst"))
+    dst.load_checkpoint(str(path))
+    dst.close()
+    view = zreplay.open(tmp_path / "dst")
+    shown = view.rows(np.arange(view.num_rows))["g"]
+    assert shown.min() >= g - 10 and (shown == g - 1).sum() == collectors
+
+
+@pytest.mark.parametrize("format", ["zarr", "hdf5"])
+def test_zreplay_dump_of_a_zarr_storage_holds_only_the_rings_rows(tmp_path, format):
+    """zreplay.dump of a ZarrStorage writes what a view of it shows: no row its ring
+    overwrote (they stay on disk until their whole piece is overwritten)."""
+    storage = ZarrStorage(10, path=str(tmp_path / "replay"))
+    g = fill(TensorDictReplayBuffer(storage=storage, batch_size=2))
+    out = tmp_path / ("dump.h5" if format == "hdf5" else "dump")
+    zreplay.dump(storage, out, format=format)
+    storage.close()
+    if format == "hdf5":
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(out) as f:
+            shown = f["g"][:]
+    else:
+        view = zreplay.open(out)
+        shown = view.rows(np.arange(view.num_rows))["g"]
+    assert shown.min() >= g - 10 and shown.max() == g - 1
+
+
+@pytest.mark.parametrize("n", [50, 51, 99, 130])
+def test_a_view_shows_the_whole_ring_after_an_extend_that_fills_it(tmp_path, n):
+    """An extend of at least ``max_size`` rows leaves the ring's rows one piece on disk,
+    so a view shows exactly the ring, none of it missing, nothing overwritten."""
+    storage = ZarrStorage(50, path=str(tmp_path / "replay"))
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=2)
+    rb.extend(batch(0, 7))
+    rb.extend(batch(7, n))
+    storage.flush()
+    view = zreplay.open(tmp_path / "replay")
+    shown = view.rows(np.arange(view.num_rows))["g"]
+    assert sorted(shown.tolist()) == list(range(7 + n - 50, 7 + n))
+    storage.close()

@@ -6,6 +6,7 @@ answer."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import warnings
 
@@ -283,6 +284,68 @@ def test_a_pickled_storage_is_a_read_only_copy_that_follows_commits(tmp_path):
     assert deep.read_only and len(deep) == 0
 
 
+def test_a_pickled_storage_shows_the_commit_it_was_pickled_at(tmp_path):
+    st = ZarrStorage(10, path=tmp_path / "b")
+    st.set(torch.arange(6), TensorDict({"x": torch.arange(6)}, [6]))
+    blob = pickle.dumps(st)  # commits the 6 rows
+    st.set(torch.arange(6, 8), TensorDict({"x": torch.arange(6, 8)}, [2]))
+    st.flush()
+    copy = pickle.loads(blob)  # unpickled after the writer went on
+    assert len(copy) == 6 and copy[:]["x"].tolist() == list(range(6))
+    again = pickle.loads(pickle.dumps(copy))  # a copy of the copy: the same commit
+    assert len(again) == 6
+    assert copy.refresh() and copy[:]["x"].tolist() == list(range(8))
+    for c in (copy, again):
+        c.close()
+    st.close()
+
+
+def test_a_refused_extend_on_a_read_only_copy_leaves_the_writer_where_it_was(tmp_path):
+    rb = TensorDictReplayBuffer(storage=ZarrStorage(10, path=tmp_path / "b"), batch_size=2)
+    rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+    copy = pickle.loads(pickle.dumps(rb))
+    for write in (
+        lambda: copy.extend(TensorDict({"x": torch.arange(2)}, [2])),
+        lambda: copy.add(TensorDict({"x": torch.tensor(7)}, [])),
+    ):
+        with pytest.raises(ReadOnlyError, match="read-only copy"):
+            write()
+        assert (copy._writer._cursor, copy._writer._write_count) == (3, 3)
+    assert len(copy) == 3
+    copy.storage.close()
+    rb.storage.close()
+
+
+def test_a_copy_of_an_emptied_storage_reads_as_the_storage(tmp_path):
+    st = ZarrStorage(4, path=tmp_path / "b")
+    st.set(torch.arange(3), TensorDict({"x": torch.arange(3)}, [3]))
+    st._empty()
+    copy = pickle.loads(pickle.dumps(st))
+    assert copy.initialized == st.initialized
+    assert copy[:].shape == st[:].shape == (0,) and copy[:]["x"].shape == (0,)
+    copy.close()
+    st.close()
+
+
+def test_list_indices_give_the_batches_lazy_tensor_storage_gives(tmp_path):
+    ref = LazyTensorStorage(10)
+    st = ZarrStorage(10, path=tmp_path / "b")
+    for s in (ref, st):
+        s.set(torch.arange(4), TensorDict({"x": torch.arange(4)}, [4]))
+    for index in ([[0, 1]], [[0, 1], [2, 3]], [[[3]]], [0, 2], [True, False, True, False]):
+        assert st[index].batch_size == ref[index].batch_size, index
+        assert st[index]["x"].tolist() == ref[index]["x"].tolist(), index
+    st.close()
+
+
+def test_a_max_size_past_what_row_numbers_hold_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="max_size"):
+        ZarrStorage(2**63, path=tmp_path / "b")
+    st = ZarrStorage(10, path=tmp_path / "b")  # the path was not taken
+    assert st.max_size == 10
+    st.close()
+
+
 def test_a_temporary_storage_is_not_pickled(tmp_path):
     storage = ZarrStorage(5)
     with pytest.raises(TypeError, match="path="):
@@ -357,6 +420,68 @@ def test_a_tensorclass_not_importable_comes_back_as_a_tensordict(tmp_path):
     assert type(got) is TensorDict and got["obs"].shape == (2, 3)
     assert any("cannot be imported" in str(w.message) for w in caught)
     again.close()
+
+
+_EVIL = """
+import pathlib, torch
+from tensordict import tensorclass
+pathlib.Path("ran.marker").write_text("evil.py ran")
+@tensorclass
+class Thing:
+    obs: torch.Tensor
+    reward: torch.Tensor
+"""
+
+_OPEN_IN_BUFFER = """
+import sys, warnings
+warnings.simplefilter("always")
+if sys.argv[1] == "imported":
+    import evil  # the user's own choice: the class is already imported
+from zreplay.torchrl import ZarrStorage
+kw = {"tensorclasses": [__import__("evil").Thing]} if sys.argv[1] == "allowed" else {}
+with warnings.catch_warnings(record=True) as caught:
+    st = ZarrStorage(4, path=".", **kw)
+    got = st[0:2]
+print(type(got).__name__, got.batch_size[0], [str(w.message)[:60] for w in caught])
+st.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "imported", "allowed"])
+def test_a_buffer_naming_a_module_of_its_own_never_imports_it(how, tmp_path):
+    # A downloaded buffer directory is the working directory of a REPL or `python -c`
+    # (so on sys.path) and holds evil.py; its commit record names evil:Thing.
+    import json
+    import subprocess
+    import sys
+
+    buf = tmp_path / "b"
+    st = ZarrStorage(4, path=buf)
+    st.set(torch.arange(2), Step(obs=torch.zeros(2, 3), reward=torch.ones(2), batch_size=[2]))
+    st.close()
+    commit = buf / "segments" / "default" / "zreplay" / "commit.json"
+    record = json.loads(commit.read_text())
+    assert record["sampler"]["facade"]["form"]["classes"] == {"": "test_torchrl_forms:Step"}
+    record["sampler"]["facade"]["form"]["classes"] = {"": "evil:Thing"}
+    commit.write_text(json.dumps(record))
+    (buf / "evil.py").write_text(_EVIL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN_IN_BUFFER, how],
+        cwd=buf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    kind, rows, warned = out.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert rows == "2"
+    if how == "plain":
+        assert not (buf / "ran.marker").exists()  # evil.py never ran
+        assert kind == "TensorDict" and "evil:Thing" in warned
+    else:  # the user imported or listed the class: it comes back
+        assert kind == "Thing" and "evil:Thing" not in warned
 
 
 # -- ndim > 1: [envs, time] batches -------------------------------------------------------
@@ -670,3 +795,81 @@ def test_numpy_and_torch_scalars_where_ints_are_expected(tmp_path):
         with pytest.raises((TypeError, ValueError)):
             ZarrStorage(bad, path=tmp_path / "bad")
     st.close()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("items", 200_000),  # one row would become 200,000 made-up items
+        ("stack_dim", 40),
+        ("start", -3),
+        ("shift", 10**12),
+        ("max_size", 2**63),
+    ],
+)
+def test_a_crafted_number_in_the_storages_record_is_a_corrupt_buffer(field, value, tmp_path):
+    import json
+
+    from zreplay.errors import CorruptBufferError
+
+    ragged = LazyStackedTensorDict(
+        TensorDict(x=torch.zeros(3, 4), batch_size=3),
+        TensorDict(x=torch.zeros(3, 2), batch_size=3),
+        stack_dim=1,
+    )
+    st = ZarrStorage(6, path=tmp_path / "b")
+    st.set(torch.arange(3), ragged)
+    st.close()
+    assert zreplay.verify(tmp_path / "b").ok
+    commit = tmp_path / "b" / "segments" / "default" / "zreplay" / "commit.json"
+    record = json.loads(commit.read_text())
+    facade = record["sampler"]["facade"]
+    if field in ("items", "stack_dim"):
+        spec = json.loads(facade["form"]["spec"])
+        spec[field] = value
+        facade["form"]["spec"] = json.dumps(spec)
+    else:
+        facade[field] = value
+    commit.write_text(json.dumps(record))
+    with pytest.raises(CorruptBufferError, match=rf"commit\.json.*{field}"):
+        ZarrStorage(6, path=tmp_path / "b")
+    report = zreplay.verify(tmp_path / "b")
+    assert not report.ok and any(field in p and "commit.json" in p for p in report.problems)
+
+
+def test_crafted_numbers_in_a_checkpoint_are_refused_before_it_is_loaded(tmp_path):
+    import json
+
+    from torchrl.data import LazyMemmapStorage
+
+    from zreplay.errors import CorruptBufferError
+
+    ragged = LazyStackedTensorDict(
+        TensorDict(x=torch.zeros(3, 4), batch_size=3),
+        TensorDict(x=torch.zeros(3, 2), batch_size=3),
+        stack_dim=1,
+    )
+    src = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "src"))
+    src.extend(ragged)
+    src.dumps(tmp_path / "ck")
+    src.storage.close()
+    commit = tmp_path / "ck" / "storage" / "segments" / "default" / "zreplay" / "commit.json"
+    record = json.loads(commit.read_text())
+    spec = json.loads(record["sampler"]["facade"]["form"]["spec"])
+    record["sampler"]["facade"]["form"]["spec"] = json.dumps(dict(spec, items=200_000))
+    commit.write_text(json.dumps(record))
+    rb = ReplayBuffer(storage=ZarrStorage(6, path=tmp_path / "b"))
+    rb.extend(TensorDict(x=torch.arange(2)[:, None].float(), batch_size=2))
+    with pytest.raises(CorruptBufferError, match="items"):
+        rb.loads(tmp_path / "ck")
+    assert rb.storage[:]["x"].tolist() == [[0.0], [1.0]]  # nothing was taken over
+
+    mm = ReplayBuffer(storage=LazyMemmapStorage(6, scratch_dir=tmp_path / "scratch"))
+    mm.extend(TensorDict(x=torch.arange(4)[:, None].float(), batch_size=4))
+    mm.dumps(tmp_path / "torchrl_ck")
+    meta = tmp_path / "torchrl_ck" / "writer" / "metadata.json"
+    meta.write_text(json.dumps(dict(json.loads(meta.read_text()), cursor=10**15)))
+    with pytest.raises(CorruptBufferError, match="cursor"):
+        rb.loads(tmp_path / "torchrl_ck")
+    assert rb.storage[:]["x"].tolist() == [[0.0], [1.0]]
+    rb.storage.close()

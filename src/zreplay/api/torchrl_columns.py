@@ -55,13 +55,17 @@ class Ring:
 
 
 def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
-    """``n`` rows as zreplay trajectories ``[<= P, 1]``.  Their episodes are TorchRL's:
-    the rows are one stream, cut after every row whose ``("next", "done")`` (or
+    """``n`` rows as zreplay trajectories ``[<= P, 1]``, the first one the shortest.
+    Their episodes are TorchRL's: the rows are one stream, cut after every row whose ``("next", "done")`` (or
     ``terminated``/``truncated``) is set, as TorchRL's own samplers read them, so the
     clips and n-step windows of a zreplay view never cross one of its episode ends."""
+    # Cut from the end: the last piece holds an extend's newest P rows, so once an extend
+    # of at least P = slots rows fills the ring, its live rows are exactly one piece,
+    # which a view (that shows whole pieces only: view_rows) shows whole.
+    ends = list(range(n, 0, -P))[::-1]
     out = [
-        Prepared({k: v[a : a + P, None] for k, v in cols.items()}, min(P, n - a), 1)
-        for a in range(0, n, P)
+        Prepared({k: v[a:b, None] for k, v in cols.items()}, b - a, 1)
+        for a, b in zip([0, *ends[:-1]], ends, strict=True)
     ]
     for p in out:
         p.continues = True  # the stream goes on across extends until a flag ends it
@@ -137,6 +141,8 @@ def slot_index(index, L: int) -> np.ndarray:
     """The slots ``index`` names among ``L`` (torch indexing; torch's IndexError text)."""
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
+    if isinstance(index, list):  # an index tensor, as TensorDicts (and so TorchRL) read it
+        index = _listed(index)
     if isinstance(index, int | np.integer) or (
         isinstance(index, torch.Tensor)
         and not index.dtype.is_floating_point
@@ -153,6 +159,18 @@ def slot_index(index, L: int) -> np.ndarray:
     if isinstance(index, slice):
         return np.arange(*index.indices(L))
     return torch.arange(L)[index].numpy()  # torch's semantics and errors
+
+
+def _listed(index: list):
+    """A list index as the tensor TensorDict indexing makes of it (``[[0, 1]]`` is a
+    ``[1, 2]`` index, not a tuple of one); a list torch cannot make a tensor of stays."""
+    try:
+        t = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError):
+        return index
+    if t.numel() == 0:
+        return t.to(torch.int64).reshape(t.shape)
+    return index if t.dtype.is_floating_point else t
 
 
 class OwnCheckpoints:

@@ -8,9 +8,10 @@ extend; every later extend must have the same one.
 * TensorDicts (and tensorclasses, whose TensorDict is stored): one column per leaf,
   ``("next", "obs") -> "next/obs"``; ``batches`` records the batch dims after the first
   of every (nested) TensorDict so reads rebuild the same structure.  Tensorclasses (the
-  data itself or nested in it) are recorded by import name; read back where one cannot
-  be imported (a class defined inside a function, in another process) its rows come back
-  as a TensorDict, with a warning.
+  data itself or nested in it) are recorded by import name, ``module:qualname``; a read
+  never imports that name (a buffer is data, possibly from a stranger): it rebuilds the
+  class only if the user passed it (``tensorclasses=``) or this process has already
+  imported its module, else its rows come back as a TensorDict, with a warning.
 * Tensors and pytrees (dicts with str/int keys, lists, tuples): leaf ``i`` in order is
   column ``"i"``; the tree's structure is recorded as JSON.
 
@@ -21,8 +22,8 @@ UTF-8 bytes; reads give back the user's name.
 
 from __future__ import annotations
 
-import importlib
 import json
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -184,23 +185,42 @@ class Form:
         return out if device.type == "cpu" else out.to(device)  # as TorchRL's storages do
 
 
-def import_class(name: str) -> type | None:
-    """The tensorclass recorded as ``module:qualname`` if it can be imported here (else
-    ``None``, with a warning: its rows come back as TensorDicts)."""
+def find_class(name: str, allowed: Mapping[str, type]) -> type | None:
+    """The tensorclass recorded as ``module:qualname``: one of ``allowed`` (recorded name
+    -> class), else one whose module this process has already imported.  A buffer is
+    data, possibly from a stranger: nothing it names is ever imported (a module that
+    sits next to it on ``sys.path`` would run).  ``None``, with a warning, for any other
+    name: its rows come back as TensorDicts."""
+    if name in allowed:
+        return allowed[name]
     module, _, qualname = name.partition(":")
-    try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        warnings.warn(
-            f"ZarrStorage holds tensorclass {name}, which cannot be imported here; its rows "
-            "come back as TensorDicts (wrap them: cls.from_tensordict(td))",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        return None
-    return obj
+    obj = sys.modules.get(module)
+    for part in qualname.split(".") if obj is not None else ():
+        obj = getattr(obj, part, None) if part.isidentifier() else None
+    if isinstance(obj, type) and is_tensorclass(obj):
+        return obj
+    warnings.warn(
+        f"ZarrStorage holds tensorclass {name[:200]!r}, which cannot be imported from a "
+        "buffer's record (zreplay never imports a module a buffer names, and this process "
+        "has not imported it); its rows come back as TensorDicts: import the class's "
+        "module before reading, pass ZarrStorage(..., tensorclasses=[cls]), or wrap them: "
+        "cls.from_tensordict(td)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return None
+
+
+def class_names(classes) -> dict[str, type]:
+    """``{recorded name: class}`` of the tensorclasses a user allows (``tensorclasses=``);
+    ``TypeError`` for anything that is not a tensorclass."""
+    out = {}
+    for cls in classes or ():
+        if not (isinstance(cls, type) and is_tensorclass(cls)):
+            raise TypeError(f"tensorclasses: {cls!r} is not a tensorclass")
+        name, _ = _named(cls)
+        out[name] = cls
+    return out
 
 
 def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], dict[str, type]]:

@@ -34,11 +34,19 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..engine.reader import segment_commits
-from ..errors import AppendOnlyError, FormatError, ReadOnlyError, SchemaError, StaleViewError
+from ..errors import (
+    AppendOnlyError,
+    CorruptBufferError,
+    FormatError,
+    ReadOnlyError,
+    SchemaError,
+    StaleViewError,
+)
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
-from ..store.root import is_buffer
+from ..store.root import BufferRoot, is_buffer
+from ..store.torchrl_record import KIND, MAX_SIZE, record_problem
 from .batches import torch_dtype
 from .torchrl_columns import (
     OwnCheckpoints,
@@ -49,11 +57,10 @@ from .torchrl_columns import (
     show_slots,
     slot_index,
 )
-from .torchrl_forms import Form, encode, import_class
+from .torchrl_forms import Form, class_names, encode, find_class
 
 MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
 CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
-KIND = "torchrl"
 
 
 class ZarrStorage(TensorStorage):
@@ -67,7 +74,8 @@ class ZarrStorage(TensorStorage):
     ``ValueError``) before anything is written, with the writer's cursor rolled back.
 
     Args:
-        max_size: slots, as ``LazyTensorStorage(max_size)``.
+        max_size: slots, as ``LazyTensorStorage(max_size)`` (at most ``2**48``: row
+            numbers are int64 and keep growing after the ring wraps).
         path: buffer directory or ``s3://bucket/prefix``; an existing one is resumed
             (``max_size`` must be the one it was written with).  ``None``: a private
             temporary store removed on :meth:`close`.
@@ -78,6 +86,11 @@ class ZarrStorage(TensorStorage):
             committed (fsynced too with ``durable=True``, the default), so a ``kill -9``
             right after it loses nothing; default ``False``: commits run in the
             background and :meth:`flush` waits for them.
+        tensorclasses: tensorclasses the rows may be rebuilt as.  A buffer records its
+            tensorclasses by name and reading it never imports one (a buffer from
+            elsewhere could name a module of its own choosing): a recorded class comes
+            back if it is listed here or its module is already imported in this process
+            (or it was extended here), else its rows are TensorDicts, with a warning.
         **store: the store options every writable buffer takes (:class:`zreplay.StoreOptions`:
             ``writer_id``, ``durable``, ``overwrite``, ``break_lock``, ``layout``,
             ``storage_options``, ``ram_budget_bytes`` (default 1 GiB of the newest rows),
@@ -96,9 +109,11 @@ class ZarrStorage(TensorStorage):
         device: torch.device | str = "cpu",
         ndim: int = 1,
         flush_each_extend: bool = False,
+        tensorclasses=(),
         **store: Unpack[StoreOptions],
     ):
         opts = store_options("ZarrStorage", store)
+        allowed = class_names(tensorclasses)
         if opts["learner_id"] is not None:
             raise ValueError(
                 "ZarrStorage cannot be a learner: TorchRL's samplers draw its batches, which "
@@ -107,13 +122,14 @@ class ZarrStorage(TensorStorage):
                 "zreplay.open(path, rate_limiter=..., learner_id=...)"
             )
         ram_budget_bytes = opts.pop("ram_budget_bytes")
-        max_size = as_int(max_size, "max_size (rows)", minimum=1)
+        max_size = _max_size(max_size)
         ndim = as_int(ndim, "ndim", minimum=1)
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
         super().__init__(storage=None, max_size=max_size, device=device, ndim=ndim)
         self._given_max = M = max_size
         self._flush_each = bool(flush_each_extend)
         self._piece = min(M, MAX_PIECE_ROWS)
+        self._classes: dict[str, type | None] = dict(allowed)
         self.core = BufferCore.writer(
             path,
             stream=RandomStream(tag=KIND),
@@ -129,17 +145,29 @@ class ZarrStorage(TensorStorage):
             self.core.close()
             raise
 
-    def _open_ring(self, state: Mapping | None = None, low_row: int = 0) -> None:
+    def _open_ring(
+        self, state: Mapping | None = None, low_row: int = 0, stop: int | None = None
+    ) -> None:
         """The ring of what the segment holds (``state``: its facade state, default the
         writer's; ``low_row``: a read-only copy's first visible row, where its row
-        positions start)."""
+        positions start; ``stop``: the row position the ring ends at, default the last
+        visible one: a pinned copy's is an older commit's)."""
         saved = dict(self.core.facade_state if state is None else state)
-        self._W = self.core.row_range[1]
+        self._W = self.core.row_range[1] if stop is None else stop
         if (self.core.num_rows or saved) and saved.get("kind") != KIND:
             raise FormatError(
                 f"{self.core.path} holds a zreplay buffer not written by ZarrStorage; "
                 "open it with zreplay.open() or pick another path"
             )
+        if saved.get("kind") == KIND:
+            schema = self.core.schema
+            why = record_problem(saved, self._W + low_row, None if schema is None else schema.keys)
+            if why:
+                raise CorruptBufferError(
+                    f"{self.core.path}: the ZarrStorage record of its commit.json "
+                    f"(sampler.facade) is damaged or crafted: {why}; restore the buffer from "
+                    "a checkpoint, or run zreplay.verify() for details"
+                )
         for name, mine in (("max_size", self._given_max), ("ndim", self.ndim)):
             theirs = saved.get(name, 1 if name == "ndim" and saved else mine)
             if theirs != mine:
@@ -185,6 +213,10 @@ class ZarrStorage(TensorStorage):
         M0, self._per_slot = _ring_slots(self._given_max, dims)
         self.max_size = M0 * self._per_slot
         self._piece = min(self._piece, M0)
+        # Overwritten rows stay on disk until their whole piece is (see __init__): a
+        # zreplay.open view shows only pieces that start within the ring's newest M0
+        # rows, which are all live (it may miss up to a piece of live rows before them).
+        self.core.view_rows = M0
         return M0
 
     def _fit_capacity(self) -> None:
@@ -285,6 +317,13 @@ class ZarrStorage(TensorStorage):
         return out
 
     # -- writing --------------------------------------------------------------------
+
+    def _max_size_along_dim0(self, *, single_data=None, batched_data=None):
+        # TorchRL's writers ask this before they move their cursor and write count: a
+        # read-only copy refuses here, so a refused extend changes nothing.
+        if single_data is not None or batched_data is not None:
+            self._check_writable("extend")
+        return super()._max_size_along_dim0(single_data=single_data, batched_data=batched_data)
 
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
         """Append ``data`` (a TensorDict ``[n, ...]``, or ``[]`` for ``add``) at the
@@ -459,10 +498,11 @@ class ZarrStorage(TensorStorage):
         return self._form.build(flat, lead, self.device, self._class)
 
     def _class(self, name: str) -> type | None:
-        """The tensorclass recorded as ``name``: the one extended in this process, else
-        imported (once; ``None`` and one warning if it cannot be: rows are TensorDicts)."""
+        """The tensorclass recorded as ``name``: one passed as ``tensorclasses`` or
+        extended here, else one already imported in this process, never imported (looked
+        up once; ``None`` and one warning if not found: rows are TensorDicts)."""
         if name not in self._classes:
-            self._classes[name] = import_class(name)
+            self._classes[name] = find_class(name, self._classes)
         return self._classes[name]
 
     def _get_along_dims(self, index):
@@ -614,13 +654,15 @@ class ZarrStorage(TensorStorage):
                 f"{path} is neither a ZarrStorage checkpoint nor a TorchRL storage "
                 "checkpoint (no storage_metadata.json)"
             )
-        meta = json.loads(meta_file.read_text())
+        meta = _json_object(meta_file)
         if meta.get("is_pytree"):
             raise FormatError(f"{path}: TorchRL pytree storages cannot be loaded; TensorDicts can")
-        n = int(meta["len"])
+        n = _checked(meta.get("len"), meta_file, "len", MAX_SIZE + 1)
         rows = TensorDict.load_memmap(p) if n else None
         writer = p.parent / "writer" / "metadata.json"
-        cursor = json.loads(writer.read_text()).get("cursor") if writer.is_file() else None
+        cursor = _json_object(writer).get("cursor") if writer.is_file() else None
+        if cursor is not None:
+            cursor = _checked(cursor, writer, "cursor", self._given_max)
         self._import_rows(rows, n, cursor)
 
     def _import_rows(self, rows, n: int, next_slot: int | None, sync: bool = True) -> None:
@@ -712,6 +754,13 @@ class ZarrStorage(TensorStorage):
             return
         state = dict(commit.sampler)
         facade = dict(state["facade"])
+        schema, _ = BufferRoot(src, self.core.storage_options).schema()
+        why = record_problem(facade, commit.n_rows, None if schema is None else schema.keys)
+        if why:  # before anything is taken over
+            raise CorruptBufferError(
+                f"{src}: the ZarrStorage record of its commit.json (sampler.facade) is "
+                f"damaged or crafted: {why}; it cannot be loaded"
+            )
         if facade.get("max_size") != self._given_max or facade.get("ndim", 1) != self.ndim:
             raise ValueError(
                 f"{src} is a ZarrStorage of max_size={facade.get('max_size')}, ndim="
@@ -753,16 +802,34 @@ class ZarrStorage(TensorStorage):
         # read-only ZarrStorage of what this one committed (handoff flushes first).
         h = self.core.handoff("ZarrStorage", "a read-only ZarrStorage", sampler=False)
         args = (h.path, h.storage_options, self._given_max, str(self.device), self.ndim)
-        return (_read_only_copy, args)
+        return (_read_only_copy, (*args, self._pin_now()))
 
-    def _open_copy(self, path, storage_options, max_size: int, device: str, ndim: int) -> None:
+    def _pin_now(self) -> tuple | None:
+        """``(contents, row stop, facade state)`` of what this storage shows, committed
+        (a writer's handoff flushed it): the copy shows that commit, not a later one."""
+        if self.core.writable:
+            c = self.core.last_commit
+            return (c.contents, c.n_rows, dict((c.sampler or {}).get("facade") or {}))
+        if not self._seen:
+            return None
+        return (self._seen[0], self._W + self._seen[1], dict(self._facade_shown))
+
+    def _open_copy(
+        self, path, storage_options, max_size: int, device: str, ndim: int, pin=None
+    ) -> None:
         self.__dict__["core"] = None
         TensorStorage.__init__(self, storage=None, max_size=max_size, device=device, ndim=ndim)
         self._given_max = max_size
         self._piece = min(max_size, MAX_PIECE_ROWS)
         self._seen: tuple | None | bool = False  # the commit shown (False: none yet)
         self._facade_seen: dict = {}
-        self.core = BufferCore.reader(path, storage_options=storage_options, owner=self)
+        self._facade_shown: dict = {}
+        self._pin = pin  # the commit it was pickled at, shown while its rows are on disk
+        # Every row on disk: the copy shows the ring's slots itself, partly overwritten
+        # pieces included (a zreplay.open view hides those: view_rows).
+        self.core = BufferCore.reader(
+            path, storage_options=storage_options, owner=self, every_row=True
+        )
         try:
             self._follow_commit()
         except BaseException:
@@ -781,8 +848,12 @@ class ZarrStorage(TensorStorage):
         current (False)."""
         if self.core.writable:
             return False
+        before = (self._seen, self._W, self._ring, self._form)
+        if self._pin is not None:
+            self._pin, self._seen = None, False  # show the newest commit from now on
         self.core.refresh()
-        return self._follow_commit()
+        self._follow_commit()
+        return (self._seen, self._W, self._ring, self._form) != before
 
     def _follow_commit(self) -> bool:
         segs = self.core.segments()
@@ -798,13 +869,39 @@ class ZarrStorage(TensorStorage):
         self._seen = seen
         if ours:
             self._facade_seen = dict(ours[0].sampler["facade"])
-        # An emptied segment is not listed: an empty ring of the kind of data it held.
+        elif not self._facade_seen:  # an emptied segment is not listed; its commit is
+            for _, c in self.core.commits():
+                if (c.sampler or {}).get("facade", {}).get("kind") == KIND:
+                    self._facade_seen = dict(c.sampler["facade"])
+        # An emptied segment: an empty ring of the kind of data it held.
         facade = self._facade_seen
         if not ours and facade:
             facade = dict(facade, start=0, shift=0)
-        self._open_ring(facade, low_row=ours[0].low_row if ours else 0)
+        low, stop = (ours[0].low_row, None) if ours else (0, None)
+        pinned = self._pinned(ours[0]) if ours and self._pin is not None else None
+        if pinned is not None:
+            facade, stop = pinned
+        else:
+            self._pin = None  # its rows left the disk: the newest commit from now on
+        self._facade_shown = facade
+        self._open_ring(facade, low_row=low, stop=stop)
         self._bump_mutation_revision()
         return True
+
+    def _pinned(self, commit) -> tuple[dict, int] | None:
+        """``(facade state, row stop)`` of the commit this copy was pickled at, over
+        ``commit`` (the reader's), if every row it shows is still visible there."""
+        contents, n_rows, facade = self._pin
+        if contents != commit.contents or not commit.low_row <= n_rows <= commit.n_rows:
+            return None
+        try:
+            M0, per = _ring_slots(self._given_max, facade.get("dims"))
+            shown = min(n_rows - int(facade.get("start", 0)), M0)
+        except (TypeError, ValueError):
+            return None
+        if n_rows - max(shown, 0) < commit.low_row:
+            return None
+        return facade, n_rows - commit.low_row
 
     def _check_writable(self, what: str) -> None:
         if not self.core.writable:
@@ -855,11 +952,47 @@ def _place_writer(writer, cursor: int, write_count: int) -> None:
     writer._write_count = write_count
 
 
-def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int = 1):
-    """What a pickled ZarrStorage becomes (see ``ZarrStorage.__reduce__``)."""
+def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int = 1, pin=None):
+    """What a pickled ZarrStorage becomes (see ``ZarrStorage.__reduce__``): a read-only
+    copy showing the commit ``pin`` (``(contents, row stop, facade state)``)."""
     storage = ZarrStorage.__new__(ZarrStorage)
-    storage._open_copy(path, storage_options, max_size, device, ndim)
+    storage._open_copy(path, storage_options, max_size, device, ndim, pin)
     return storage
+
+
+def _json_object(file: Path) -> dict:
+    """A TorchRL checkpoint's JSON file (CorruptBufferError, naming it, if it is not an
+    object)."""
+    try:
+        out = json.loads(file.read_text())
+    except (ValueError, OSError) as e:
+        raise CorruptBufferError(
+            f"{file} is not readable JSON ({e}); the checkpoint is damaged"
+        ) from None
+    if not isinstance(out, dict):
+        raise CorruptBufferError(f"{file} is not a JSON object; the checkpoint is damaged")
+    return out
+
+
+def _checked(value, file: Path, name: str, stop: int) -> int:
+    """``value``, field ``name`` of ``file``, if it is an int in ``[0, stop)``."""
+    if type(value) is not int or not 0 <= value < stop:
+        raise CorruptBufferError(
+            f"{file}: {name} is {str(value)[:40]!r}, not an int in [0, {stop}); the checkpoint "
+            "is damaged or was written for a storage of another size"
+        )
+    return value
+
+
+def _max_size(value) -> int:
+    max_size = as_int(value, "max_size (rows)", minimum=1)
+    if max_size > MAX_SIZE:
+        raise ValueError(
+            f"max_size {max_size} is more rows than a ZarrStorage can hold (at most 2**48: "
+            "its row numbers are int64 and keep growing after the ring wraps); pass a "
+            "smaller max_size"
+        )
+    return max_size
 
 
 def _ring_slots(max_size: int, dims: tuple[int, ...] | None) -> tuple[int, int]:

@@ -66,8 +66,8 @@ def dump(
     progress: Callable[[int], None] | None = None,
     **kw,
 ) -> None:
-    """Write every visible episode of ``src`` (a buffer, a view or a ``BufferCore``) to
-    ``path``: ``format="hdf5"`` (one file; ``kw``: ``compression``, ``level``) or
+    """Write every visible episode of ``src`` (a buffer, a view or a ``BufferCore``; of a
+    ``ZarrStorage``, what a view of it shows: no row its ring overwrote) to ``path``: ``format="hdf5"`` (one file; ``kw``: ``compression``, ``level``) or
     ``"zarr"`` (a buffer directory; ``kw``: ``layout``, ``durable``, ...).  ``mode``:
     ``"overwrite"`` (written aside and swapped in whole; for Zarr, only over a zreplay
     buffer without a live writer), ``"append"`` (same columns) or
@@ -87,10 +87,19 @@ def dump(
     core = getattr(src, "core", src)
     check_apart(locate(path), core.path, "dump")
     core.flush()
-    if format == "hdf5":
-        write_hdf5(episode_batches(core, progress), path, mode, **kw)
-    else:
-        _dump_zarr(core, path, mode, progress, **kw)
+    view = None
+    if core.writable and core.view_rows is not None:
+        # A writer that keeps rows views must not show (a ZarrStorage's overwritten ring
+        # slots) is dumped as a view of what it committed shows it.
+        view = core = BufferCore.reader(core.path, storage_options=core.storage_options)
+    try:
+        if format == "hdf5":
+            write_hdf5(episode_batches(core, progress), path, mode, **kw)
+        else:
+            _dump_zarr(core, path, mode, progress, **kw)
+    finally:
+        if view is not None:
+            view.close()
 
 
 def _dump_zarr(core: BufferCore, path: Path, mode: str, progress=None, **kw) -> None:

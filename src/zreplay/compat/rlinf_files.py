@@ -28,9 +28,9 @@ import torch
 
 from ..core import BufferCore
 from ..core.ranks import rank_block
-from ..engine.reader import segment_commits
 from ..errors import CorruptBufferError, DestinationError, FormatError, PickleRefusedError
 from ..schema import unflatten
+from ..store.commit import VIEW_ROWS
 from ..store.guard import check_apart, check_target, new_tree, relation
 from ..store.location import locate
 from ..store.root import is_buffer
@@ -332,19 +332,21 @@ def load_into(
         return
 
     options = src.backend.storage_options
-    segs = [(w, c) for w, c in segment_commits(src, options) if c.n_traj > c.low_traj]
-    start, stop = rank_block(sum(c.n_traj - c.low_traj for _, c in segs), rank, world)
+    # The trajectories a view of src shows (not rows a ZarrStorage ring overwrote).
+    view = BufferCore.reader(src, storage_options=options)
+    segs = view.engine.visible_trajectories()
+    start, stop = rank_block(sum(c.n_traj - low for _, c, low in segs), rank, world)
     if len(segs) == 1:  # a restore: hard links, the source's rows, ids and priorities
-        wid, c = segs[0]
-        state = c.sampler
+        wid, c, low = segs[0]
+        # This buffer shows what it adopts: no cut of the source's writer applies.
+        state = {k: v for k, v in c.sampler.items() if k != VIEW_ROWS}
         if distributed:
             core.reseed(int(c.sampler.get("seed", core.stream.seed)), rank)
             # the block keeps the source's sampler state (priorities) with a rank's stream
-            state = {**c.sampler, **core.stream.state()}
-        core.adopt(src, wid, c.low_traj + start, c.low_traj + stop, state)
+            state = {**state, **core.stream.state()}
+        core.adopt(src, wid, low + start, low + stop, state)
         return
     # Several writers' segments: copy the rank's block, numbered after this buffer's rows.
-    view = BufferCore.reader(src, storage_options=options)
     core.reseed(core.stream.seed, rank if distributed else None)
     with core.replacing() as staging:
         _add_batched(staging, (rec.prepared() for rec in view.trajectories(start, stop)))

@@ -35,6 +35,7 @@ from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, as_sampler
+from ..store.commit import VIEW_ROWS
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer
 from .rate import RateGate, RateLimiter, check_rate_options
@@ -66,6 +67,9 @@ class BufferCore:
         self.rate: RateGate | None = None
         self._state_error: TypeError | None = None  # the writer could not save state()
         self._kept_state: dict | None = None  # keep_saved_state()
+        # Views show only trajectories that start within this many newest rows (the
+        # commit's sampler["view_rows"]; None: every visible row).  See view_low_traj.
+        self.view_rows: int | None = None
         # Set by close(): a wait on this core's behalf (a rate limit, a dataset waiting for
         # rows) ends at once (zreplay.core.waits).
         self.closing = threading.Event()
@@ -393,6 +397,16 @@ class BufferCore:
         """``(writer_id, commit)`` of every visible segment (readers)."""
         return self._reader().segments()
 
+    def commits(self) -> list[tuple[str, Any]]:
+        """``(writer_id, commit)`` of every committed segment, empty ones (cleared, or
+        all evicted) included (readers)."""
+        return self._reader().commits()
+
+    @property
+    def last_commit(self):
+        """What this writer last committed (after :meth:`flush`: everything added)."""
+        return self._writer().commit
+
     # -- writing (writable cores) ----------------------------------------------------
 
     def _writer(self) -> SegmentWriter:
@@ -529,7 +543,10 @@ class BufferCore:
     def state(self) -> dict:
         if self._kept_state is not None:
             return dict(self._kept_state)
-        return {**self.stream.state(), **self._bound.state(), "facade": dict(self.facade_state)}
+        out = {**self.stream.state(), **self._bound.state(), "facade": dict(self.facade_state)}
+        if self.view_rows is not None:
+            out[VIEW_ROWS] = self.view_rows
+        return out
 
     def keep_saved_state(self) -> None:
         """Commit the state the segment was opened with, unchanged (random stream,

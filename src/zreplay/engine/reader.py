@@ -29,7 +29,7 @@ from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleVie
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
-from ..store.commit import Commit, commit_stamp, read_commit, same_contents
+from ..store.commit import Commit, commit_stamp, read_commit, same_contents, view_low_traj
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
@@ -128,7 +128,12 @@ class BufferReader:
     column cache file (default: the machine's RAM; 0: off; :mod:`zreplay.engine.colcache`);
     ``chunk_cache_bytes``: a cache of decoded chunks per segment for the other keys, in
     this process's memory (TensorStore's ``cache_pool``, locally; default
-    :func:`default_chunk_cache_bytes`, a sixteenth of the machine's RAM; 0: none)."""
+    :func:`default_chunk_cache_bytes`, a sixteenth of the machine's RAM; 0: none).
+
+    A segment whose commit records ``view_rows`` shows only its trajectories that start
+    within its newest ``view_rows`` rows (:func:`~zreplay.store.commit.view_low_traj`:
+    ZarrStorage's ring hides the rows it overwrote this way); ``every_row=True`` shows
+    every visible row of every segment instead (a reader that applies such a cut itself)."""
 
     writable = False
     closed = False
@@ -139,7 +144,9 @@ class BufferReader:
         storage_options: dict | None = None,
         column_cache_bytes: int | None = None,
         chunk_cache_bytes: int | None = None,
+        every_row: bool = False,
     ):
+        self.every_row = bool(every_row)
         budget = default_budget() if column_cache_bytes is None else column_cache_bytes
         self.column_cache_bytes = int(budget)
         if chunk_cache_bytes is None:
@@ -266,7 +273,11 @@ class BufferReader:
             try:
                 same = st is not None and same_contents(st.commit, commit) is not False
                 seg = st.segment if same else self._open_segment(seg_dir)
-                index = TrajectoryIndex(seg.read_index(commit), low=commit.low_traj)
+                cols = seg.read_index(commit)
+                low = commit.low_traj
+                if not self.every_row:
+                    low = view_low_traj(commit, cols["offsets"], str(seg_dir))
+                index = TrajectoryIndex(cols, low=low)
             except CorruptBufferError:
                 now = read_commit(seg_dir)
                 if now is None or (now.gen, now.contents) != (commit.gen, commit.contents):
@@ -319,6 +330,12 @@ class BufferReader:
     def segments(self) -> list[tuple[str, Commit]]:
         """``(writer_id, commit)`` of every visible segment, in name order."""
         return [(s.segment.writer_id, s.commit) for s in self._order]
+
+    def visible_trajectories(self) -> list[tuple[str, Commit, int]]:
+        """``(writer_id, commit, first)`` of every visible segment, in name order: this
+        reader shows its trajectories ``[first, commit.n_traj)`` (``first`` is above
+        ``commit.low_traj`` where the commit's ``view_rows`` hides older ones)."""
+        return [(s.segment.writer_id, s.commit, s.index.low) for s in self._order]
 
     def commits(self) -> list[tuple[str, Commit]]:
         """``(writer_id, commit)`` of every committed segment as of the last refresh,

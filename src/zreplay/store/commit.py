@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from ..errors import CorruptBufferError
 from .format import (
     FORMAT_VERSION,
@@ -136,6 +138,41 @@ def _check_types(c: Commit) -> None:
         want, v = _TYPES.get(str(f.type)), getattr(c, name)
         if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
             raise TypeError(f"field {name!r} is {v!r}, not {f.type}")
+
+
+VIEW_ROWS = "view_rows"  # Commit.sampler key: see view_low_traj
+MAX_VIEW_ROWS = 2**62  # more than any segment holds (row numbers are int64)
+
+
+def view_rows_problem(commit: Commit) -> str | None:
+    """What is wrong with ``commit``'s ``sampler["view_rows"]`` (absent is fine), or None."""
+    n = (commit.sampler or {}).get(VIEW_ROWS)
+    if n is None:
+        return None
+    if type(n) is not int or not 1 <= n <= MAX_VIEW_ROWS:
+        return f"sampler.{VIEW_ROWS} is {str(n)[:40]!r}, not an int in [1, 2**62]"
+    return None
+
+
+def view_low_traj(commit: Commit, offsets, where: str) -> int:
+    """The first trajectory a view shows of a segment at ``commit`` (``offsets``: its
+    trajectory offsets ``[n_traj + 1]``; ``where``: the segment, for the error).  A writer that keeps rows readers must not see
+    below its newest ones (ZarrStorage: rows its ring has overwritten stay on disk until
+    their whole trajectory is) records ``sampler["view_rows"] = k``: views show only the
+    trajectories that start within the newest ``k`` rows, never fewer than the newest
+    one.  Absent: every visible trajectory, from ``low_traj``.  A value that is not a
+    positive int is a CorruptBufferError (checked before any row is shown)."""
+    why = view_rows_problem(commit)
+    if why:
+        raise CorruptBufferError(
+            f"{where}: commit record is damaged or crafted: {why}; restore the "
+            "segment from a checkpoint, or run zreplay.verify() for details"
+        )
+    k = (commit.sampler or {}).get(VIEW_ROWS)
+    if k is None or commit.n_traj <= commit.low_traj or commit.n_rows - k <= commit.low_row:
+        return commit.low_traj
+    first = int(np.searchsorted(offsets[: commit.n_traj + 1], commit.n_rows - k, side="left"))
+    return min(max(first, commit.low_traj), commit.n_traj - 1)
 
 
 def new_contents() -> str:

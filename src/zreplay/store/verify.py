@@ -1,8 +1,8 @@
 """``zreplay.verify(path)``: walk a buffer and report every problem found.
 
-Checks, per segment: the commit record parses and is consistent, every array's
-``zarr.json`` says what the root records (dtype, row shape, layout, crc32c checksums),
-the array shapes and shard files cover the commit's counts, the index (offsets,
+Checks, per segment: the commit record parses and is consistent (a ZarrStorage's record
+in it too, and the ``view_rows`` it may hold), every array's ``zarr.json`` says what the
+root records (dtype, row shape, layout, crc32c checksums), the array shapes and shard files cover the commit's counts, the index (offsets,
 trajectory and episode columns) agrees with it, and (with ``data=True``) every committed
 row of every key decodes with a valid checksum.  Reads only; takes no lock, so it can run beside a
 live writer (rows committed after it read a segment's commit are not checked).
@@ -18,12 +18,13 @@ import numpy as np
 
 from ..errors import CorruptBufferError, FormatError
 from .arraymeta import check_array, segment_arrays
-from .commit import read_commit
+from .commit import read_commit, view_rows_problem
 from .format import PRIORITY_SLOTS, commit_path, is_temp_name
 from .layout import shard_number
 from .priority import PriorityArrays, priority_record
 from .root import BufferRoot
 from .segment import Segment
+from .torchrl_record import KIND, record_problem
 
 
 @dataclass
@@ -110,6 +111,14 @@ def verify(
                     "commit.json)"
                 )
             continue
+        facade = (commit.sampler or {}).get("facade") or {}
+        if isinstance(facade, dict) and facade.get("kind") == KIND:
+            why = record_problem(facade, commit.n_rows, None if schema is None else schema.keys)
+            if why:
+                report.problems.append(f"{commit_path(seg_dir)}: sampler.facade: {why}")
+        why = view_rows_problem(commit)
+        if why:
+            report.problems.append(f"{commit_path(seg_dir)}: {why}")
         if commit.n_traj == 0:
             continue
         if schema is None:
