@@ -39,6 +39,7 @@ def points() -> list[tuple[object, list[str]]]:
         (
             backend_local.LocalBackend,
             ["publish", "create_exclusive", "remove_tree", "move_tree", "remove_file"]
+            + ["remove_dead_temps"]
             + ["import_file", "import_tree", "remove_temps"],
         ),
         (

@@ -14,11 +14,13 @@ import textwrap
 import threading
 
 import numpy as np
+import pytest
 import zarr
 from conftest import processes
 from faultlib import CRASH_STATUS, Faults, budget, injection_points
 
 import zreplay
+from zreplay.store import liveness
 
 
 def _traj(i: int) -> dict:
@@ -63,6 +65,26 @@ def test_a_creation_killed_at_any_write_is_finished_by_the_next_writer(tmp_path)
         assert {name for name, _ in group.members()} >= {"segments", "zreplay"}, f"call {at}"
         assert zreplay.open(path).num_trajectories == 2, f"call {at}"
         assert zreplay.open(str(tmp_path / f"ckpt{at}")).num_trajectories == 2, f"call {at}"
+
+
+def test_only_temp_files_of_dead_writers_are_removed_from_the_root(tmp_path):
+    """The root's shared files take no segment lock: a temp file there goes when the
+    next writer opens only if the process that wrote it is dead."""
+    path = tmp_path / "buf"
+    _create(str(path))
+    ctx = processes()
+    p = ctx.Process(target=_create_killed_at, args=(str(tmp_path / "probe"), 10**9))
+    p.start()
+    p.join(60)
+    dead_pid = p.pid  # exited: its tag names a dead process of this kernel
+    tag = liveness.process_tag().replace(".", "_")
+    live = path / f"zarr.json.{tag}.0123abcd.tmp"
+    dead = path / f"zarr.json.{tag.rsplit('-', 1)[0]}-{dead_pid}.0123abcd.tmp"
+    foreign = path / "segments" / "zarr.json.otherhost-ffffffffffffffff-1.0123abcd.tmp"
+    for f in (live, dead, foreign):
+        f.write_bytes(b"{}")
+    _create(str(path))
+    assert live.exists() and foreign.exists() and not dead.exists()
 
 
 # A SIGINT arrives while TensorStore's native module initialises (it imports ml_dtypes
@@ -262,10 +284,12 @@ def _sweep(tmp_path, what: str, run, kept: set[int]) -> None:
         opener.wait(60)
 
 
+@pytest.mark.slow  # about 100 s: a Ctrl-C at each of hundreds of lines
 def test_a_ctrl_c_at_any_line_of_an_open_leaves_nothing_held(tmp_path):
     _sweep(tmp_path, "open", lambda buf, path: _open(path), {2})
 
 
+@pytest.mark.slow  # about 100 s
 def test_a_ctrl_c_at_any_line_of_a_clear_leaves_nothing_held(tmp_path):
     def clear(buf, path):
         buf.clear()

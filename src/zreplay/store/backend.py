@@ -104,6 +104,14 @@ class Backend(ABC):
         stores hold objects only: nothing to check."""
         return None
 
+    def remove_dead_temps(self, loc) -> list:
+        """Delete the temp files (``*.tmp``) directly in the directory ``loc`` whose
+        writing process is known to be dead (its tag in the name, see
+        :func:`~zreplay.store.liveness.tag_is_dead`): what a writer killed while writing
+        the root's shared files leaves (they take no segment lock, so only their writer's
+        death says they are orphans).  Object stores write objects whole: none there."""
+        return []
+
     @abstractmethod
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         """Delete temp files a killed writer left under ``loc`` (recovery); see

@@ -20,6 +20,7 @@ import fcntl
 import json
 import mmap
 import os
+import re
 import shutil
 import stat
 import threading
@@ -154,6 +155,16 @@ def _all_chunks_stored(array_dir: Path) -> bool:
 _FORK_WARNED = mmap.mmap(-1, 1)
 
 
+# A temp file of publish/create_exclusive: ``<name>.<process tag>.<hex>.tmp`` (the tag's
+# dots made underscores, so the name parses; before this, ``<name>.<pid>.<hex>.tmp``,
+# which names no host and is never judged dead).
+_TEMP_NAME = re.compile(r".+\.(?P<tag>[^.]+-[0-9a-fx]{16}-[0-9]+)\.[0-9a-f]+\.tmp")
+
+
+def _temp_tag() -> str:
+    return liveness.process_tag().replace(".", "_")
+
+
 class LocalBackend(Backend):
     is_local = True
 
@@ -188,7 +199,7 @@ class LocalBackend(Backend):
     # -- files --------------------------------------------------------------------
 
     def publish(self, loc, data: bytes, durable: bool) -> None:
-        tmp = loc.with_name(f"{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+        tmp = loc.with_name(f"{loc.name}.{_temp_tag()}.{uuid.uuid4().hex[:12]}.tmp")
         try:
             _write_synced(tmp, data, os.O_EXCL, sync=durable)
             os.replace(tmp, loc)
@@ -201,7 +212,7 @@ class LocalBackend(Backend):
             fsync_dir(loc.parent)
 
     def create_exclusive(self, loc, data: bytes) -> bool:
-        tmp = loc.with_name(f"{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = loc.with_name(f"{loc.name}.{_temp_tag()}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             _write_synced(tmp, data, os.O_EXCL)
             try:
@@ -312,6 +323,24 @@ class LocalBackend(Backend):
                     "block forever or leave the buffer. Remove it, or restore the buffer "
                     "from a checkpoint"
                 )
+
+    def remove_dead_temps(self, loc) -> list:
+        removed = []
+        try:
+            entries = list(os.scandir(loc))
+        except (FileNotFoundError, NotADirectoryError):
+            return removed
+        for e in entries:
+            m = _TEMP_NAME.fullmatch(e.name)
+            if m is None or not e.is_file(follow_symlinks=False):
+                continue
+            if liveness.tag_is_dead(m["tag"]):
+                try:
+                    os.unlink(e.path)
+                    removed.append(LocalPath(e.path))
+                except FileNotFoundError:
+                    pass
+        return removed
 
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
         skip = {os.path.normpath(k): v for k, v in (committed_shards or {}).items()}

@@ -178,6 +178,11 @@ class BufferRoot:
         buffer plain Zarr cannot open and checkpoints fail on, so every writer that opens
         it finishes them; each is one exclusive create, so writers racing here agree."""
         self.segments_dir.mkdir(exist_ok=True)
+        # A writer killed while writing one of the root's shared files left its temp file
+        # (plain Zarr warns on it): the root, segments/ and zreplay/ take no segment lock,
+        # so a temp there goes only once its writer is known dead.
+        for d in (self.path, self.segments_dir, self.path / META, claims_dir(self.path)):
+            self.backend.remove_dead_temps(d)
         if not (self.segments_dir / "zarr.json").is_file():
             self.backend.create_exclusive(self.segments_dir / "zarr.json", group_json({}))
         self.create_meta_node(self.path)
