@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import time
 import traceback
 import uuid
@@ -31,6 +33,22 @@ if "ZREPLAY_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["ZREPLAY_CACHE_DIR"], True)
 
 C, A, IMG = 2, 3, 8
+
+
+SRC = str(Path(zreplay.__file__).resolve().parents[1])
+
+
+def zreplay_cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m zreplay.cli`` on this checkout's code, as a shell would."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "zreplay.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def make_traj(tid: int, T: int = 6, B: int = 3, epochs: int = 0, as_dict: bool = False):

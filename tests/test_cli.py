@@ -8,34 +8,16 @@ error line on stderr and no traceback, no progress-bar noise when stderr is not 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_traj, shard_files
+from conftest import make_traj, shard_files, zreplay_cli
 
 import zreplay
 from zreplay.cli import main
 from zreplay.schema import flatten
 from zreplay.store.commit import read_commit
-
-SRC = str(Path(zreplay.__file__).resolve().parents[1])
-
-
-def zreplay_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``python -m zreplay.cli`` on this checkout's code, as a shell would."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(
-        [sys.executable, "-m", "zreplay.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=120,
-    )
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

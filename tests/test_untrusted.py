@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_traj, tree_state
+from conftest import make_traj, tree_state, zreplay_cli
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -163,7 +163,7 @@ def test_schema_key_leading_out_of_the_buffer_is_refused(outer):
         assert bad in str(e.value) and "zarr.json" in str(e.value)
     report = zreplay.verify(buf)
     assert not report.ok and bad in report.problems[0]
-    done = _cli("info", str(buf))
+    done = zreplay_cli("info", str(buf))
     assert done.returncode != 0
     assert bad in done.stderr and "kvstore" not in done.stderr + done.stdout  # no raw spec
     assert tree_state(outer, skip=buf) == before
@@ -180,17 +180,6 @@ def test_segment_directory_named_unlike_any_writer_id_is_refused(outer):
 
 
 # -- item 4: numbers and file kinds read from disk ---------------------------------------
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(
-        [sys.executable, "-m", "zreplay.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
 
 
 _PY_OPEN = "import sys, zreplay\ntry:\n    {call}\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
@@ -312,6 +301,6 @@ def test_inconsistent_hdf5_episode_index_is_refused_before_anything_is_written(
     assert not dest.exists()
     with pytest.raises(zreplay.FormatError, match=why):
         list(zreplay.iter_hdf5(src))
-    done = _cli("import", str(src), str(dest))
+    done = zreplay_cli("import", str(src), str(dest))
     assert done.returncode != 0 and "episode index" in done.stderr
     assert not dest.exists()

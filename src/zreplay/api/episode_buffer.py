@@ -43,7 +43,6 @@ from ..compat.swm_episode import (
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import EmptyBufferError
-from ..numbers import as_index, as_int
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
@@ -334,14 +333,19 @@ class ReplayBuffer(torch.utils.data.Dataset):
         return self.num_valid_ends()
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
-        idx = as_int(idx, "index")  # a float is refused, never truncated
+        # Indices and their IndexErrors are stable-worldmodel's (tests/test_swm_protocol.py
+        # compares them with its own buffer's), not numpy's as a view's are.
         if os.getpid() != self._pid:  # a DataLoader worker: columns in the same order
-            clip = self._in_order(flatten(self._worker_dataset()[idx]), self._order)
+            clip = self._in_order(flatten(self._worker_dataset()[int(idx)]), self._order)
             return self.transform(clip) if self.transform is not None else clip
         n = len(self)
         if n == 0:
             raise IndexError("ReplayBuffer is empty")
-        got = self.core.clips(self.spec, [as_index(idx, n, "clip index")])
+        if idx < 0:
+            idx += n
+        if not 0 <= idx < n:
+            raise IndexError(idx)
+        got = self.core.clips(self.spec, [int(idx)])
         clip = self._ordered({k: v[0] for k, v in got.items()})
         return self.transform(clip) if self.transform is not None else clip
 
@@ -409,14 +413,13 @@ class ReplayBuffer(torch.utils.data.Dataset):
         """Steps ``[start, end)`` of stored episode ``ep_idx`` (oldest = 0) as
         ``{column: [end - start, ...]}`` numpy arrays: every step (no frameskip stride,
         no action reshape, no transform), as stable-worldmodel's buffer."""
-        e = as_index(ep_idx, self.num_episodes, "episode")  # negative from the newest
-        start, end = as_int(start, "start"), as_int(end, "end")
-        return self._ordered(self.core.episode(e, None, start, end))
+        if not 0 <= ep_idx < self.num_episodes:
+            raise IndexError(ep_idx)
+        return self._ordered(self.core.episode(int(ep_idx), None, int(start), int(end)))
 
     def load_episode(self, episode_idx: int) -> dict[str, Any]:
         """Every step of stored episode ``episode_idx`` (``[L, ...]`` per column)."""
-        e = as_index(episode_idx, self.num_episodes, "episode")
-        return self._load_slice(e, 0, self.lengths[e])
+        return self._load_slice(episode_idx, 0, self.lengths[episode_idx])
 
     def load_chunk(self, episodes_idx, start, end) -> list[dict[str, Any]]:
         """``_load_slice(e, s, t)`` for each ``(e, s, t)``, its action columns reshaped to

@@ -230,17 +230,7 @@ class BufferRoot:
         info = self.read_meta() if info is None else info
         if not info.get("schema"):
             return None, None
-        try:
-            schema = Schema.from_json(info["schema"])
-            layouts = {k: KeyLayout.from_json(v) for k, v in info["layout"].items()}
-            if set(layouts) != set(schema.keys):
-                raise ValueError(f"layouts for {sorted(layouts)}, keys {schema.keys}")
-        except (ValueError, TypeError, KeyError, AttributeError, SchemaError) as e:
-            raise CorruptBufferError(
-                f"{self.path / 'zarr.json'}: the recorded schema or layout is invalid ({e}); "
-                "the buffer's root metadata is damaged (restore it from a checkpoint)"
-            ) from None
-        return schema, layouts
+        return _schema_record(info, self.path / "zarr.json", keys_match=True)
 
     def set_schema(self, schema: Schema, layouts: Mapping[str, KeyLayout]) -> dict[str, KeyLayout]:
         """Fix the schema once and return the layouts every segment uses: this writer's,
@@ -265,14 +255,12 @@ class BufferRoot:
         record at ``marker`` that another writer made, checked as a root's are."""
         try:
             doc = json.loads(marker.read_bytes()) if mine is None else mine
-            schema = Schema.from_json(doc["schema"])
-            layouts = {k: KeyLayout.from_json(v) for k, v in doc["layout"].items()}
-        except (ValueError, TypeError, KeyError, AttributeError, SchemaError) as e:
+        except ValueError as e:
             raise CorruptBufferError(
                 f"{marker}: the recorded schema or layout is invalid ({e}); the buffer's "
                 "root metadata is damaged (restore it from a checkpoint)"
             ) from None
-        return schema, layouts
+        return _schema_record(doc, marker, keys_match=False)
 
     def replace_schema(
         self, schema: Schema | None, layouts: Mapping[str, KeyLayout] | None
@@ -321,8 +309,10 @@ class BufferRoot:
             return []
         out = []
         for p in entries:
-            if p.name.startswith(".") or not p.is_dir():
-                continue  # zarr.json, temp files, a replace's .<w>.partial-... trees
+            if p.name.startswith(".") or p.name == "zarr.json" or is_temp_name(p.name):
+                continue  # a replace's .<w>.partial-... trees, the group's own files
+            if not p.is_dir():  # (fsspec's is_dir is a guess: never asked of zarr.json)
+                continue
             if not safe_component(p.name):
                 raise CorruptBufferError(
                     f"{self.segments_dir}: entry {p.name!r} is not a name a writer id can "
@@ -401,3 +391,20 @@ def group_json(attributes: Mapping) -> bytes:
     """A Zarr v3 group's ``zarr.json`` (what ``zarr.open_group`` writes)."""
     meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
     return json.dumps(meta, indent=2).encode()
+
+
+def _schema_record(doc, where: Location, keys_match: bool) -> tuple[Schema, dict]:
+    """The schema and key layouts a record (``{"schema": ..., "layout": ...}``) at
+    ``where`` holds, checked as names and numbers read from disk are (CorruptBufferError
+    naming ``where``); ``keys_match``: a layout for exactly the schema's keys."""
+    try:
+        schema = Schema.from_json(doc["schema"])
+        layouts = {k: KeyLayout.from_json(v) for k, v in doc["layout"].items()}
+        if keys_match and set(layouts) != set(schema.keys):
+            raise ValueError(f"layouts for {sorted(layouts)}, keys {schema.keys}")
+    except (ValueError, TypeError, KeyError, AttributeError, SchemaError) as e:
+        raise CorruptBufferError(
+            f"{where}: the recorded schema or layout is invalid ({e}); the buffer's "
+            "root metadata is damaged (restore it from a checkpoint)"
+        ) from None
+    return schema, layouts
