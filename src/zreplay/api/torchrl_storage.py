@@ -18,7 +18,7 @@ import functools
 import json
 import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from copy import copy
 from dataclasses import replace
 from pathlib import Path
@@ -109,7 +109,7 @@ class ZarrStorage(TensorStorage):
         device: torch.device | str = "cpu",
         ndim: int = 1,
         flush_each_extend: bool = False,
-        tensorclasses=(),
+        tensorclasses: Iterable[type] = (),
         **store: Unpack[StoreOptions],
     ):
         opts = store_options("ZarrStorage", store)
