@@ -304,3 +304,47 @@ def test_inconsistent_hdf5_episode_index_is_refused_before_anything_is_written(
     done = zreplay_cli("import", str(src), str(dest))
     assert done.returncode != 0 and "episode index" in done.stderr
     assert not dest.exists()
+
+
+# -- item 2, second attack: links at the root's own files and directories --------------
+
+
+@pytest.mark.parametrize(
+    "rel", ["zreplay/schema.json.guard", "segments/default/zreplay/writer.lock.guard"]
+)
+def test_a_lock_file_linked_out_of_the_buffer_creates_nothing_there(outer, rel):
+    buf = outer / "buf.zarr"
+    target = outer / "created-by-a-link"
+    p = buf / rel
+    p.unlink(missing_ok=True)
+    os.symlink(target, p)
+    with pytest.raises(CorruptBufferError, match="symbolic link"):
+        _resume_and_clear(buf)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("rel", ["zreplay/writers", "zreplay/learners", "segments"])
+def test_the_roots_directories_linked_out_are_refused_and_nothing_outside_changes(outer, rel):
+    from zreplay.store.liveness import process_tag
+
+    buf = outer / "buf.zarr"
+    p = buf / rel
+    moved = outer / "moved"
+    if p.exists():
+        os.rename(p, moved)
+    else:
+        moved.mkdir()
+    os.symlink(os.path.relpath(moved, p.parent), p)
+    # A temp file named as a dead process's would be removed by an opening writer.
+    dead = process_tag().replace(".", "_").rsplit("-", 1)[0] + "-999999999"
+    (moved / f"precious.{dead}.abcdef.tmp").write_text("keep me")
+    before = tree_state(outer, skip=buf)
+    with pytest.raises(CorruptBufferError, match="symbolic link"):
+        with zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(buf), writer_id="w2"
+        ) as b:
+            b.add_trajectories([make_traj(9, T=2, B=2)])
+    with pytest.raises(CorruptBufferError, match="symbolic link"):
+        zreplay.open(buf, rate_limiter=zreplay.MinSize(1), learner_id="evil_target_name")
+    assert tree_state(outer, skip=buf) == before
+    assert not zreplay.verify(buf).ok

@@ -29,6 +29,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 
+from ..errors import CorruptBufferError
 from ..threads import deferred_interrupts
 
 __all__ = [
@@ -106,9 +107,21 @@ if hasattr(os, "register_at_fork"):
 
 
 def open_tracked(path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` of an fd that a fork closes in the child (see :func:`tracked`)."""
+    """``os.open`` of an fd that a fork closes in the child (see :func:`tracked`).  A
+    lock file is never reached through a symbolic link (a buffer may come from a
+    stranger: ``O_CREAT`` through one would make a file wherever it points):
+    CorruptBufferError."""
     with _OPENING:
-        fd = os.open(path, flags | os.O_CLOEXEC, mode)
+        try:
+            fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise CorruptBufferError(
+                f"{path} is a symbolic link where zreplay keeps a lock file; zreplay never "
+                "opens a lock through a link (it could create a file outside the buffer). "
+                "Remove the link"
+            ) from None
         _TRACKED.add(fd)
     return fd
 

@@ -27,6 +27,7 @@ from .format import (
     claims_dir,
     commit_path,
     is_temp_name,
+    learners_dir,
     legacy_claims_dir,
     legacy_commit_path,
     meta_node_json,
@@ -76,9 +77,10 @@ class BufferRoot:
     def __init__(self, path: str | Path | Location, storage_options: Mapping | None = None):
         self.path = locate(path, storage_options)
         self.backend = self.path.backend
-        # zreplay's own files of the root (writer claims, schema marker, learners) are
-        # written and deleted under its meta node: never through a link out of it.
-        self.backend.confine(self.path, self.path / META)
+        # zreplay's own files of the root (writer claims, schema marker, learners) and
+        # the segments are written and deleted under these: never through a link.
+        for d in (META, claims_dir(self.path), learners_dir(self.path), SEGMENTS):
+            self.backend.confine(self.path, self.path / d if isinstance(d, str) else d)
 
     @property
     def segments_dir(self) -> Location:
