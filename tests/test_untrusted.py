@@ -348,3 +348,73 @@ def test_the_roots_directories_linked_out_are_refused_and_nothing_outside_change
         zreplay.open(buf, rate_limiter=zreplay.MinSize(1), learner_id="evil_target_name")
     assert tree_state(outer, skip=buf) == before
     assert not zreplay.verify(buf).ok
+
+
+# -- item 4, second attack: records a writer reads on opening ------------------------------
+
+
+def _crafted_lock(buf: Path, field: str) -> None:
+    """A writer's lock files as another machine's writer left them, with JSON Infinity
+    where an integer goes."""
+    ref = buf.parent / "ref.zarr"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(ref)):
+        z = ref / "segments" / "default" / "zreplay"
+        lock = json.loads((z / "writer.lock").read_text())
+        beat_path = z / "writer.lock.beat"
+        beat = json.loads(beat_path.read_text()) if beat_path.exists() else {}
+    lock.update(boot="another-machine", host="otherhost", lease_s=0)  # the shortest lease
+    beat.setdefault("token", lock.get("token"))
+    beat.setdefault("seq", 0)
+    (lock if field == "pid" else beat)[field] = float("inf")
+    z = buf / "segments" / "default" / "zreplay"
+    (z / "writer.lock").write_text(json.dumps(lock))
+    (z / "writer.lock.beat").write_text(json.dumps(beat))
+
+
+@pytest.mark.parametrize("field", ["pid", "seq"])
+def test_a_lock_holding_infinity_is_judged_not_crashed_on(outer, field):
+    buf = outer / "buf.zarr"
+    _crafted_lock(buf, field)
+    try:  # another machine's lock: taken over once its lease runs out, or refused
+        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
+            b.add_trajectories([make_traj(9, T=2, B=2)])
+    except zreplay.WriterLockedError:
+        pass
+    assert zreplay.open(buf).num_trajectories >= 4
+
+
+@pytest.mark.parametrize("how", ["unknown field", "not json", "a string count"])
+def test_a_crafted_load_record_is_refused_and_the_commit_kept(outer, how):
+    buf = outer / "buf.zarr"
+    z = buf / "segments" / "default" / "zreplay"
+    commit = json.loads((z / "commit.json").read_text())
+    before = (z / "commit.json").read_bytes()
+    crafted = dict(commit)
+    if how == "unknown field":
+        crafted["evil"] = 1
+    elif how == "a string count":
+        crafted["n_rows"] = str(crafted["n_rows"])
+    intent = {"writer_id": "default", "commit": crafted, "schema": None, "layout": None}
+    text = "{{{" if how == "not json" else json.dumps(dict(intent, children=[]))
+    (z / "replace.json").write_text(text)
+    with pytest.raises(CorruptBufferError, match="replace.json"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf))
+    assert (z / "commit.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("how", ["rng state", "rng kind", "infinite count"])
+def test_a_crafted_random_stream_is_damage_named(outer, how):
+    buf = outer / "buf.zarr"
+
+    def craft(c):
+        s = c["sampler"]
+        if how == "rng state":
+            s["rng"] = {"bit_generator": "PCG64", "state": {"state": "x", "inc": 1}}
+        elif how == "rng kind":
+            s["rng"] = {"bit_generator": "MT19937", "state": {}}
+        else:
+            s["num_sampled"] = float("inf")
+
+    _edit_commit(buf, craft)
+    with pytest.raises(CorruptBufferError, match="random stream"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf))

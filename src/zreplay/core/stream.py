@@ -11,6 +11,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import CorruptBufferError
+
+# Counters a saved stream holds, and their defaults.
+_COUNTS = {"num_sampled": 0, "step": 0}
+
 
 def fresh_seed() -> int:
     """A random 63-bit seed (kept with the buffer, so a resumed run continues from it)."""
@@ -76,8 +81,22 @@ class RandomStream:
         """Continue a saved stream (see ``tag``); returns whether it did."""
         if not self.resumes(state):
             return False
-        self.rng.bit_generator.state = dict(state["rng"])
-        self.num_sampled = int(state.get("num_sampled", 0))
-        self.step = int(state.get("step", 0))
-        self.seed = int(state.get("seed", self.seed))
+        try:  # read from a commit record: a stranger's buffer may hold anything here
+            rng = np.random.Generator(type(self.rng.bit_generator)())  # tried aside first
+            rng.bit_generator.state = dict(state["rng"])
+            counts = [int(state.get(k, d)) for k, d in _COUNTS.items()]
+            seed = int(state.get("seed", self.seed))
+        except (TypeError, ValueError, OverflowError, KeyError) as e:
+            raise CorruptBufferError(
+                f"the random stream saved in the buffer's commit record is damaged ({e}); "
+                "restore the buffer from a checkpoint"
+            ) from None
+        if min(counts) < 0:
+            raise CorruptBufferError(
+                f"the random stream saved in the buffer's commit record is damaged "
+                f"(negative counts {counts}); restore the buffer from a checkpoint"
+            )
+        self.rng.bit_generator.state = rng.bit_generator.state  # in place: others hold it
+        self.num_sampled, self.step = counts
+        self.seed = seed
         return True

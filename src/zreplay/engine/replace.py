@@ -109,15 +109,25 @@ class Intent:
         ).encode()
 
     @classmethod
-    def from_json(cls, text: bytes) -> Intent:
-        d = json.loads(text)
-        schema = None if d["schema"] is None else Schema.from_json(d["schema"])
-        layouts = (
-            None
-            if d["layout"] is None
-            else {k: KeyLayout.from_json(v) for k, v in d["layout"].items()}
-        )
-        return cls(d["writer_id"], Commit(**d["commit"]), schema, layouts, list(d["children"]))
+    def from_json(cls, text: bytes, where) -> Intent:
+        """The intent ``text`` (read from ``where``), its commit checked as any commit
+        record read from disk (CorruptBufferError naming ``where``): finishing it
+        publishes that commit over the segment's."""
+        try:
+            d = json.loads(text)
+            commit = Commit.from_json(json.dumps(d["commit"]), str(where))
+            schema = None if d["schema"] is None else Schema.from_json(d["schema"])
+            layouts = (
+                None
+                if d["layout"] is None
+                else {k: KeyLayout.from_json(v) for k, v in d["layout"].items()}
+            )
+            return cls(str(d["writer_id"]), commit, schema, layouts, list(d["children"]))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise CorruptBufferError(
+                f"{where}: the record of an interrupted checkpoint load is unreadable ({e}); "
+                "restore the buffer from a checkpoint"
+            ) from None
 
 
 def _staging(seg_dir):
@@ -216,7 +226,7 @@ def recover(root: BufferRoot, seg_dir, durable: bool) -> None:
         if _staging(seg_dir).exists():
             discard(seg_dir)
         return
-    finish(root, seg_dir, Intent.from_json(text), durable)
+    finish(root, seg_dir, Intent.from_json(text, intent_path(seg_dir)), durable)
 
 
 # -- a writer's replacements (the writer is passed in: it holds the locks and the state) --

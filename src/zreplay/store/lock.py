@@ -294,8 +294,8 @@ class WriterLock:
         try:
             d = json.loads(self.beat_path.read_bytes())
             return str(d["token"]), int(d["seq"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return None
+        except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError):
+            return None  # (JSON's Infinity is a float int() refuses with OverflowError)
 
     def _watch_lease(self, info: dict, first: tuple[str, int] | None) -> str:
         """Watch the holder of ``info`` (whose beat was ``first``) for its lease: ``LIVE``
@@ -456,7 +456,7 @@ def _as_pid(value) -> int:
     """The pid a lock file names; -1 (none) for anything but an integer."""
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # JSON's Infinity, NaN
         return -1
 
 
