@@ -418,3 +418,24 @@ def test_a_crafted_random_stream_is_damage_named(outer, how):
     _edit_commit(buf, craft)
     with pytest.raises(CorruptBufferError, match="random stream"):
         zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf))
+
+
+@pytest.mark.parametrize("rel", ["segments/default/zreplay/commit.json", "zarr.json"])
+def test_a_sparse_giant_record_is_refused_without_reading_it(outer, rel):
+    """A few KB on disk, 3 GB long: a reader must not read it whole."""
+    buf = outer / "buf.zarr"
+    with open(buf / rel, "r+b") as f:
+        f.truncate(3 << 30)
+    tracemalloc.start()
+    try:
+        for open_it in (
+            lambda: zreplay.open(buf),
+            lambda: zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)),
+        ):
+            with pytest.raises(CorruptBufferError, match="more than any file zreplay reads"):
+                open_it()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20
+    assert not zreplay.verify(buf).ok

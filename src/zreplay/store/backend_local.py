@@ -63,6 +63,11 @@ def _not_regular(path, mode: int) -> None:
         )
 
 
+# The largest file read whole through LocalPath (JSON records and metadata: commit.json,
+# zarr.json, lock files, learners' progress; data is read by TensorStore, not here).
+MAX_READ_BYTES = 256 << 20
+
+
 def read_regular(path) -> bytes:
     """The bytes of the regular file ``path``: a buffer may come from a stranger, and a
     FIFO or a device in place of a file would block a reader or never end.  A directory
@@ -74,11 +79,17 @@ def read_regular(path) -> bytes:
         st = os.fstat(fd)
         _not_regular(path, st.st_mode)
         parts, size = [], st.st_size
-        while True:
-            part = os.read(fd, max(size, 1 << 16))
+        while size <= MAX_READ_BYTES:  # e.g. a sparse file: KBs on disk, GBs in memory
+            part = os.read(fd, max(st.st_size, 1 << 16))
             if not part:
                 return b"".join(parts)
             parts.append(part)
+            size = sum(map(len, parts))  # (a file that grows meanwhile)
+        raise CorruptBufferError(
+            f"{path} is {size:,} bytes or more, more than any file zreplay reads whole (its "
+            f"records and metadata; at most {MAX_READ_BYTES:,}): the buffer is damaged or "
+            "was crafted. Restore it from a checkpoint"
+        )
     finally:
         os.close(fd)
 
