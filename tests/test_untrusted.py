@@ -439,3 +439,17 @@ def test_a_sparse_giant_record_is_refused_without_reading_it(outer, rel):
         tracemalloc.stop()
     assert peak < 64 << 20
     assert not zreplay.verify(buf).ok
+
+
+def test_the_memory_bound_is_the_containers(tmp_path, monkeypatch):
+    """Crafted counts are refused when their index would not fit in the memory this
+    process may have: a container's cgroup limit, not the host's RAM."""
+    from zreplay.store import segment
+
+    ram = segment.physical_memory()
+    limit = tmp_path / "memory.max"
+    limit.write_text(f"{ram // 4}\n")
+    monkeypatch.setattr(segment, "_CGROUP_LIMITS", (str(tmp_path / "none"), str(limit)))
+    assert segment.physical_memory() == ram // 4
+    limit.write_text("max\n")
+    assert segment.physical_memory() == ram

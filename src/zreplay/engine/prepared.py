@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,16 +9,9 @@ import numpy as np
 from ..errors import CapacityError, EmptyTrajectoryError, SchemaError
 from ..schema import Schema
 from ..store.format import WEIGHTS_ID_BYTES
+from ..store.segment import physical_memory
 
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not on this platform: no check
-        return 1 << 62
-
-
-PHYSICAL_MEMORY = _physical_memory()
+PHYSICAL_MEMORY = physical_memory()
 
 
 @dataclass

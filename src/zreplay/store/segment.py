@@ -511,9 +511,24 @@ def _row_bytes(columns) -> int:
     return sum(np.dtype(d).itemsize * int(np.prod(r, dtype=np.int64)) for d, r in columns)
 
 
+# cgroup v2 and v1 memory limits of this process's container ("max" or huge: none).
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def physical_memory() -> int:
-    """Bytes of RAM of this machine (a bound on what any read may allocate)."""
+    """Bytes of memory this process may have: the machine's RAM, or its container's
+    (cgroup) limit if lower (a bound on what any read or add may allocate: a buffer's
+    crafted counts must fail clearly, not by the kernel's OOM killer)."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 1 << 40
+        ram = 1 << 40
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read(64).strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            ram = min(ram, int(text))
+    return ram
