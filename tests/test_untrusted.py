@@ -453,3 +453,19 @@ def test_the_memory_bound_is_the_containers(tmp_path, monkeypatch):
     assert segment.physical_memory() == ram // 4
     limit.write_text("max\n")
     assert segment.physical_memory() == ram
+
+
+@pytest.mark.parametrize("columns", [5, [{"a": 1}], "pixels"])
+def test_a_crafted_column_order_is_damage_named(tmp_path, columns):
+    path = tmp_path / "rb"
+    rb = zreplay.ReplayBuffer(100, path=path)
+    rb.write_episode({"pixels": np.zeros((5, 2), np.float32), "action": np.zeros((5, 1))})
+    rb.close()
+
+    def craft(c):
+        c["sampler"]["facade"]["columns"] = columns
+
+    _edit_commit(path, craft)
+    with pytest.raises(CorruptBufferError, match="column order"):
+        zreplay.ReplayBuffer(100, path=path)
+    zreplay.ReplayBuffer(100, path=path, overwrite=True).close()  # the refusal held nothing

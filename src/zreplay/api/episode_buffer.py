@@ -42,7 +42,7 @@ from ..compat.swm_episode import (
 )
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
-from ..errors import EmptyBufferError
+from ..errors import CorruptBufferError, EmptyBufferError
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
@@ -124,8 +124,12 @@ class ReplayBuffer(torch.utils.data.Dataset):
             **opts,
         )
         self.path = self.core.path
-        # Columns in the first episode's order (stable-worldmodel's), kept with commits.
-        self._order = self.core.facade_state.get("columns")
+        try:  # a refusal here must not leave the writer lock held by a half-made buffer
+            # Columns in the first episode's order (stable-worldmodel's), kept with commits.
+            self._order = _saved_order(self.core.facade_state.get("columns"), self.path)
+        except BaseException:
+            self.core.close()
+            raise
 
     @property
     def sampler(self) -> Sampler | Callable:
@@ -444,3 +448,14 @@ class ReplayBuffer(torch.utils.data.Dataset):
 
     def merge_col(self, source, target: str, dim: int = -1) -> None:
         raise NotImplementedError
+
+
+def _saved_order(columns, path) -> list[str] | None:
+    """The column order a commit record saved (read from disk: a list of strings, or
+    nothing); CorruptBufferError for anything else."""
+    if columns is None or (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
+        return columns
+    raise CorruptBufferError(
+        f"{path}: the column order saved in its commit record is damaged ({str(columns)[:80]}; "
+        "expected a list of column names); restore the buffer from a checkpoint"
+    )
