@@ -36,6 +36,7 @@ def _create_killed_at(path: str, at: int) -> None:
         _create(path)
 
 
+@pytest.mark.slow  # about 30 s: a kill at each of the creation's store calls
 def test_a_creation_killed_at_any_write_is_finished_by_the_next_writer(tmp_path):
     with Faults().installed() as count:
         _create(str(tmp_path / "count"))
