@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -216,10 +215,12 @@ def commit_stamp(segment_dir: Location) -> object:
     commit.  For a reader asking "is my snapshot still the newest?" on every item."""
     segment_dir = locate(segment_dir)
     for path in (commit_path(segment_dir), legacy_commit_path(segment_dir)):
+        if path.backend.is_local:
+            stamp = path.backend.file_stamps([path])[0]  # None: no such file
+            if stamp is not None:
+                return stamp
+            continue
         try:
-            if path.backend.is_local:
-                st = os.stat(path)
-                return (st.st_ino, st.st_mtime_ns, st.st_size)
             return path.read_bytes()
         except FileNotFoundError:
             continue

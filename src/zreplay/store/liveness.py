@@ -137,17 +137,13 @@ def tracked(fd: int) -> Iterator[int]:
         try:
             yield fd
         finally:
-            _close_tracked(fd)
+            close_tracked(fd)
 
 
 def close_tracked(fd: int) -> None:
-    """Close an fd of :func:`open_tracked` (releasing a flock taken on it)."""
-    _close_tracked(fd)
-
-
-def _close_tracked(fd: int) -> None:
-    """Close a tracked fd; no fork lands between the close and the untracking (its
-    child would keep an untracked copy, and with it the flock)."""
+    """Close an fd of :func:`open_tracked` (releasing a flock taken on it); no fork
+    lands between the close and the untracking (its child would keep an untracked copy,
+    and with it the flock)."""
     with _OPENING:
         try:
             os.close(fd)
@@ -239,7 +235,7 @@ class Hold:
                 fcntl.flock(fd, fcntl.LOCK_UN)  # for every fd sharing it, forked ones too
             except OSError:
                 pass
-            _close_tracked(fd)
+            close_tracked(fd)
 
 
 def hold(path) -> Hold | None:
@@ -255,7 +251,7 @@ def hold(path) -> Hold | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            _close_tracked(fd)
+            close_tracked(fd)
             return None
         return Hold(fd)
 
