@@ -45,7 +45,14 @@ def deferred_interrupts() -> Iterator[Deferral]:
     """Run the block with SIGINT held back; a SIGINT that arrived meanwhile is handed to
     the previous handler (raising KeyboardInterrupt by default) right after it, or
     raised where the block calls the yielded :meth:`Deferral.check` (in a wait).  Only
-    the main thread receives signals: elsewhere the block just runs."""
+    the main thread receives signals: elsewhere the block just runs.
+
+    What it is for: an exception between two assignments of a multi-part state change
+    would leave it half done.  Everything that can fail (conversions, allocations,
+    copies) runs before such a step; what remains are plain assignments, and the one
+    exception that can still arrive between them is the KeyboardInterrupt of a SIGINT (a
+    notebook user pressing Ctrl-C, who then goes on using the buffer): it is delivered
+    after the step instead of in the middle of it."""
     if threading.current_thread() is not threading.main_thread():
         yield Deferral()
         return

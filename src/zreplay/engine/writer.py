@@ -41,7 +41,7 @@ from ..store.location import locate
 from ..store.lock import WriterLock
 from ..store.priority import PriorityArrays, saved_priorities
 from ..store.root import BufferRoot
-from ..threads import InterruptSafeCondition
+from ..threads import InterruptSafeCondition, deferred_interrupts
 from .committer import Committer, Job, StateSource
 from .gather import Snapshot, as_requests, gather_begin, gather_finish
 from .preload import TierPreload
@@ -49,7 +49,6 @@ from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import fix_schema, open_segment, remove_for_overwrite
 from .replace import clear as clear_segment
-from .signals import deferred_interrupts
 from .state import SegmentState
 
 log = logging.getLogger("zreplay")
