@@ -228,32 +228,6 @@ def test_kill_9_while_loading_a_checkpoint_leaves_old_or_new(tmp_path):
 # -- clear (defect 6) --------------------------------------------------------------------
 
 
-def test_clear_reuses_no_row_or_id_and_stale_handles_can_tell(tmp_path):
-    from zreplay.samplers import Prioritized
-
-    path = tmp_path / "b"
-    buf = persistent(path, sampler=Prioritized(alpha=1.0, eps=0.0))
-    buf.add_trajectories([make_traj(0), make_traj(1)])
-    buf.flush()
-    stale_view = zreplay.open(path)
-    old = buf.sample(64)["index"]
-    buf.clear()
-    buf.add_trajectories([make_traj(2), make_traj(3)])  # ids go on
-    buf.flush()
-    new = buf.sample(512)["index"]
-    assert int(new.min()) > int(old.max())  # no row number reused
-    assert buf.update_priorities(old, 5.0) == 0  # stale indices apply to nothing
-    assert set(buf.priorities(new).tolist()) == {1.0}
-    # a view opened before clear(): its stale snapshot still reads whole old rows (or
-    # retries); refreshed, it sees only the new trajectories, never old ids on new rows
-    check_rows(stale_view.sample(64))
-    stale_view.refresh()
-    assert {stale_view.trajectory(i)["trajectory_id"] for i in range(2)} == {2, 3}
-    check_rows(stale_view.sample(256))
-    buf.close()
-    assert_exactly(path, [2, 3])
-
-
 def _clear_and_die(path: str, conn) -> None:
     from zreplay.store import root
 

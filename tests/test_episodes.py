@@ -186,23 +186,6 @@ def _view_codes(view):
         yield view.episode(e, ["curr_obs/state"])["curr_obs"]["state"][:, 0]
 
 
-def test_eviction_leaves_headless_episodes_that_still_sample(tmp_path):
-    B, T = 2, 10
-    chunks = rollout_chunks(8, T, B, p_end=0.0)  # one endless episode per lane
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True,
-        auto_save_path=str(tmp_path / "b"),
-        continue_episodes=True,
-        capacity=3 * T * B,
-    )
-    buf.add_trajectories(chunks)
-    tab = buf.episode_table()
-    assert list(tab["length"]) == [3 * T, 3 * T] and list(tab["first_step"]) == [5 * T] * 2
-    clips = buf.sample_clips(64, history_len=25)["curr_obs"]["state"][..., 0].numpy()
-    assert np.all(np.diff(clips, axis=1) == 1) and clips.min() % 1_000_000 >= 5 * T
-    buf.close()
-
-
 # -- n-step returns against a brute-force reference ------------------------------------
 
 

@@ -179,24 +179,6 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     assert live[1] - live[0] == 6 * 18 and len(data["actions"]) == live[1]
 
 
-def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
-    """Evicted shards of a 2-D key are files c/<s>/0: their directories go with them (a
-    leftover c/<s>/ made the kill -9 test's 'no shard below reclaimed_below' flaky)."""
-    path = tmp_path / "b"
-    lay = {"x": {"chunk_rows": 16, "shard_rows": 64}, "y": {"chunk_rows": 16, "shard_rows": 64}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
-    )
-    for _ in range(20):
-        buf.add_trajectories([{"x": np.zeros((10, 5, 3), np.float32), "y": np.zeros((10, 5))}])
-    buf.close()
-    below = zreplay.store.commit.read_commit(path / "segments" / "default").reclaimed_below
-    assert below >= 64 * 10
-    for key in ("x", "y"):
-        shards = [int(p.name.split(".")[1]) for p in shard_files(path, key)]
-        assert shards and shards[0] == below // 64, (key, shards)
-
-
 def _shards_below(path, writer: str, below_row: int) -> list:
     """Shard files of ``writer``'s data arrays that hold only rows below ``below_row``."""
     layouts = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
@@ -208,24 +190,6 @@ def _shards_below(path, writer: str, below_row: int) -> list:
             if (s + 1) * lay["shard_rows"] <= below_row:
                 stale.append(f)
     return stale
-
-
-def test_reclaim_deletes_every_shard_wholly_below_as_it_goes(tmp_path):
-    """Keys with different shard sizes: each commit that reclaims deletes every shard
-    wholly below its bound, the one straddling the previous bound included (it stayed
-    until the writer's next open)."""
-    path = tmp_path / "b"
-    lay = {"x": {"chunk_rows": 16, "shard_rows": 16}, "y": {"chunk_rows": 16, "shard_rows": 64}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
-    )
-    for i in range(30):
-        buf.add_trajectories([{"x": np.full((10, 5, 3), i, np.float32), "y": np.zeros((10, 5))}])
-        buf.flush()
-        below = read_commit(path / "segments" / "default").reclaimed_below
-        assert _shards_below(path, "default", below) == [], (i, below)
-    assert below >= 1000
-    buf.close()
 
 
 def test_a_checkpoint_loaded_beside_other_writers_leaves_their_segments_as_they_are(tmp_path):
