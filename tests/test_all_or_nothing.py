@@ -142,37 +142,6 @@ def _interrupt_adds(tmp_path) -> None:
 # -- load_checkpoint (defect 5) ----------------------------------------------------------
 
 
-def _rlinf_dir(tmp_path, tids, name="rl"):
-    with persistent(tmp_path / f"{name}-src") as src:
-        src.add_trajectories([make_traj(t) for t in tids])
-        src.export(str(tmp_path / name), "pt")
-    return tmp_path / name
-
-
-@pytest.mark.parametrize("damage", ["truncated .pt file", "another schema mid-way"])
-def test_a_failed_load_leaves_the_buffer_as_it_was(tmp_path, damage):
-    rl = _rlinf_dir(tmp_path, [10, 11, 12])
-    files = sorted(rl.glob("trajectory_*.pt"))
-    if damage == "truncated .pt file":
-        files[-1].write_bytes(files[-1].read_bytes()[:100])
-        exc = zreplay.CorruptBufferError
-    else:
-        import torch
-
-        torch.save({"other": torch.zeros(4, 2, 3)}, files[-1])
-        exc = zreplay.SchemaError
-    path = tmp_path / "b"
-    with persistent(path) as buf:
-        buf.add_trajectories([make_traj(0), make_traj(1)])
-        with pytest.raises(exc):
-            buf.load_checkpoint(str(rl))
-        assert len(buf) == 2
-        check_rows(buf.sample(256))
-        assert buf.add_trajectories([make_traj(2)]) == [2]
-    assert_exactly(path, [0, 1, 2])
-    assert not (path / "segments" / "default" / "zreplay" / "staging").exists()
-
-
 def _load_and_die(path: str, ckpt: str, at: int) -> None:
     """Load ``ckpt`` into the buffer at ``path`` and die (os._exit) at the ``at``-th
     file operation of the replacement (a hard link, a move, a commit or intent write)."""
@@ -465,21 +434,6 @@ def test_one_trajectory_not_in_a_list_is_a_clear_error(tmp_path):
             with pytest.raises(zreplay.SchemaError, match=r"wrap it in a list"):
                 buf.add_trajectories(one)
         assert len(buf) == 0
-
-
-def test_a_distributed_load_into_a_small_buffer_respects_its_capacity(tmp_path):
-    """Defect 10: len/total_samples exceeded capacity until the next add."""
-    with persistent(tmp_path / "src") as src:
-        src.add_trajectories([make_traj(t) for t in range(8)])  # 18 rows each
-        src.save_checkpoint(str(tmp_path / "ckpt"))
-    with persistent(tmp_path / "b", capacity=40) as buf:
-        buf.load_checkpoint(str(tmp_path / "ckpt"), is_distributed=True, local_rank=0, world_size=2)
-        assert buf.total_samples <= 40 and len(buf) == 2
-        ids = [buf.trajectory(i)["trajectory_id"] for i in range(len(buf))]
-        assert ids == [2, 3]  # rank 0's block is 0..3; the newest whole ones are kept
-        check_rows(buf.sample(64))
-    with persistent(tmp_path / "b", capacity=40) as buf:
-        assert buf.total_samples <= 40 and len(buf) == 2
 
 
 def test_close_finishes_when_a_ctrl_c_left_the_writers_lock_held(tmp_path):

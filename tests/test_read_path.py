@@ -4,7 +4,6 @@ trajectory reads, HDF5 chunks written directly, background RAM-tier refill after
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import h5py
@@ -275,34 +274,6 @@ def test_export_pt_writes_every_trajectory(stored, tmp_path):
 
 
 # -- checkpoints ------------------------------------------------------------------------
-
-
-def test_checkpoint_links_files_and_makes_no_empty_directories(stored, tmp_path):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "a")) as b:
-        b.load_checkpoint(str(stored))
-        b.save_checkpoint(str(tmp_path / "ck"))
-    for r, dirs, files in os.walk(tmp_path / "ck"):
-        assert files or dirs, f"empty directory {r}"
-    a, ck = shard_files(tmp_path / "a", "rewards")[0], shard_files(tmp_path / "ck", "rewards")[0]
-    assert os.stat(a).st_ino == os.stat(ck).st_ino  # a hard link, not a copy
-
-
-def test_load_checkpoint_refills_the_ram_tier_in_the_background(stored, tmp_path):
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
-    buf.load_checkpoint(str(stored))
-    check_rows(buf.sample(256))  # correct whether rows come from RAM or disk yet
-    deadline = time.time() + 30
-    while buf.get_stats()["cache_size"] < 5 and time.time() < deadline:
-        time.sleep(0.01)
-    st = buf.get_stats()
-    assert st["cache_size"] == 5 and st["rows_in_ram"] == 5 * 18
-    buf.add_trajectories([make_traj(50)])
-    check_rows(buf.sample(256))
-    buf.close()
-    # closing while a refill runs stops it cleanly
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
-    buf.close()
-    assert zreplay.verify(tmp_path / "b").ok
 
 
 def test_column_cache_knobs(stored, tmp_path):
