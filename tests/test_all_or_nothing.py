@@ -230,68 +230,6 @@ def test_kill_9_during_clear_keeps_ids_and_the_random_stream(tmp_path):
     assert_exactly(tmp_path / "b", [2])
 
 
-# -- a prioritized buffer left open at exit (defect 4) -------------------------------------
-
-EXIT_WITHOUT_CLOSE = """
-import sys
-sys.path.insert(0, {tests!r})
-import zreplay
-from conftest import make_traj
-from zreplay.samplers import Prioritized
-buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r},
-                                     sampler=Prioritized())
-buf.add_trajectories([make_traj(0), make_traj(1)])
-b = buf.sample(16)
-buf.update_priorities(b["index"], 3.0)
-"""  # no close(): the interpreter's exit hook commits
-
-
-def test_a_prioritized_buffer_left_open_commits_at_exit(tmp_path):
-    import subprocess
-    import sys
-
-    path = tmp_path / "b"
-    script = EXIT_WITHOUT_CLOSE.format(tests=os.path.dirname(__file__), path=str(path))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0 and "failed" not in done.stderr, done.stderr
-    from zreplay.samplers import Prioritized
-
-    with persistent(path, sampler=Prioritized()) as buf:  # the updated priorities were saved
-        assert max(buf.priorities(range(36))) == pytest.approx((3.0 + 1e-6) ** 0.6)
-    assert_exactly(path, [0, 1])
-
-
-def test_priority_arrays_are_what_zarr_would_create(tmp_path):
-    """Their metadata is written without zarr-python (exit hooks run after zarr's thread
-    pool stopped): it must be exactly what zarr writes for the same arrays."""
-    import json
-
-    import zarr
-    from zarr.codecs import Crc32cCodec, ZstdCodec
-
-    from zreplay.store.format import PRIORITY_CHUNK_ROWS
-    from zreplay.store.priority import PriorityArrays
-
-    PriorityArrays(tmp_path / "ours", writable=True).write(0, 0, np.ones(3))
-    g = zarr.open_group(tmp_path / "zarr", mode="w").require_group("priority")
-    g.create_array(
-        "0",
-        shape=(PRIORITY_CHUNK_ROWS,),
-        dtype="float64",
-        chunks=(PRIORITY_CHUNK_ROWS,),
-        fill_value=0.0,
-        compressors=[ZstdCodec(level=1), Crc32cCodec()],
-    )
-    for rel in ("priority/zarr.json", "priority/0/zarr.json"):
-        ours = json.loads((tmp_path / "ours" / rel).read_text())
-        theirs = json.loads((tmp_path / "zarr" / rel).read_text())
-        if rel.endswith("0/zarr.json"):
-            ours["shape"] = theirs["shape"]  # ours grew to hold the rows written
-        assert ours == theirs, rel
-    read = zarr.open_array(tmp_path / "ours" / "priority" / "0", mode="r")[:3]
-    np.testing.assert_array_equal(read, np.ones(3))
-
-
 def _writer(path, wid, lay):
     return zreplay.TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=str(path), writer_id=wid, layout=lay, sample_window_size=0
