@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import check_rows, codes_of, make_traj, traj_equal
+from conftest import check_rows, codes_of, make_traj
 
 import zreplay
-from zreplay import BufferClosedError, EmptyBufferError
+from zreplay import EmptyBufferError
 
 
 def persistent(path, **kw):
@@ -112,56 +112,6 @@ def test_len_total_ready_stats(bufpath):
         assert st["pending_trajectories"] == 0 and st["committed_trajectories"] == 3
 
 
-def test_close_reopen_resumes_everything(bufpath):
-    trajs = [make_traj(i, epochs=2) for i in range(5)]
-    with persistent(bufpath) as buf:
-        ids = buf.add_trajectories(trajs)
-    assert ids == list(range(5))
-    with persistent(bufpath) as buf:
-        assert len(buf) == 5 and buf.total_samples == 5 * 18
-        for i, t in enumerate(trajs):
-            got = buf.trajectory(i)
-            traj_equal(got, t)
-            assert got["max_episode_length"] == 100 + i
-        check_rows(buf.sample(100))
-        assert buf.add_trajectories([make_traj(5)]) == [5]  # ids continue
-
-
-def test_resume_continues_the_same_random_stream(tmp_path):
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    with persistent(a) as never_closed:
-        never_closed.add_trajectories([make_traj(i) for i in range(4)])
-        never_closed.sample(10)
-        want = [codes_of(never_closed.sample(16)) for _ in range(3)]
-    with persistent(b) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        buf.sample(10)
-    with persistent(b, seed=999) as buf:  # the saved stream wins over the seed
-        got = [codes_of(buf.sample(16)) for _ in range(3)]
-    for w, g in zip(want, got, strict=True):
-        assert np.array_equal(w, g)
-
-
-def test_overwrite_starts_fresh(bufpath):
-    with persistent(bufpath) as buf:
-        buf.add_trajectories([make_traj(0)])
-    with persistent(bufpath, overwrite=True) as buf:
-        assert len(buf) == 0
-
-
-def test_close_is_idempotent_and_use_after_close_raises(bufpath):
-    buf = persistent(bufpath)
-    buf.add_trajectories([make_traj(0)])
-    buf.close()
-    buf.close()
-    with pytest.raises(BufferClosedError, match="closed"):
-        buf.add_trajectories([make_traj(1)])
-    with pytest.raises(BufferClosedError):
-        buf.sample(1)
-    with pytest.raises(BufferClosedError):
-        buf.flush()
-
-
 def test_enable_cache_false_reads_everything_from_disk(bufpath):
     with persistent(bufpath, enable_cache=False) as buf:
         buf.add_trajectories([make_traj(i) for i in range(4)])
@@ -169,20 +119,6 @@ def test_enable_cache_false_reads_everything_from_disk(bufpath):
         buf.flush()
         assert buf.get_stats()["rows_in_ram"] == 0
         check_rows(buf.sample(256))
-
-
-def test_in_memory_buffer_works_fully_and_leaves_nothing(tmp_path):
-    buf = zreplay.TrajectoryReplayBuffer(seed=1, auto_save=False, sample_window_size=3)
-    path = buf.path
-    buf.add_trajectories([make_traj(i) for i in range(6)])
-    assert set(codes_of(buf.sample(300)) // 10000) == {3, 4, 5}
-    buf.sample_window_size = 0
-    # Unlike RLinf, trajectories that left the RAM tier are still sampleable.
-    assert set(codes_of(buf.sample(3000)) // 10000) == set(range(6))
-    buf.save_checkpoint(str(tmp_path / "ck"))
-    buf.close()
-    assert not path.exists()
-    assert zreplay.open(tmp_path / "ck").num_trajectories == 6
 
 
 def test_window_zero_in_memory_does_not_crash():
