@@ -1,11 +1,20 @@
 """Samplers through the three entry points: every sampler from every entry point, Window =
-RLinf's window, Recency's preference, empty buffers (priorities: test_priorities.py)."""
+RLinf's window, Recency's preference, empty buffers, and a crash between a priority write
+and its commit (kept here with the other kill tests' bodies; the rest of priorities:
+test_priorities.py)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import torch
+import zarr
 from conftest import check_rows, codes_of, make_traj
 from test_sumtree import chi2_critical_p001, chi2_stat
 
@@ -156,3 +165,42 @@ def test_empty_buffers_raise_for_every_sampler():
         with pytest.raises(EmptyBufferError):
             buf.sample(2)
         buf.close()
+
+
+_CRASH_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from conftest import make_traj
+    import zreplay
+    from zreplay.engine import committer
+    from zreplay.samplers import Prioritized
+
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r},
+                                         sampler=Prioritized(alpha=1.0, eps=0.0))
+    buf.add_trajectories([make_traj(i) for i in range(3)])
+    buf.update_priorities(np.arange(54), 2.0)
+    buf.flush()  # published: every leaf 2.0
+    buf.update_priorities(np.arange(54), 5.0)
+    def crash(*a, **k):  # the new copy is written; die before the commit names it
+        os._exit(9)
+    committer.write_commit = crash
+    buf.flush()
+    """
+)
+
+
+def test_crash_between_priority_write_and_commit_keeps_the_named_copy(tmp_path):
+    path = str(tmp_path / "b")
+    code = _CRASH_CHILD.format(tests=os.path.dirname(__file__), path=path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
+    assert proc.returncode == 9, proc.stderr.decode()[-2000:]
+    seg = tmp_path / "b" / "segments" / "default"
+    slot = json.loads((seg / "zreplay" / "commit.json").read_text())["sampler"]["priority"]["slot"]
+    other = zarr.open_array(str(seg / "priority" / str(1 - slot)), mode="r")[:54]
+    assert (other == 5.0).all()  # the unpublished copy was written before the crash
+    buf = trb(path, sampler=Prioritized(alpha=1.0, eps=0.0))
+    assert buf.priorities(np.arange(54)).tolist() == [2.0] * 54
+    buf.close()
