@@ -3,59 +3,58 @@ reused, and shards wholly below the low-water mark are reclaimed."""
 
 from __future__ import annotations
 
+import builders
 import numpy as np
 import pytest
-from conftest import check_rows, codes_of, make_traj, shard_files
-from test_episodes import rollout_chunks
+from conftest import shard_files
 from test_plain_zarr import _shards_below
-from test_rlinf import persistent
 from test_swm import episode, fill
 
 import zreplay
+from zreplay.sampling.clips import ClipSpec
 from zreplay.store.commit import read_commit
 
 
-def test_capacity_evicts_whole_oldest_trajectories(bufpath):
-    with persistent(bufpath, capacity=40, sample_window_size=0) as buf:
-        for i in range(10):
-            buf.add_trajectories([make_traj(i, T=6, B=3)])  # 18 rows each
-        assert len(buf) == 2 and buf.total_samples == 36
-        assert set(codes_of(buf.sample(500)) // 10000) == {8, 9}
-        assert buf.trajectory(0)["trajectory_id"] == 8
-    with persistent(bufpath, capacity=40) as buf:
-        assert len(buf) == 2 and buf.trajectory(-1)["trajectory_id"] == 9
+def test_capacity_evicts_whole_oldest_trajectories(tmp_path):
+    core = builders.writer(tmp_path / "b", capacity=40)
+    for i in range(10):
+        builders.add(core, i)  # [6, 3]: 18 rows each
+    assert core.num_trajectories == 2 and core.num_rows == 36
+    assert set(builders.tids(core.sample(500)["obs"])) == {8, 9}
+    assert core.trajectory(0).trajectory_id == 8
+    core.close()
+    core = builders.writer(tmp_path / "b", capacity=40)
+    assert core.num_trajectories == 2 and core.trajectory(-1).trajectory_id == 9
+    core.close()
 
 
-def test_reopening_with_a_smaller_capacity_evicts_at_once(bufpath):
+def test_reopening_with_a_smaller_capacity_evicts_at_once(tmp_path):
     """The rows beyond the new capacity were still sampled until the next add."""
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=bufpath, sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(5)])  # 90 rows
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=bufpath, sample_window_size=0, capacity=40
-    )
-    assert len(buf) == 2 and buf.total_samples == 36
-    assert set(check_rows(buf.sample(256)) // 10000) == {3, 4}
-    buf.close()
-    assert zreplay.open(bufpath).num_trajectories == 2  # and the eviction was committed
+    core = builders.writer(tmp_path / "b")
+    for i in range(5):
+        builders.add(core, i)  # 90 rows
+    core.close()
+    core = builders.writer(tmp_path / "b", capacity=40)
+    assert core.num_trajectories == 2 and core.num_rows == 36
+    assert set(builders.tids(core.sample(256)["obs"])) == {3, 4}
+    core.close()
+    view = builders.reader(tmp_path / "b")
+    assert view.num_trajectories == 2  # and the eviction was committed
+    view.close()
 
 
 def test_eviction_leaves_headless_episodes_that_still_sample(tmp_path):
     B, T = 2, 10
-    chunks = rollout_chunks(8, T, B, p_end=0.0)  # one endless episode per lane
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True,
-        auto_save_path=str(tmp_path / "b"),
-        continue_episodes=True,
-        capacity=3 * T * B,
-    )
-    buf.add_trajectories(chunks)
-    tab = buf.episode_table()
+    core = builders.writer(tmp_path / "b", capacity=3 * T * B)
+    for i in range(8):  # one endless episode per lane, cut into [T, B] trajectories
+        builders.add(core, i, T, B, continues=True)
+    tab = core.episode_table()
     assert list(tab["length"]) == [3 * T, 3 * T] and list(tab["first_step"]) == [5 * T] * 2
-    clips = buf.sample_clips(64, history_len=25)["curr_obs"]["state"][..., 0].numpy()
-    assert np.all(np.diff(clips, axis=1) == 1) and clips.min() % 1_000_000 >= 5 * T
-    buf.close()
+    code = core.sample_clips(ClipSpec(25), 64)["obs"][..., 0].astype(np.int64)  # [64, 25]
+    lane, step = code // 100 % 100, code // 10000 * T + code % 100  # step of the episode
+    assert np.all(lane == lane[:, :1]) and np.all(np.diff(step, axis=1) == 1)
+    assert step.min() >= 5 * T  # nothing from the evicted head
+    core.close()
 
 
 def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
