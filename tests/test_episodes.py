@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builders
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 import zreplay
 from zreplay.index.episodes import EpisodeView, concat_pieces
 from zreplay.index.split import Lanes, split_pieces
+from zreplay.sampling.clips import ClipSpec
 
 # -- the episode table ---------------------------------------------------------------
 
@@ -106,7 +108,7 @@ def test_continues_with_a_different_B_is_refused_before_anything_is_written(tmp_
     assert Lanes.closed(2).episode.tolist() == [-1, -1]
 
 
-# -- episodes spanning trajectories in the RLinf buffer --------------------------------
+# -- episodes spanning trajectories ------------------------------------------------------
 
 
 def rollout_chunks(n_chunks, T, B, seed=0, p_end=0.08):
@@ -130,60 +132,44 @@ def rollout_chunks(n_chunks, T, B, seed=0, p_end=0.08):
     return chunks
 
 
-def lane_episodes(chunks, B):
-    """Per-env list of episodes as lists of obs codes (brute force over the flags)."""
-    out = []
-    for b in range(B):
-        cur = []
-        for ch in chunks:
-            for t in range(len(ch["rewards"])):
-                cur.append(float(ch["curr_obs"]["state"][t, b, 0]))
-                if ch["terminations"][t, b, 0] or ch["truncations"][t, b, 0]:
-                    out.append(cur)
-                    cur = []
-        if cur:
-            out.append(cur)
-    return out
-
-
 def test_episodes_continue_across_trajectories_and_survive_reopen(tmp_path):
     B, T = 3, 10
-    chunks = rollout_chunks(6, T, B)
-    path = str(tmp_path / "b")
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True, seed=1
-    )
-    buf.add_trajectories(chunks[:4])
-    buf.close()
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True, seed=1
-    )
-    buf.add_trajectories(chunks[4:])  # lanes left open before close keep going
-    want = sorted(map(tuple, lane_episodes(chunks, B)))
-    assert buf.num_episodes == len(want)
-    got = sorted(tuple(float(x) for x in ep) for ep in _episodes_codes(buf))
-    assert got == want
+    rng = np.random.default_rng(0)
+    ends = [rng.random((T, B)) < 0.08 for _ in range(6)]  # where each lane's episodes end
+    core = builders.writer(tmp_path / "b", seed=1)
+    for tid in range(4):
+        builders.add(core, tid, T, B, ends=ends[tid], continues=True)
+    core.close()
+    core = builders.writer(tmp_path / "b", seed=1)
+    for tid in range(4, 6):  # lanes left open before close keep going
+        builders.add(core, tid, T, B, ends=ends[tid], continues=True)
+    want = []  # per lane, cut after every end: episodes as lists of codes (brute force)
+    for b in range(B):
+        cur = []
+        for tid in range(6):
+            for t in range(T):
+                cur.append(tid * 10000 + b * 100 + t)
+                if ends[tid][t, b]:
+                    want.append(tuple(cur))
+                    cur = []
+        want += [tuple(cur)] if cur else []
+    want = sorted(want)
+
+    def episodes(c):
+        return sorted(tuple(c.episode(e)["reward"].astype(int)) for e in range(c.num_episodes))
+
+    assert core.num_episodes == len(want) and episodes(core) == want
     # clips cross trajectory boundaries inside an episode, never an episode boundary
-    clips = buf.sample_clips(256, history_len=4)
-    codes = clips["curr_obs"]["state"][..., 0].numpy()
-    assert np.all(np.diff(codes, axis=1) == 1)
-    ends = {ep[-1] for ep in want}
-    assert not any(c in ends for c in codes[:, :-1].ravel())
-    buf.flush()
-    view = zreplay.open(path)
-    assert sorted(tuple(float(x) for x in e) for e in _view_codes(view)) == want
-    buf.close()
-
-
-def _episodes_codes(buf):
-    for e in range(buf.num_episodes):
-        got = buf.core.episode(e, ["curr_obs/state"])
-        yield got["curr_obs/state"][:, 0]
-
-
-def _view_codes(view):
-    for e in range(view.num_episodes):
-        yield view.episode(e, ["curr_obs/state"])["curr_obs"]["state"][:, 0]
+    code = core.sample_clips(ClipSpec(4), 256)["reward"].astype(np.int64)  # [256, 4]
+    lane, step = code // 100 % 100, code // 10000 * T + code % 100
+    assert np.all(lane == lane[:, :1]) and np.all(np.diff(step, axis=1) == 1)
+    last = {ep[-1] for ep in want}
+    assert not any(c in last for c in code[:, :-1].ravel())
+    core.flush()
+    view = builders.reader(tmp_path / "b")
+    assert episodes(view) == want
+    view.close()
+    core.close()
 
 
 # -- n-step returns against a brute-force reference ------------------------------------

@@ -112,15 +112,6 @@ def test_len_total_ready_stats(bufpath):
         assert st["pending_trajectories"] == 0 and st["committed_trajectories"] == 3
 
 
-def test_enable_cache_false_reads_everything_from_disk(bufpath):
-    with persistent(bufpath, enable_cache=False) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        check_rows(buf.sample(64))  # uncommitted rows come from the staging tier
-        buf.flush()
-        assert buf.get_stats()["rows_in_ram"] == 0
-        check_rows(buf.sample(256))
-
-
 def test_window_zero_in_memory_does_not_crash():
     # RLinf raises ZeroDivisionError for this combination.
     with zreplay.TrajectoryReplayBuffer(sample_window_size=0) as buf:
