@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+import pytest
 from conftest import check_rows, codes_of, make_traj
 from test_all_or_nothing import assert_exactly
 from test_all_or_nothing import persistent as unwindowed
 from test_rlinf import persistent
+from test_swm import fill
 
 import zreplay
 
@@ -66,3 +69,21 @@ def test_clear_reuses_no_row_or_id_and_stale_handles_can_tell(tmp_path):
     check_rows(stale_view.sample(256))
     buf.close()
     assert_exactly(path, [2, 3])
+
+
+@pytest.fixture
+def rb(tmp_path):
+    b = zreplay.ReplayBuffer(100, path=tmp_path / "rb", seed=0)
+    yield b
+    b.close()
+
+
+def test_clear_keeps_schema_and_refill_works(rb):
+    fill(rb, [5, 5])
+    rb.clear()
+    # stable-worldmodel's order: the first episode's (not sorted)
+    assert rb.num_episodes == 0 and rb.column_names == ["pixels", "action", "reward", "terminated"]
+    with pytest.raises(ValueError, match="schema mismatch"):
+        rb.write_episode({"other": np.zeros(3)})
+    fill(rb, [4])
+    assert list(rb.lengths) == [4]

@@ -111,27 +111,6 @@ def test_continues_with_a_different_B_is_refused_before_anything_is_written(tmp_
 # -- episodes spanning trajectories ------------------------------------------------------
 
 
-def rollout_chunks(n_chunks, T, B, seed=0, p_end=0.08):
-    """Consecutive chunks of B envs; obs code = env * 1e6 + global step of that env."""
-    rng = np.random.default_rng(seed)
-    chunks = []
-    for c in range(n_chunks):
-        t = np.arange(c * T, (c + 1) * T)[:, None]
-        code = (np.arange(B)[None, :] * 1_000_000 + t).astype(np.float64)
-        term = rng.random((T, B)) < p_end / 2
-        trunc = (rng.random((T, B)) < p_end / 2) & ~term
-        chunks.append(
-            {
-                "curr_obs": {"state": code[..., None]},
-                "actions": code[..., None].astype(np.float32),
-                "rewards": rng.standard_normal((T, B, 1)).astype(np.float32),
-                "terminations": term[..., None],
-                "truncations": trunc[..., None],
-            }
-        )
-    return chunks
-
-
 def test_episodes_continue_across_trajectories_and_survive_reopen(tmp_path):
     B, T = 3, 10
     rng = np.random.default_rng(0)
@@ -295,46 +274,6 @@ def test_segments_concatenate_with_distinct_episode_ids():
     b, _, _ = split_pieces({}, 3, 1, 4, 0, lanes=None)
     view = EpisodeView(concat_pieces([a, b]))
     assert list(view.length) == [2, 2, 3] and not view.multi
-
-
-def test_plain_zarr_reads_every_episode(tmp_path):
-    """FORMAT.md's plain-zarr episode recipe gives the same episodes as the view."""
-    import json
-
-    import zarr
-
-    path = str(tmp_path / "b")
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True
-    )
-    buf.add_trajectories(rollout_chunks(5, 8, 3, seed=4))
-    buf.close()
-    root = zarr.open_group(path, mode="r")
-    schema = root.attrs["zreplay"]["schema"]
-    got = []
-    for wid in root["segments"].group_keys():
-        seg = root["segments"][wid]
-        commit = json.load(open(f"{path}/segments/{wid}/zreplay/commit.json"))
-        k0, k1 = commit["low_piece"], commit["n_pieces"]
-        ep = {
-            c: seg[f"episodes/{c}"][k0:k1]
-            for c in ("start", "length", "episode", "step", "terminated", "truncated")
-        }
-        order = np.lexsort((ep["step"], ep["episode"]))
-        for e in np.unique(ep["episode"]):
-            pieces = order[ep["episode"][order] == e]
-            rows = np.concatenate(
-                [np.arange(ep["start"][p], ep["start"][p] + ep["length"][p]) for p in pieces]
-            )
-            episode = {key: seg[f"data/{key}"].get_orthogonal_selection((rows,)) for key in schema}
-            got.append((tuple(episode["curr_obs/state"][:, 0]), bool(ep["terminated"][pieces[-1]])))
-    view = zreplay.open(path)
-    tab = view.episode_table()
-    want = [
-        (tuple(view.episode(e)["curr_obs"]["state"][:, 0]), bool(tab["terminated"][e]))
-        for e in range(view.num_episodes)
-    ]
-    assert sorted(got) == sorted(want) and len(got) > 3
 
 
 def test_nstep_next_obs_mirrors_a_one_key_observation_group():

@@ -1,6 +1,7 @@
 """A buffer is a plain Zarr hierarchy: zarr walks it without a warning, in every state a
 user can meet (several writers, saved priorities, a live writer's lock, a checkpoint, a
-killed writer's debris), and buffers written in format 2 are still read and upgraded."""
+killed writer's debris), FORMAT.md's recipe reads every trajectory and episode with zarr
+and json alone, and buffers written in format 2 are still read and upgraded."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, codes_of, make_traj, shard_files
+from conftest import check_rows, codes_of, make_traj, shard_files, traj_equal
 
 import zreplay
 from zreplay.errors import ZReplayError
@@ -407,3 +408,93 @@ def test_a_killed_clear_of_nested_arrays_leaves_no_shard_files_behind(tmp_path, 
     check_rows(buf.sample(32))
     buf.close()
     assert zreplay.verify(path).ok
+
+
+@pytest.fixture
+def written(bufpath):
+    trajs = [make_traj(i, T=3 + i, B=2) for i in range(4)]
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        buf.add_trajectories(trajs)
+    return bufpath, trajs
+
+
+def test_plain_zarr_reads_every_trajectory(written):
+    """The recipe of FORMAT.md, with zarr and json only."""
+    path, trajs = written
+    root = zarr.open_group(path, mode="r")
+    schema = root.attrs["zreplay"]["schema"]
+    seg = root["segments/default"]
+    commit = json.loads(open(f"{path}/segments/default/zreplay/commit.json").read())
+    off = seg["offsets"][: commit["n_traj"] + 1]
+    T_col, B_col = seg["traj/T"][: commit["n_traj"]], seg["traj/B"][: commit["n_traj"]]
+    for i in range(commit["low_traj"], commit["n_traj"]):
+        T, B = int(T_col[i]), int(B_col[i])
+        got = {}
+        for key in schema:
+            rows = seg[f"data/{key}"][off[i] : off[i + 1]]  # env-major: [B*T, ...]
+            got[key] = rows.reshape(B, T, *rows.shape[1:]).swapaxes(0, 1)
+        traj_equal(zreplay.schema.unflatten(got), trajs[i])
+    assert seg["traj/trajectory_id"][: commit["n_traj"]].tolist() == [0, 1, 2, 3]
+    wid = bytes(seg["traj/model_weights_id"][0]).rstrip(b"\0").decode()
+    assert wid == zreplay.open(path).trajectory(0)["model_weights_id"]
+
+
+def rollout_chunks(n_chunks, T, B, seed=0, p_end=0.08):
+    """Consecutive chunks of B envs; obs code = env * 1e6 + global step of that env."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for c in range(n_chunks):
+        t = np.arange(c * T, (c + 1) * T)[:, None]
+        code = (np.arange(B)[None, :] * 1_000_000 + t).astype(np.float64)
+        term = rng.random((T, B)) < p_end / 2
+        trunc = (rng.random((T, B)) < p_end / 2) & ~term
+        chunks.append(
+            {
+                "curr_obs": {"state": code[..., None]},
+                "actions": code[..., None].astype(np.float32),
+                "rewards": rng.standard_normal((T, B, 1)).astype(np.float32),
+                "terminations": term[..., None],
+                "truncations": trunc[..., None],
+            }
+        )
+    return chunks
+
+
+def test_plain_zarr_reads_every_episode(tmp_path):
+    """FORMAT.md's plain-zarr episode recipe gives the same episodes as the view."""
+    import json
+
+    import zarr
+
+    path = str(tmp_path / "b")
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, continue_episodes=True
+    )
+    buf.add_trajectories(rollout_chunks(5, 8, 3, seed=4))
+    buf.close()
+    root = zarr.open_group(path, mode="r")
+    schema = root.attrs["zreplay"]["schema"]
+    got = []
+    for wid in root["segments"].group_keys():
+        seg = root["segments"][wid]
+        commit = json.load(open(f"{path}/segments/{wid}/zreplay/commit.json"))
+        k0, k1 = commit["low_piece"], commit["n_pieces"]
+        ep = {
+            c: seg[f"episodes/{c}"][k0:k1]
+            for c in ("start", "length", "episode", "step", "terminated", "truncated")
+        }
+        order = np.lexsort((ep["step"], ep["episode"]))
+        for e in np.unique(ep["episode"]):
+            pieces = order[ep["episode"][order] == e]
+            rows = np.concatenate(
+                [np.arange(ep["start"][p], ep["start"][p] + ep["length"][p]) for p in pieces]
+            )
+            episode = {key: seg[f"data/{key}"].get_orthogonal_selection((rows,)) for key in schema}
+            got.append((tuple(episode["curr_obs/state"][:, 0]), bool(ep["terminated"][pieces[-1]])))
+    view = zreplay.open(path)
+    tab = view.episode_table()
+    want = [
+        (tuple(view.episode(e)["curr_obs"]["state"][:, 0]), bool(tab["terminated"][e]))
+        for e in range(view.num_episodes)
+    ]
+    assert sorted(got) == sorted(want) and len(got) > 3

@@ -172,17 +172,6 @@ def test_transform_applies_to_getitem_only(tmp_path):
     b.close()
 
 
-def test_clear_keeps_schema_and_refill_works(rb):
-    fill(rb, [5, 5])
-    rb.clear()
-    # stable-worldmodel's order: the first episode's (not sorted)
-    assert rb.num_episodes == 0 and rb.column_names == ["pixels", "action", "reward", "terminated"]
-    with pytest.raises(ValueError, match="schema mismatch"):
-        rb.write_episode({"other": np.zeros(3)})
-    fill(rb, [4])
-    assert list(rb.lengths) == [4]
-
-
 def test_reopen_resumes_episodes_step_counter_and_random_stream(tmp_path):
     path = tmp_path / "p"
     a = zreplay.ReplayBuffer(100, path=path, seed=5)
