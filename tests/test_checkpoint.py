@@ -45,21 +45,26 @@ def test_checkpoint_includes_pending_writes_and_is_frozen(tmp_path):
 
 
 def test_checkpoint_hard_links_data_files(tmp_path):
-    with persistent(tmp_path / "live") as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        buf.save_checkpoint(str(tmp_path / "ck"))
+    core = builders.writer(tmp_path / "live")
+    for tid in range(4):
+        builders.add(core, tid)
+    core.checkpoint(str(tmp_path / "ck"))
+    core.close()
     data = tmp_path / "ck" / "segments" / "default" / "data"
     files = [os.path.join(r, f) for r, _, fs in os.walk(data) for f in fs if f != "zarr.json"]
     assert files and all(os.stat(f).st_nlink >= 2 for f in files)
 
 
 def test_checkpoint_overwrites_an_older_checkpoint(tmp_path):
-    with persistent(tmp_path / "live") as buf:
-        buf.add_trajectories([make_traj(0)])
-        buf.save_checkpoint(str(tmp_path / "ck"))
-        buf.add_trajectories([make_traj(1)])
-        buf.save_checkpoint(str(tmp_path / "ck"))
-    assert zreplay.open(tmp_path / "ck").num_trajectories == 2
+    core = builders.writer(tmp_path / "live")
+    builders.add(core, 0)
+    core.checkpoint(str(tmp_path / "ck"))
+    builders.add(core, 1)
+    core.checkpoint(str(tmp_path / "ck"))
+    core.close()
+    view = builders.reader(tmp_path / "ck")
+    assert view.num_trajectories == 2
+    view.close()
 
 
 def test_load_checkpoint_restores_counters_data_and_random_stream(tmp_path):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 
+import builders
 import numpy as np
 import pytest
-from conftest import check_rows, codes_of, make_traj
+from conftest import check_rows, make_traj
 from test_all_or_nothing import assert_exactly
 from test_all_or_nothing import persistent as unwindowed
 from test_rlinf import persistent
@@ -32,17 +33,20 @@ def test_clear_cache_does_not_break_the_buffer(bufpath):
 
 
 def test_clear_removes_data_on_disk(bufpath):
-    with persistent(bufpath) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(3)])
-        buf.flush()
-        shard_files = chunk_files(bufpath)
-        assert any(f.startswith("c.") for f in shard_files)  # data shards among them
-        buf.clear()
-        assert len(buf) == 0 and buf.total_samples == 0
-        assert chunk_files(bufpath) == []
-        assert buf.add_trajectories([make_traj(9)]) == [3]  # ids are never reused
-    with persistent(bufpath) as buf:
-        assert len(buf) == 1 and set(codes_of(buf.sample(20)) // 10000) == {9}
+    core = builders.writer(bufpath)
+    for tid in range(3):
+        builders.add(core, tid)
+    core.flush()
+    shard_files = chunk_files(bufpath)
+    assert any(f.startswith("c.") for f in shard_files)  # data shards among them
+    core.clear()
+    assert core.num_trajectories == 0 and core.num_rows == 0
+    assert chunk_files(bufpath) == []
+    assert builders.add(core, 9) == 3  # ids are never reused
+    core.close()
+    core = builders.writer(bufpath)
+    assert core.num_trajectories == 1 and set(builders.tids(core.sample(20)["obs"])) == {9}
+    core.close()
 
 
 def test_clear_reuses_no_row_or_id_and_stale_handles_can_tell(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import time
 
+import builders
 import numpy as np
 import pytest
 import torch
@@ -313,16 +314,25 @@ def test_close_reopen_resumes_everything(bufpath):
 
 
 def test_resume_continues_the_same_random_stream(tmp_path):
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    with persistent(a) as never_closed:
-        never_closed.add_trajectories([make_traj(i) for i in range(4)])
-        never_closed.sample(10)
-        want = [codes_of(never_closed.sample(16)) for _ in range(3)]
-    with persistent(b) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        buf.sample(10)
-    with persistent(b, seed=999) as buf:  # the saved stream wins over the seed
-        got = [codes_of(buf.sample(16)) for _ in range(3)]
+    a, b = tmp_path / "a", tmp_path / "b"
+
+    def draws(core):
+        return [builders.tids(core.sample(16)["obs"]) for _ in range(3)]
+
+    never_closed = builders.writer(a, seed=7)
+    for tid in range(4):
+        builders.add(never_closed, tid)
+    never_closed.sample(10)
+    want = draws(never_closed)
+    never_closed.close()
+    core = builders.writer(b, seed=7)
+    for tid in range(4):
+        builders.add(core, tid)
+    core.sample(10)
+    core.close()
+    core = builders.writer(b, seed=999)  # the saved stream wins over the seed
+    got = draws(core)
+    core.close()
     for w, g in zip(want, got, strict=True):
         assert np.array_equal(w, g)
 
