@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import check_rows, make_traj, tree_state
+from test_all_or_nothing import _as_dict, assert_exactly
+from test_all_or_nothing import persistent as unwindowed
 
 import zreplay
 from zreplay import (
@@ -17,7 +19,6 @@ from zreplay import (
     EmptyTrajectoryError,
     KeyNameError,
     SchemaError,
-    WriterLockedError,
 )
 from zreplay.store.commit import read_commit
 
@@ -236,21 +237,6 @@ def test_unknown_layout_override_rejected(bufpath):
         buf.add_trajectories([make_traj(0)])
 
 
-def test_second_writer_fails_fast(bufpath):
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
-    try:
-        with pytest.raises(WriterLockedError, match=f"pid {os.getpid()}"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
-        # A different writer id is a different segment: allowed.
-        b = zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=bufpath, writer_id="rank1"
-        )
-        b.close()
-    finally:
-        a.close()
-    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
-
-
 def test_non_buffer_directory_is_not_overwritten(tmp_path):
     d = tmp_path / "mine"
     d.mkdir()
@@ -260,24 +246,6 @@ def test_non_buffer_directory_is_not_overwritten(tmp_path):
     with pytest.raises(zreplay.FormatError):
         zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(d), overwrite=True)
     assert (d / "notes.txt").read_text() == "keep me"
-
-
-def test_overwrite_refuses_a_buffer_with_a_live_writer(tmp_path):
-    import zreplay
-
-    path = str(tmp_path / "live")
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
-    a.add_trajectories([{"rewards": np.ones((2, 2, 1), np.float32)}])
-    a.flush()
-    with pytest.raises(zreplay.WriterLockedError, match="overwrite=True refused"):
-        zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=path, overwrite=True, writer_id="other"
-        )
-    assert zreplay.open(path).num_rows == 4
-    a.close()
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, overwrite=True)
-    assert len(b) == 0
-    b.close()
 
 
 def test_keys_disagreeing_on_t_name_the_odd_key_and_the_right_shape():
@@ -319,3 +287,56 @@ def test_an_unsafe_writer_id_never_overwrites_a_buffer(tmp_path, bufpath):
             auto_save=True, auto_save_path=bufpath, writer_id="c", overwrite=True
         )
     assert tree_state(bufpath) == before
+
+
+def _odd_tensors():
+    import torch
+
+    base = torch.ones(4, 2, 3)
+    out = {
+        "meta device": lambda: torch.empty(4, 2, 3, device="meta"),
+        "sparse": lambda: base.to_sparse(),
+        "quantized": lambda: torch.quantize_per_tensor(base, 0.1, 0, torch.quint8),
+        "nested": lambda: torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(2, 3)]),
+        "neg bit": lambda: torch.ones(4, 2, 3, dtype=torch.complex64).conj().imag,
+        "conj bit": lambda: torch.ones(4, 2, 3, dtype=torch.complex64).conj(),
+        "bfloat16": lambda: base.to(torch.bfloat16),
+    }
+    if hasattr(torch, "float8_e4m3fn"):
+        out["float8"] = lambda: base.to(torch.float8_e4m3fn)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", sorted(_odd_tensors()))
+def test_tensor_kinds_numpy_cannot_view_are_schema_errors(tmp_path, kind):
+    """Defect 10: these escaped as NotImplementedError/TypeError/RuntimeError."""
+    with unwindowed(tmp_path / "b") as buf:
+        bad = _as_dict(0)
+        bad["odd"] = _odd_tensors()[kind]()
+        with pytest.raises(zreplay.SchemaError, match="'odd'"):
+            buf.add_trajectories([bad])
+        buf.add_trajectories([make_traj(0)])  # nothing was fixed by the refused one
+    assert_exactly(tmp_path / "b", [0])
+
+
+def test_a_key_path_too_long_for_the_filesystem_is_refused_before_the_schema(tmp_path):
+    """Defect 10: it passed the name check, failed in the filesystem after the schema
+    was written, and every later add failed."""
+    deep: dict = {"leaf": np.ones((6, 3, 1), np.float32)}
+    for i in range(40):
+        deep = {f"level{i:02d}_" + "x" * 100: deep}
+    with unwindowed(tmp_path / "b") as buf:
+        with pytest.raises(zreplay.KeyNameError, match="shorten names or nest less"):
+            buf.add_trajectories([{**_as_dict(0), "deep": deep}])
+        buf.add_trajectories([make_traj(0)])
+    assert_exactly(tmp_path / "b", [0])
+
+
+def test_one_trajectory_not_in_a_list_is_a_clear_error(tmp_path):
+    """Defect 10: add_trajectories(dict) said 'cannot add a str'."""
+    with unwindowed(tmp_path / "b") as buf:
+        for one in (_as_dict(0), make_traj(0)):
+            with pytest.raises(zreplay.SchemaError, match=r"wrap it in a list"):
+                buf.add_trajectories(one)
+        assert len(buf) == 0

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
+import tarfile
+import time
 
+import builders
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, codes_of, make_traj, traj_equal
+from conftest import check_rows, codes_of, make_traj, shard_files, tree_state
+from test_all_or_nothing import assert_exactly
+from test_all_or_nothing import persistent as unwindowed
+from test_plain_zarr import DATA, _nested_and_flat, _plain_rows, _shards_below
 
 import zreplay
 from zreplay.core.ranks import rank_block
+from zreplay.errors import SchemaError
+from zreplay.store.commit import read_commit
 
 
 def persistent(path, **kw):
@@ -18,35 +26,45 @@ def persistent(path, **kw):
 
 
 def test_checkpoint_includes_pending_writes_and_is_frozen(tmp_path):
-    with persistent(tmp_path / "live", seed=3) as buf:
-        trajs = [make_traj(i) for i in range(5)]
-        buf.add_trajectories(trajs)  # no flush: the checkpoint must wait for them
-        buf.save_checkpoint(str(tmp_path / "ck"))
-        buf.add_trajectories([make_traj(i) for i in range(5, 9)])
-        buf.flush()
-        view = zreplay.open(tmp_path / "ck")
-        assert view.num_trajectories == 5
-        for i, t in enumerate(trajs):
-            traj_equal(view.trajectory(i), t)
-        check_rows(view.sample(300))
+    core = builders.writer(tmp_path / "live", seed=3)
+    for tid in range(5):
+        builders.add(core, tid)  # no flush: the checkpoint must wait for them
+    core.checkpoint(str(tmp_path / "ck"))
+    for tid in range(5, 9):
+        builders.add(core, tid)
+    core.flush()
+    view = builders.reader(tmp_path / "ck")
+    assert view.num_trajectories == 5
+    for i in range(5):
+        rec = view.trajectory(i)
+        assert rec.trajectory_id == i
+        np.testing.assert_array_equal(rec.columns["obs"], builders.trajectory(i).columns["obs"])
+    assert set(builders.tids(view.sample(300)["obs"])) == set(range(5))
+    view.close()
+    core.close()
 
 
 def test_checkpoint_hard_links_data_files(tmp_path):
-    with persistent(tmp_path / "live") as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        buf.save_checkpoint(str(tmp_path / "ck"))
+    core = builders.writer(tmp_path / "live")
+    for tid in range(4):
+        builders.add(core, tid)
+    core.checkpoint(str(tmp_path / "ck"))
+    core.close()
     data = tmp_path / "ck" / "segments" / "default" / "data"
     files = [os.path.join(r, f) for r, _, fs in os.walk(data) for f in fs if f != "zarr.json"]
     assert files and all(os.stat(f).st_nlink >= 2 for f in files)
 
 
 def test_checkpoint_overwrites_an_older_checkpoint(tmp_path):
-    with persistent(tmp_path / "live") as buf:
-        buf.add_trajectories([make_traj(0)])
-        buf.save_checkpoint(str(tmp_path / "ck"))
-        buf.add_trajectories([make_traj(1)])
-        buf.save_checkpoint(str(tmp_path / "ck"))
-    assert zreplay.open(tmp_path / "ck").num_trajectories == 2
+    core = builders.writer(tmp_path / "live")
+    builders.add(core, 0)
+    core.checkpoint(str(tmp_path / "ck"))
+    builders.add(core, 1)
+    core.checkpoint(str(tmp_path / "ck"))
+    core.close()
+    view = builders.reader(tmp_path / "ck")
+    assert view.num_trajectories == 2
+    view.close()
 
 
 def test_load_checkpoint_restores_counters_data_and_random_stream(tmp_path):
@@ -314,3 +332,180 @@ def test_a_checkpoint_whose_shards_are_not_where_its_arrays_say_is_refused(tmp_p
         with pytest.raises(zreplay.CorruptBufferError, match="the checkpoint is damaged"):
             buf.load_checkpoint(str(tmp_path / "ck"))
         assert set(codes_of(buf.sample(32)) // 10000) == {40}
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
+    path = tmp_path_factory.mktemp("read") / "buf"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(12)])
+    return path
+
+
+def test_checkpoint_links_files_and_makes_no_empty_directories(stored, tmp_path):
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "a")) as b:
+        b.load_checkpoint(str(stored))
+        b.save_checkpoint(str(tmp_path / "ck"))
+    for r, dirs, files in os.walk(tmp_path / "ck"):
+        assert files or dirs, f"empty directory {r}"
+    a, ck = shard_files(tmp_path / "a", "rewards")[0], shard_files(tmp_path / "ck", "rewards")[0]
+    assert os.stat(a).st_ino == os.stat(ck).st_ino  # a hard link, not a copy
+
+
+def test_load_checkpoint_refills_the_ram_tier_in_the_background(stored, tmp_path):
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
+    buf.load_checkpoint(str(stored))
+    check_rows(buf.sample(256))  # correct whether rows come from RAM or disk yet
+    deadline = time.time() + 30
+    while buf.get_stats()["cache_size"] < 5 and time.time() < deadline:
+        time.sleep(0.01)
+    st = buf.get_stats()
+    assert st["cache_size"] == 5 and st["rows_in_ram"] == 5 * 18
+    buf.add_trajectories([make_traj(50)])
+    check_rows(buf.sample(256))
+    buf.close()
+    # closing while a refill runs stops it cleanly
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
+    buf.close()
+    assert zreplay.verify(tmp_path / "b").ok
+
+
+def test_a_checkpoint_loaded_beside_other_writers_leaves_their_segments_as_they_are(tmp_path):
+    """Writer a loads a checkpoint of a format-4 segment (nested chunk keys, the same
+    layout), writer b the two-segment format-4 buffer (re-added in the buffer's own
+    arrays): the root's layout stays, writer d's flat segment is untouched, and every
+    segment evicts and reclaims its own shard files."""
+    with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
+        t.extractall(tmp_path, filter="data")
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(tmp_path / "fmt4"), writer_id="a"
+    ) as old:
+        old.save_checkpoint(str(tmp_path / "ck_a"))
+    small = {"chunk_rows": 4, "shard_rows": 16}
+    lay = {k: small for k in ("curr_obs/main_images", "actions", "rewards")}
+    path = tmp_path / "buf"
+    bufs = {
+        w: zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(path), writer_id=w, capacity=90, layout=lay
+        )
+        for w in "abd"
+    }
+    for i, buf in enumerate(bufs.values()):
+        buf.add_trajectories([make_traj(10 * i + k) for k in range(3)])
+        buf.flush()
+    layout = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
+    bufs["a"].load_checkpoint(str(tmp_path / "ck_a"))
+    bufs["b"].load_checkpoint(str(tmp_path / "fmt4"))
+    assert zarr.open_group(path, mode="r").attrs["zreplay"]["layout"] == layout
+    assert set(codes_of(bufs["a"].sample(256)) // 10000) == {3, 4, 5, 6, 7}
+    assert _nested_and_flat(path / "segments" / "a")[1] == []
+    assert _nested_and_flat(path / "segments" / "d")[0] == []
+    for k in range(8):
+        for i, buf in enumerate(bufs.values()):
+            buf.add_trajectories([make_traj(300 + 10 * i + k)])
+    for w, buf in bufs.items():
+        buf.flush()
+        below = read_commit(path / "segments" / w).reclaimed_below
+        assert below > 0 and _shards_below(path, w, below) == [], w
+        check_rows(buf.sample(128))
+        buf.close()
+    assert zreplay.verify(path).ok
+
+
+@pytest.mark.parametrize("change", ["layout", "schema"])
+def test_a_checkpoint_in_another_layout_is_refused_beside_other_writers(tmp_path, change):
+    """A checkpoint whose shard rows (or keys) differ cannot replace one writer's segment
+    while another's is stored in the recorded layout (its reclaim would delete the wrong
+    rows) and schema: SchemaError, nothing changed."""
+    src = tmp_path / "src"
+    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}} if change == "layout" else None
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src), layout=small) as b:
+        trajs = [make_traj(k, as_dict=True) for k in range(4)]
+        if change == "schema":
+            trajs = [{**t, "extra": t["rewards"]} for t in trajs]
+        b.add_trajectories(trajs)
+        b.save_checkpoint(str(tmp_path / "ck"))
+    path = tmp_path / "buf"
+    a, b = (
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id=w)
+        for w in "ab"
+    )
+    a.add_trajectories([make_traj(50)]), b.add_trajectories([make_traj(60)])
+    a.flush(), b.flush()
+    before = tree_state(path, skip=path / "segments" / "a")
+    commit = read_commit(path / "segments" / "a")
+    with pytest.raises(SchemaError, match="another layout" if change == "layout" else "schema"):
+        a.load_checkpoint(str(tmp_path / "ck"))
+    assert tree_state(path, skip=path / "segments" / "a") == before  # root, b: untouched
+    after = read_commit(path / "segments" / "a")
+    assert (after.contents, after.n_rows, after.n_traj) == (
+        commit.contents,
+        commit.n_rows,
+        commit.n_traj,
+    )
+    assert set(codes_of(a.sample(64)) // 10000) == {50}
+    a.close(), b.close()
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "own")) as c:
+        c.load_checkpoint(str(tmp_path / "ck"))  # a buffer of its own takes it
+        assert set(codes_of(c.sample(64)) // 10000) == {0, 1, 2, 3}
+
+
+def test_a_checkpoint_keeps_its_own_lengths_while_the_buffer_grows(tmp_path):
+    """A checkpoint shares the buffer's files by hard links; rewriting the buffer's
+    zarr.json at each commit never changes the checkpoint's."""
+    path, ckpt = tmp_path / "b", tmp_path / "ckpt"
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf.add_trajectories([make_traj(i) for i in range(2)])
+    buf.save_checkpoint(str(ckpt))
+    buf.add_trajectories([make_traj(i) for i in range(2, 5)])
+    buf.close()
+    saved, live = _plain_rows(ckpt)
+    assert {v.shape[0] for v in saved.values()} == {36} and live == [0, 36]
+    assert {v.shape[0] for v in _plain_rows(path)[0].values()} == {90}
+
+
+def _rlinf_dir(tmp_path, tids, name="rl"):
+    with unwindowed(tmp_path / f"{name}-src") as src:
+        src.add_trajectories([make_traj(t) for t in tids])
+        src.export(str(tmp_path / name), "pt")
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("damage", ["truncated .pt file", "another schema mid-way"])
+def test_a_failed_load_leaves_the_buffer_as_it_was(tmp_path, damage):
+    rl = _rlinf_dir(tmp_path, [10, 11, 12])
+    files = sorted(rl.glob("trajectory_*.pt"))
+    if damage == "truncated .pt file":
+        files[-1].write_bytes(files[-1].read_bytes()[:100])
+        exc = zreplay.CorruptBufferError
+    else:
+        import torch
+
+        torch.save({"other": torch.zeros(4, 2, 3)}, files[-1])
+        exc = zreplay.SchemaError
+    path = tmp_path / "b"
+    with unwindowed(path) as buf:
+        buf.add_trajectories([make_traj(0), make_traj(1)])
+        with pytest.raises(exc):
+            buf.load_checkpoint(str(rl))
+        assert len(buf) == 2
+        check_rows(buf.sample(256))
+        assert buf.add_trajectories([make_traj(2)]) == [2]
+    assert_exactly(path, [0, 1, 2])
+    assert not (path / "segments" / "default" / "zreplay" / "staging").exists()
+
+
+def test_a_distributed_load_into_a_small_buffer_respects_its_capacity(tmp_path):
+    """Defect 10: len/total_samples exceeded capacity until the next add."""
+    with unwindowed(tmp_path / "src") as src:
+        src.add_trajectories([make_traj(t) for t in range(8)])  # 18 rows each
+        src.save_checkpoint(str(tmp_path / "ckpt"))
+    with unwindowed(tmp_path / "b", capacity=40) as buf:
+        buf.load_checkpoint(str(tmp_path / "ckpt"), is_distributed=True, local_rank=0, world_size=2)
+        assert buf.total_samples <= 40 and len(buf) == 2
+        ids = [buf.trajectory(i)["trajectory_id"] for i in range(len(buf))]
+        assert ids == [2, 3]  # rank 0's block is 0..3; the newest whole ones are kept
+        check_rows(buf.sample(64))
+    with unwindowed(tmp_path / "b", capacity=40) as buf:
+        assert buf.total_samples <= 40 and len(buf) == 2

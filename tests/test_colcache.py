@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import make_traj
+from conftest import check_rows, make_traj
+from test_read_path import plain_rows
 
 import zreplay
 from zreplay.engine import colcache
@@ -668,3 +669,86 @@ def test_a_small_buffer_gets_a_small_file(tmp_path, cols):
     path, view, c = filled(tmp_path, range(6))  # 108 rows
     assert view.num_rows == 108 and c.capacity < 1024
     assert c.path.stat().st_size < 1024 * c.row_bytes + (len(c.keys) + 1) * 4096
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
+    path = tmp_path_factory.mktemp("read") / "buf"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(12)])
+    return path
+
+
+def test_column_cache_serves_small_keys_and_follows_refresh(stored, tmp_path):
+    import shutil
+
+    path = tmp_path / "buf"
+    shutil.copytree(stored, path)
+    view = zreplay.open(path, seed=1)
+    check_rows(view.sample(200))
+    seg = view.core.engine.snapshot().parts[0]
+    assert seg.cache is not None and set(seg.cache.keys) >= {"rewards", "actions"}
+    assert "curr_obs/main_images" in seg.cache.keys  # 8x8x3 images are 192 B: small too
+    assert seg.cache.hi == view.num_rows  # filled on first use
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(12, 15)])
+    assert view.refresh()
+    clips = flat(view.clips(np.arange(view.num_clips(history_len=2)), history_len=2))
+    codes = clips["rewards"][..., 0]
+    assert {int(c) // 10000 for c in codes.ravel()} == set(range(15))  # new rows seen
+    assert np.array_equal(clips["curr_obs/states"][..., 0], codes)
+    assert seg.cache is view.core.engine.snapshot().parts[0].cache  # same rows: kept
+
+
+def test_small_column_budget_holds_only_the_newest_rows(stored, tmp_path):
+    import shutil
+
+    stored = shutil.copytree(stored, tmp_path / "own")  # its own cache file, filled here
+    view = zreplay.open(stored, column_cache_bytes=4096)
+    batch = view.rows(np.arange(view.num_rows))
+    for key in view.keys():
+        assert np.array_equal(flat(batch)[key], plain_rows(stored, key)), key
+    cache = view.core.engine.snapshot().parts[0].cache
+    assert 0 < cache.hi - cache.lo < view.num_rows and cache.nbytes <= 4096
+
+
+def test_writer_reads_old_small_rows_from_its_column_cache(tmp_path):
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(tmp_path / "b"), cache_size=1, sample_window_size=0
+    ) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(8)])
+        buf.flush()
+        for _ in range(5):
+            check_rows(buf.sample(128))
+        clips = buf.sample_clips(64, history_len=3)
+        r = clips["rewards"][..., 0].numpy()
+        assert np.all(np.diff(r, axis=1) == 1)  # consecutive steps of one lane
+        assert np.array_equal(clips["curr_obs"]["states"][..., 0].numpy(), r)
+        part = buf.core.engine.snapshot().parts[0]
+        assert part.cache is not None and part.cache.hi > part.cache.lo  # it was used
+
+
+def test_column_cache_knobs(stored, tmp_path):
+    def cache(obj):
+        return obj.core.engine.snapshot().parts[0].cache
+
+    assert cache(zreplay.open(stored, column_cache_bytes=0)) is None
+    c = cache(zreplay.open(stored))
+    specs = zreplay.open(stored).schema.specs
+    from zreplay.engine.colcache import default_budget
+
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert default_budget() == ram  # the default budget is the machine's RAM
+    assert zreplay.open(stored).core.engine.chunk_cache_bytes == ram // 16
+    assert zreplay.open(stored, chunk_cache_bytes=0).core.engine.chunk_cache_bytes == 0
+    assert c.max_rows == ram // sum(specs[k].row_bytes for k in c.keys)
+    assert all(specs[k].row_bytes <= 1024 for k in c.keys)
+    path = str(tmp_path / "b")
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
+        buf.add_trajectories([make_traj(0)])
+        assert cache(buf) is not None
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, enable_cache=False
+    ) as buf:
+        assert cache(buf) is None  # RAM tier off: every committed row is read from disk

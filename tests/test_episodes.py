@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builders
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 import zreplay
 from zreplay.index.episodes import EpisodeView, concat_pieces
 from zreplay.index.split import Lanes, split_pieces
+from zreplay.sampling.clips import ClipSpec
 
 # -- the episode table ---------------------------------------------------------------
 
@@ -106,101 +108,47 @@ def test_continues_with_a_different_B_is_refused_before_anything_is_written(tmp_
     assert Lanes.closed(2).episode.tolist() == [-1, -1]
 
 
-# -- episodes spanning trajectories in the RLinf buffer --------------------------------
-
-
-def rollout_chunks(n_chunks, T, B, seed=0, p_end=0.08):
-    """Consecutive chunks of B envs; obs code = env * 1e6 + global step of that env."""
-    rng = np.random.default_rng(seed)
-    chunks = []
-    for c in range(n_chunks):
-        t = np.arange(c * T, (c + 1) * T)[:, None]
-        code = (np.arange(B)[None, :] * 1_000_000 + t).astype(np.float64)
-        term = rng.random((T, B)) < p_end / 2
-        trunc = (rng.random((T, B)) < p_end / 2) & ~term
-        chunks.append(
-            {
-                "curr_obs": {"state": code[..., None]},
-                "actions": code[..., None].astype(np.float32),
-                "rewards": rng.standard_normal((T, B, 1)).astype(np.float32),
-                "terminations": term[..., None],
-                "truncations": trunc[..., None],
-            }
-        )
-    return chunks
-
-
-def lane_episodes(chunks, B):
-    """Per-env list of episodes as lists of obs codes (brute force over the flags)."""
-    out = []
-    for b in range(B):
-        cur = []
-        for ch in chunks:
-            for t in range(len(ch["rewards"])):
-                cur.append(float(ch["curr_obs"]["state"][t, b, 0]))
-                if ch["terminations"][t, b, 0] or ch["truncations"][t, b, 0]:
-                    out.append(cur)
-                    cur = []
-        if cur:
-            out.append(cur)
-    return out
+# -- episodes spanning trajectories ------------------------------------------------------
 
 
 def test_episodes_continue_across_trajectories_and_survive_reopen(tmp_path):
     B, T = 3, 10
-    chunks = rollout_chunks(6, T, B)
-    path = str(tmp_path / "b")
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True, seed=1
-    )
-    buf.add_trajectories(chunks[:4])
-    buf.close()
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True, seed=1
-    )
-    buf.add_trajectories(chunks[4:])  # lanes left open before close keep going
-    want = sorted(map(tuple, lane_episodes(chunks, B)))
-    assert buf.num_episodes == len(want)
-    got = sorted(tuple(float(x) for x in ep) for ep in _episodes_codes(buf))
-    assert got == want
+    rng = np.random.default_rng(0)
+    ends = [rng.random((T, B)) < 0.08 for _ in range(6)]  # where each lane's episodes end
+    core = builders.writer(tmp_path / "b", seed=1)
+    for tid in range(4):
+        builders.add(core, tid, T, B, ends=ends[tid], continues=True)
+    core.close()
+    core = builders.writer(tmp_path / "b", seed=1)
+    for tid in range(4, 6):  # lanes left open before close keep going
+        builders.add(core, tid, T, B, ends=ends[tid], continues=True)
+    want = []  # per lane, cut after every end: episodes as lists of codes (brute force)
+    for b in range(B):
+        cur = []
+        for tid in range(6):
+            for t in range(T):
+                cur.append(tid * 10000 + b * 100 + t)
+                if ends[tid][t, b]:
+                    want.append(tuple(cur))
+                    cur = []
+        want += [tuple(cur)] if cur else []
+    want = sorted(want)
+
+    def episodes(c):
+        return sorted(tuple(c.episode(e)["reward"].astype(int)) for e in range(c.num_episodes))
+
+    assert core.num_episodes == len(want) and episodes(core) == want
     # clips cross trajectory boundaries inside an episode, never an episode boundary
-    clips = buf.sample_clips(256, history_len=4)
-    codes = clips["curr_obs"]["state"][..., 0].numpy()
-    assert np.all(np.diff(codes, axis=1) == 1)
-    ends = {ep[-1] for ep in want}
-    assert not any(c in ends for c in codes[:, :-1].ravel())
-    buf.flush()
-    view = zreplay.open(path)
-    assert sorted(tuple(float(x) for x in e) for e in _view_codes(view)) == want
-    buf.close()
-
-
-def _episodes_codes(buf):
-    for e in range(buf.num_episodes):
-        got = buf.core.episode(e, ["curr_obs/state"])
-        yield got["curr_obs/state"][:, 0]
-
-
-def _view_codes(view):
-    for e in range(view.num_episodes):
-        yield view.episode(e, ["curr_obs/state"])["curr_obs"]["state"][:, 0]
-
-
-def test_eviction_leaves_headless_episodes_that_still_sample(tmp_path):
-    B, T = 2, 10
-    chunks = rollout_chunks(8, T, B, p_end=0.0)  # one endless episode per lane
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True,
-        auto_save_path=str(tmp_path / "b"),
-        continue_episodes=True,
-        capacity=3 * T * B,
-    )
-    buf.add_trajectories(chunks)
-    tab = buf.episode_table()
-    assert list(tab["length"]) == [3 * T, 3 * T] and list(tab["first_step"]) == [5 * T] * 2
-    clips = buf.sample_clips(64, history_len=25)["curr_obs"]["state"][..., 0].numpy()
-    assert np.all(np.diff(clips, axis=1) == 1) and clips.min() % 1_000_000 >= 5 * T
-    buf.close()
+    code = core.sample_clips(ClipSpec(4), 256)["reward"].astype(np.int64)  # [256, 4]
+    lane, step = code // 100 % 100, code // 10000 * T + code % 100
+    assert np.all(lane == lane[:, :1]) and np.all(np.diff(step, axis=1) == 1)
+    last = {ep[-1] for ep in want}
+    assert not any(c in last for c in code[:, :-1].ravel())
+    core.flush()
+    view = builders.reader(tmp_path / "b")
+    assert episodes(view) == want
+    view.close()
+    core.close()
 
 
 # -- n-step returns against a brute-force reference ------------------------------------
@@ -326,46 +274,6 @@ def test_segments_concatenate_with_distinct_episode_ids():
     b, _, _ = split_pieces({}, 3, 1, 4, 0, lanes=None)
     view = EpisodeView(concat_pieces([a, b]))
     assert list(view.length) == [2, 2, 3] and not view.multi
-
-
-def test_plain_zarr_reads_every_episode(tmp_path):
-    """FORMAT.md's plain-zarr episode recipe gives the same episodes as the view."""
-    import json
-
-    import zarr
-
-    path = str(tmp_path / "b")
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True
-    )
-    buf.add_trajectories(rollout_chunks(5, 8, 3, seed=4))
-    buf.close()
-    root = zarr.open_group(path, mode="r")
-    schema = root.attrs["zreplay"]["schema"]
-    got = []
-    for wid in root["segments"].group_keys():
-        seg = root["segments"][wid]
-        commit = json.load(open(f"{path}/segments/{wid}/zreplay/commit.json"))
-        k0, k1 = commit["low_piece"], commit["n_pieces"]
-        ep = {
-            c: seg[f"episodes/{c}"][k0:k1]
-            for c in ("start", "length", "episode", "step", "terminated", "truncated")
-        }
-        order = np.lexsort((ep["step"], ep["episode"]))
-        for e in np.unique(ep["episode"]):
-            pieces = order[ep["episode"][order] == e]
-            rows = np.concatenate(
-                [np.arange(ep["start"][p], ep["start"][p] + ep["length"][p]) for p in pieces]
-            )
-            episode = {key: seg[f"data/{key}"].get_orthogonal_selection((rows,)) for key in schema}
-            got.append((tuple(episode["curr_obs/state"][:, 0]), bool(ep["terminated"][pieces[-1]])))
-    view = zreplay.open(path)
-    tab = view.episode_table()
-    want = [
-        (tuple(view.episode(e)["curr_obs"]["state"][:, 0]), bool(tab["terminated"][e]))
-        for e in range(view.num_episodes)
-    ]
-    assert sorted(got) == sorted(want) and len(got) > 3
 
 
 def test_nstep_next_obs_mirrors_a_one_key_observation_group():

@@ -7,11 +7,16 @@ from __future__ import annotations
 import gc
 import time
 
+import builders
 import numpy as np
+import pytest
 import torch
-from conftest import make_traj
+from conftest import check_rows, codes_of, make_traj, traj_equal
+from test_all_or_nothing import persistent as unwindowed
+from test_rlinf import persistent
 
 import zreplay
+from zreplay import BufferClosedError
 
 
 def _gone(make, reopen, count):
@@ -259,3 +264,108 @@ def test_a_dropped_learner_view_has_published_its_count_before_a_reopen(tmp_path
     again.sample(3)
     again.close()
     assert read_progress(locate(path), "L").samples == 10
+
+
+HALF_CONSUMED_DATASET = """
+import sys, zreplay
+it = iter(zreplay.ReplayDataset(zreplay.open(sys.argv[1]), 1024))
+for _ in range(3):
+    next(it)
+print("done")  # exit with the iterator (and its prefetch thread) still alive
+"""
+
+
+@pytest.mark.slow  # a multi-process soak: python -m pytest -m slow
+def test_a_half_consumed_replay_dataset_does_not_abort_the_process_at_exit(tmp_path):
+    """Defect 12: the prefetch thread was still inside a TensorStore read when native
+    libraries shut down (``terminate called without an active exception``, status 134,
+    about 7 runs in 10 on this workload before the fix)."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    with unwindowed(tmp_path / "b") as buf:
+        for _ in range(10):
+            obs = rng.integers(0, 255, (50, 8, 84, 84, 3), dtype=np.uint8)
+            buf.add_trajectories([{"rewards": np.ones((50, 8, 1), np.float32), "obs": obs}])
+    for _ in range(6):
+        done = subprocess.run(
+            [sys.executable, "-c", HALF_CONSUMED_DATASET, str(tmp_path / "b")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
+
+
+def test_close_reopen_resumes_everything(bufpath):
+    trajs = [make_traj(i, epochs=2) for i in range(5)]
+    with persistent(bufpath) as buf:
+        ids = buf.add_trajectories(trajs)
+    assert ids == list(range(5))
+    with persistent(bufpath) as buf:
+        assert len(buf) == 5 and buf.total_samples == 5 * 18
+        for i, t in enumerate(trajs):
+            got = buf.trajectory(i)
+            traj_equal(got, t)
+            assert got["max_episode_length"] == 100 + i
+        check_rows(buf.sample(100))
+        assert buf.add_trajectories([make_traj(5)]) == [5]  # ids continue
+
+
+def test_resume_continues_the_same_random_stream(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+
+    def draws(core):
+        return [builders.tids(core.sample(16)["obs"]) for _ in range(3)]
+
+    never_closed = builders.writer(a, seed=7)
+    for tid in range(4):
+        builders.add(never_closed, tid)
+    never_closed.sample(10)
+    want = draws(never_closed)
+    never_closed.close()
+    core = builders.writer(b, seed=7)
+    for tid in range(4):
+        builders.add(core, tid)
+    core.sample(10)
+    core.close()
+    core = builders.writer(b, seed=999)  # the saved stream wins over the seed
+    got = draws(core)
+    core.close()
+    for w, g in zip(want, got, strict=True):
+        assert np.array_equal(w, g)
+
+
+def test_overwrite_starts_fresh(bufpath):
+    with persistent(bufpath) as buf:
+        buf.add_trajectories([make_traj(0)])
+    with persistent(bufpath, overwrite=True) as buf:
+        assert len(buf) == 0
+
+
+def test_close_is_idempotent_and_use_after_close_raises(bufpath):
+    buf = persistent(bufpath)
+    buf.add_trajectories([make_traj(0)])
+    buf.close()
+    buf.close()
+    with pytest.raises(BufferClosedError, match="closed"):
+        buf.add_trajectories([make_traj(1)])
+    with pytest.raises(BufferClosedError):
+        buf.sample(1)
+    with pytest.raises(BufferClosedError):
+        buf.flush()
+
+
+def test_in_memory_buffer_works_fully_and_leaves_nothing(tmp_path):
+    buf = zreplay.TrajectoryReplayBuffer(seed=1, auto_save=False, sample_window_size=3)
+    path = buf.path
+    buf.add_trajectories([make_traj(i) for i in range(6)])
+    assert set(codes_of(buf.sample(300)) // 10000) == {3, 4, 5}
+    buf.sample_window_size = 0
+    # Unlike RLinf, trajectories that left the RAM tier are still sampleable.
+    assert set(codes_of(buf.sample(3000)) // 10000) == set(range(6))
+    buf.save_checkpoint(str(tmp_path / "ck"))
+    buf.close()
+    assert not path.exists()
+    assert zreplay.open(tmp_path / "ck").num_trajectories == 6

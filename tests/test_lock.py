@@ -12,11 +12,15 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_traj, processes, run_children
+from test_all_or_nothing import assert_exactly
+from test_all_or_nothing import persistent as unwindowed
 
 import zreplay
 from zreplay.errors import WriterLockedError
@@ -517,3 +521,156 @@ def test_a_lock_file_naming_no_integer_pid_is_judged_not_crashed_on(bufpath):
         json.dump({"host": socket.gethostname(), "pid": "not a pid", "token": "t"}, f)
     with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
         assert len(buf) == 1
+
+
+def test_close_finishes_when_a_ctrl_c_left_the_writers_lock_held(tmp_path):
+    """CPython may deliver a Ctrl-C between the end of a ``with lock:`` block and its
+    exit (CPython issue 29988), leaving the lock held by the interrupted thread; the
+    writer's background thread then needs that lock to finish.  Adds, flushes and close
+    still complete (they wait on the condition, which lets go of every hold)."""
+    path = tmp_path / "b"
+    result: list = []
+
+    def interrupted_user():
+        buf = unwindowed(path, cache_size=3, staging_bytes=0)
+        buf.add_trajectories([make_traj(0)])
+        buf.core.engine.cond.acquire()  # the hold such a Ctrl-C leaves behind
+        for tid in range(1, 6):
+            buf.add_trajectories([make_traj(tid)])
+        buf.flush()
+        buf.close()
+        result.append(len(buf))
+
+    user = threading.Thread(target=interrupted_user, daemon=True)
+    user.start()
+    user.join(60)
+    assert not user.is_alive(), "close() hung on the lock a Ctrl-C left held"
+    assert result == [6]
+    assert_exactly(path, list(range(6)))
+
+
+def test_ctrl_c_never_leaves_the_writers_lock_held():
+    """CPython handles a SIGINT between two bytecodes of Python code.  ``threading.
+    Condition``'s ``__enter__`` is Python code that returns after taking the lock, so a
+    Ctrl-C handled there (about 1 in 1,000 interrupts of a ``with cond:`` loop on this
+    machine) leaves the lock held for good and the writer's thread waits forever.  The
+    writer's condition takes and releases its lock in C: no Python frame runs between
+    taking it and the protected block.  Deterministically: a KeyboardInterrupt raised
+    as every Python frame the ``with`` runs returns (as a SIGINT handled there would)."""
+    import sys
+
+    from zreplay.threads import InterruptSafeCondition
+
+    def leaks(cond) -> bool:
+        def local(frame, event, arg):
+            if event == "return":
+                raise KeyboardInterrupt
+            return local
+
+        sys.settrace(lambda frame, event, arg: local if event == "call" else None)
+        try:
+            with cond:
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        got: list = []
+
+        def take():
+            got.append(cond.acquire(timeout=1))
+            if got[-1]:
+                cond.release()
+
+        other = threading.Thread(target=take)
+        other.start()
+        other.join()
+        return not got[0]
+
+    assert leaks(threading.Condition(threading.RLock()))  # the hazard is real
+    assert not leaks(InterruptSafeCondition())
+    cond = InterruptSafeCondition()  # and it is a condition
+    woken = threading.Event()
+
+    def waiter():
+        with cond:
+            cond.wait(5)
+        woken.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    with cond:
+        cond.notify_all()
+    t.join(5)
+    assert woken.is_set()
+
+
+def test_second_writer_fails_fast(bufpath):
+    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    try:
+        with pytest.raises(WriterLockedError, match=f"pid {os.getpid()}"):
+            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+        # A different writer id is a different segment: allowed.
+        b = zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=bufpath, writer_id="rank1"
+        )
+        b.close()
+    finally:
+        a.close()
+    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+
+
+def test_overwrite_refuses_a_buffer_with_a_live_writer(tmp_path):
+    import zreplay
+
+    path = str(tmp_path / "live")
+    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    a.add_trajectories([{"rewards": np.ones((2, 2, 1), np.float32)}])
+    a.flush()
+    with pytest.raises(zreplay.WriterLockedError, match="overwrite=True refused"):
+        zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=path, overwrite=True, writer_id="other"
+        )
+    assert zreplay.open(path).num_rows == 4
+    a.close()
+    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, overwrite=True)
+    assert len(b) == 0
+    b.close()
+
+
+def _take_lock(seg_dir: str, barrier, hold: float):
+    from zreplay.store.lock import WriterLock
+
+    lock = WriterLock(seg_dir)
+    barrier.wait()  # all contenders go at the same instant
+    try:
+        lock.acquire()
+    except WriterLockedError:
+        return None
+    t0 = time.monotonic()
+    time.sleep(hold)
+    t1 = time.monotonic()
+    lock.release()
+    return t0, t1
+
+
+def test_contenders_for_a_stale_lock_never_both_win(tmp_path):
+    """A stale lock (its writer died) taken over by 6 processes at once: never two
+    holders at a time.  (When breaking a stale lock was a rename and a new lock was
+    created empty and then written, two or more writers held it in 29 of 30 such trials.)"""
+    import json
+    import socket
+
+    ctx = processes()
+    for trial in range(5):
+        seg = tmp_path / str(trial)
+        (seg / "zreplay").mkdir(parents=True)
+        dead = {"host": socket.gethostname(), "pid": 2**22 + 1, "token": "x", "time": 0}
+        (seg / "zreplay" / "writer.lock").write_text(json.dumps(dead))
+        barrier = ctx.Barrier(6)
+        got = run_children([(_take_lock, (str(seg), barrier, 0.2))] * 6, timeout=30)
+        held = sorted(g for g in got if g is not None)
+        assert held, "nobody took over the stale lock"
+        for (_, end), (begin, _) in zip(held, held[1:], strict=False):
+            assert begin >= end, f"trial {trial}: two writers held the lock at once: {held}"

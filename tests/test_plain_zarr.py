@@ -1,6 +1,7 @@
 """A buffer is a plain Zarr hierarchy: zarr walks it without a warning, in every state a
 user can meet (several writers, saved priorities, a live writer's lock, a checkpoint, a
-killed writer's debris), and buffers written in format 2 are still read and upgraded."""
+killed writer's debris), FORMAT.md's recipe reads every trajectory and episode with zarr
+and json alone, and buffers written in format 2 are still read and upgraded."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, codes_of, make_traj, shard_files, tree_state
+from conftest import check_rows, codes_of, make_traj, shard_files, traj_equal
 
 import zreplay
-from zreplay.errors import SchemaError, ZReplayError
+from zreplay.errors import ZReplayError
 from zreplay.samplers import Prioritized
 from zreplay.store.commit import read_commit
 from zreplay.store.format import FORMAT_VERSION
@@ -179,24 +180,6 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     assert live[1] - live[0] == 6 * 18 and len(data["actions"]) == live[1]
 
 
-def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
-    """Evicted shards of a 2-D key are files c/<s>/0: their directories go with them (a
-    leftover c/<s>/ made the kill -9 test's 'no shard below reclaimed_below' flaky)."""
-    path = tmp_path / "b"
-    lay = {"x": {"chunk_rows": 16, "shard_rows": 64}, "y": {"chunk_rows": 16, "shard_rows": 64}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
-    )
-    for _ in range(20):
-        buf.add_trajectories([{"x": np.zeros((10, 5, 3), np.float32), "y": np.zeros((10, 5))}])
-    buf.close()
-    below = zreplay.store.commit.read_commit(path / "segments" / "default").reclaimed_below
-    assert below >= 64 * 10
-    for key in ("x", "y"):
-        shards = [int(p.name.split(".")[1]) for p in shard_files(path, key)]
-        assert shards and shards[0] == below // 64, (key, shards)
-
-
 def _shards_below(path, writer: str, below_row: int) -> list:
     """Shard files of ``writer``'s data arrays that hold only rows below ``below_row``."""
     layouts = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
@@ -208,104 +191,6 @@ def _shards_below(path, writer: str, below_row: int) -> list:
             if (s + 1) * lay["shard_rows"] <= below_row:
                 stale.append(f)
     return stale
-
-
-def test_reclaim_deletes_every_shard_wholly_below_as_it_goes(tmp_path):
-    """Keys with different shard sizes: each commit that reclaims deletes every shard
-    wholly below its bound, the one straddling the previous bound included (it stayed
-    until the writer's next open)."""
-    path = tmp_path / "b"
-    lay = {"x": {"chunk_rows": 16, "shard_rows": 16}, "y": {"chunk_rows": 16, "shard_rows": 64}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
-    )
-    for i in range(30):
-        buf.add_trajectories([{"x": np.full((10, 5, 3), i, np.float32), "y": np.zeros((10, 5))}])
-        buf.flush()
-        below = read_commit(path / "segments" / "default").reclaimed_below
-        assert _shards_below(path, "default", below) == [], (i, below)
-    assert below >= 1000
-    buf.close()
-
-
-def test_a_checkpoint_loaded_beside_other_writers_leaves_their_segments_as_they_are(tmp_path):
-    """Writer a loads a checkpoint of a format-4 segment (nested chunk keys, the same
-    layout), writer b the two-segment format-4 buffer (re-added in the buffer's own
-    arrays): the root's layout stays, writer d's flat segment is untouched, and every
-    segment evicts and reclaims its own shard files."""
-    with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
-        t.extractall(tmp_path, filter="data")
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(tmp_path / "fmt4"), writer_id="a"
-    ) as old:
-        old.save_checkpoint(str(tmp_path / "ck_a"))
-    small = {"chunk_rows": 4, "shard_rows": 16}
-    lay = {k: small for k in ("curr_obs/main_images", "actions", "rewards")}
-    path = tmp_path / "buf"
-    bufs = {
-        w: zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=str(path), writer_id=w, capacity=90, layout=lay
-        )
-        for w in "abd"
-    }
-    for i, buf in enumerate(bufs.values()):
-        buf.add_trajectories([make_traj(10 * i + k) for k in range(3)])
-        buf.flush()
-    layout = zarr.open_group(path, mode="r").attrs["zreplay"]["layout"]
-    bufs["a"].load_checkpoint(str(tmp_path / "ck_a"))
-    bufs["b"].load_checkpoint(str(tmp_path / "fmt4"))
-    assert zarr.open_group(path, mode="r").attrs["zreplay"]["layout"] == layout
-    assert set(codes_of(bufs["a"].sample(256)) // 10000) == {3, 4, 5, 6, 7}
-    assert _nested_and_flat(path / "segments" / "a")[1] == []
-    assert _nested_and_flat(path / "segments" / "d")[0] == []
-    for k in range(8):
-        for i, buf in enumerate(bufs.values()):
-            buf.add_trajectories([make_traj(300 + 10 * i + k)])
-    for w, buf in bufs.items():
-        buf.flush()
-        below = read_commit(path / "segments" / w).reclaimed_below
-        assert below > 0 and _shards_below(path, w, below) == [], w
-        check_rows(buf.sample(128))
-        buf.close()
-    assert zreplay.verify(path).ok
-
-
-@pytest.mark.parametrize("change", ["layout", "schema"])
-def test_a_checkpoint_in_another_layout_is_refused_beside_other_writers(tmp_path, change):
-    """A checkpoint whose shard rows (or keys) differ cannot replace one writer's segment
-    while another's is stored in the recorded layout (its reclaim would delete the wrong
-    rows) and schema: SchemaError, nothing changed."""
-    src = tmp_path / "src"
-    small = {"actions": {"chunk_rows": 4, "shard_rows": 16}} if change == "layout" else None
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src), layout=small) as b:
-        trajs = [make_traj(k, as_dict=True) for k in range(4)]
-        if change == "schema":
-            trajs = [{**t, "extra": t["rewards"]} for t in trajs]
-        b.add_trajectories(trajs)
-        b.save_checkpoint(str(tmp_path / "ck"))
-    path = tmp_path / "buf"
-    a, b = (
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id=w)
-        for w in "ab"
-    )
-    a.add_trajectories([make_traj(50)]), b.add_trajectories([make_traj(60)])
-    a.flush(), b.flush()
-    before = tree_state(path, skip=path / "segments" / "a")
-    commit = read_commit(path / "segments" / "a")
-    with pytest.raises(SchemaError, match="another layout" if change == "layout" else "schema"):
-        a.load_checkpoint(str(tmp_path / "ck"))
-    assert tree_state(path, skip=path / "segments" / "a") == before  # root, b: untouched
-    after = read_commit(path / "segments" / "a")
-    assert (after.contents, after.n_rows, after.n_traj) == (
-        commit.contents,
-        commit.n_rows,
-        commit.n_traj,
-    )
-    assert set(codes_of(a.sample(64)) // 10000) == {50}
-    a.close(), b.close()
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "own")) as c:
-        c.load_checkpoint(str(tmp_path / "ck"))  # a buffer of its own takes it
-        assert set(codes_of(c.sample(64)) // 10000) == {0, 1, 2, 3}
 
 
 def _plain_rows(path, writer: str = "default") -> tuple[dict, list[int]]:
@@ -387,20 +272,6 @@ def test_a_commit_killed_after_its_arrays_grew_is_cut_back_by_the_next_writer(tm
     data, live = _plain_rows(path)
     assert {v.shape[0] for v in data.values()} == {n + 18} and live == [0, n + 18]
     assert zreplay.verify(path).ok
-
-
-def test_a_checkpoint_keeps_its_own_lengths_while_the_buffer_grows(tmp_path):
-    """A checkpoint shares the buffer's files by hard links; rewriting the buffer's
-    zarr.json at each commit never changes the checkpoint's."""
-    path, ckpt = tmp_path / "b", tmp_path / "ckpt"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(2)])
-    buf.save_checkpoint(str(ckpt))
-    buf.add_trajectories([make_traj(i) for i in range(2, 5)])
-    buf.close()
-    saved, live = _plain_rows(ckpt)
-    assert {v.shape[0] for v in saved.values()} == {36} and live == [0, 36]
-    assert {v.shape[0] for v in _plain_rows(path)[0].values()} == {90}
 
 
 def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
@@ -537,3 +408,93 @@ def test_a_killed_clear_of_nested_arrays_leaves_no_shard_files_behind(tmp_path, 
     check_rows(buf.sample(32))
     buf.close()
     assert zreplay.verify(path).ok
+
+
+@pytest.fixture
+def written(bufpath):
+    trajs = [make_traj(i, T=3 + i, B=2) for i in range(4)]
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        buf.add_trajectories(trajs)
+    return bufpath, trajs
+
+
+def test_plain_zarr_reads_every_trajectory(written):
+    """The recipe of FORMAT.md, with zarr and json only."""
+    path, trajs = written
+    root = zarr.open_group(path, mode="r")
+    schema = root.attrs["zreplay"]["schema"]
+    seg = root["segments/default"]
+    commit = json.loads(open(f"{path}/segments/default/zreplay/commit.json").read())
+    off = seg["offsets"][: commit["n_traj"] + 1]
+    T_col, B_col = seg["traj/T"][: commit["n_traj"]], seg["traj/B"][: commit["n_traj"]]
+    for i in range(commit["low_traj"], commit["n_traj"]):
+        T, B = int(T_col[i]), int(B_col[i])
+        got = {}
+        for key in schema:
+            rows = seg[f"data/{key}"][off[i] : off[i + 1]]  # env-major: [B*T, ...]
+            got[key] = rows.reshape(B, T, *rows.shape[1:]).swapaxes(0, 1)
+        traj_equal(zreplay.schema.unflatten(got), trajs[i])
+    assert seg["traj/trajectory_id"][: commit["n_traj"]].tolist() == [0, 1, 2, 3]
+    wid = bytes(seg["traj/model_weights_id"][0]).rstrip(b"\0").decode()
+    assert wid == zreplay.open(path).trajectory(0)["model_weights_id"]
+
+
+def rollout_chunks(n_chunks, T, B, seed=0, p_end=0.08):
+    """Consecutive chunks of B envs; obs code = env * 1e6 + global step of that env."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for c in range(n_chunks):
+        t = np.arange(c * T, (c + 1) * T)[:, None]
+        code = (np.arange(B)[None, :] * 1_000_000 + t).astype(np.float64)
+        term = rng.random((T, B)) < p_end / 2
+        trunc = (rng.random((T, B)) < p_end / 2) & ~term
+        chunks.append(
+            {
+                "curr_obs": {"state": code[..., None]},
+                "actions": code[..., None].astype(np.float32),
+                "rewards": rng.standard_normal((T, B, 1)).astype(np.float32),
+                "terminations": term[..., None],
+                "truncations": trunc[..., None],
+            }
+        )
+    return chunks
+
+
+def test_plain_zarr_reads_every_episode(tmp_path):
+    """FORMAT.md's plain-zarr episode recipe gives the same episodes as the view."""
+    import json
+
+    import zarr
+
+    path = str(tmp_path / "b")
+    buf = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, continue_episodes=True
+    )
+    buf.add_trajectories(rollout_chunks(5, 8, 3, seed=4))
+    buf.close()
+    root = zarr.open_group(path, mode="r")
+    schema = root.attrs["zreplay"]["schema"]
+    got = []
+    for wid in root["segments"].group_keys():
+        seg = root["segments"][wid]
+        commit = json.load(open(f"{path}/segments/{wid}/zreplay/commit.json"))
+        k0, k1 = commit["low_piece"], commit["n_pieces"]
+        ep = {
+            c: seg[f"episodes/{c}"][k0:k1]
+            for c in ("start", "length", "episode", "step", "terminated", "truncated")
+        }
+        order = np.lexsort((ep["step"], ep["episode"]))
+        for e in np.unique(ep["episode"]):
+            pieces = order[ep["episode"][order] == e]
+            rows = np.concatenate(
+                [np.arange(ep["start"][p], ep["start"][p] + ep["length"][p]) for p in pieces]
+            )
+            episode = {key: seg[f"data/{key}"].get_orthogonal_selection((rows,)) for key in schema}
+            got.append((tuple(episode["curr_obs/state"][:, 0]), bool(ep["terminated"][pieces[-1]])))
+    view = zreplay.open(path)
+    tab = view.episode_table()
+    want = [
+        (tuple(view.episode(e)["curr_obs"]["state"][:, 0]), bool(tab["terminated"][e]))
+        for e in range(view.num_episodes)
+    ]
+    assert sorted(got) == sorted(want) and len(got) > 3

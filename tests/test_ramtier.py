@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builders
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -48,3 +49,19 @@ def test_ring_matches_reference(capacity, ops):
         np.testing.assert_array_equal(tier.gather(k, tier.slots(rows)), flat[k][rows])
         got = np.concatenate([p for _, p in tier.read_range(k, tier.lo, tier.hi)])
         np.testing.assert_array_equal(got, flat[k][tier.lo : tier.hi])
+
+
+def test_a_ram_tier_turned_off_reads_committed_rows_from_disk(tmp_path):
+    core = builders.writer(tmp_path / "b", ram_trajectories=0)
+    for tid in range(4):
+        builders.add(core, tid)
+
+    def whole(batch):  # every row's keys come from one (trajectory, lane, step)
+        assert np.all(batch["obs"] == batch["reward"][:, None])
+        return set(builders.tids(batch["obs"]))
+
+    assert whole(core.sample(64)) <= set(range(4))  # uncommitted rows: the staging tier
+    core.flush()
+    assert core.stats()["rows_in_ram"] == 0
+    assert whole(core.sample(256)) == set(range(4))  # committed rows: read from disk
+    core.close()

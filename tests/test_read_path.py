@@ -1,17 +1,15 @@
-"""The read path: column cache, chunk cache, reads without scatter, batched episode and
-trajectory reads, HDF5 chunks written directly, background RAM-tier refill after a load."""
+"""The read path: clips bit for bit, chunk cache, damaged chunks on clip reads, a view
+retrying rows evicted under it, batched episode and trajectory reads (column cache:
+test_colcache.py; exports: test_export.py; checkpoints: test_checkpoint.py)."""
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, make_traj, shard_files
+from conftest import make_traj, shard_files
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -57,55 +55,6 @@ def test_clips_are_the_stored_rows_bit_for_bit(stored, caches):
     # repeats of one clip inside a batch come back as copies of the same rows
     twice = flat(view.clips([3, 3, 5], history_len=2))
     assert all(np.array_equal(v[0], v[1]) for v in twice.values())
-
-
-def test_column_cache_serves_small_keys_and_follows_refresh(stored, tmp_path):
-    import shutil
-
-    path = tmp_path / "buf"
-    shutil.copytree(stored, path)
-    view = zreplay.open(path, seed=1)
-    check_rows(view.sample(200))
-    seg = view.core.engine.snapshot().parts[0]
-    assert seg.cache is not None and set(seg.cache.keys) >= {"rewards", "actions"}
-    assert "curr_obs/main_images" in seg.cache.keys  # 8x8x3 images are 192 B: small too
-    assert seg.cache.hi == view.num_rows  # filled on first use
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(12, 15)])
-    assert view.refresh()
-    clips = flat(view.clips(np.arange(view.num_clips(history_len=2)), history_len=2))
-    codes = clips["rewards"][..., 0]
-    assert {int(c) // 10000 for c in codes.ravel()} == set(range(15))  # new rows seen
-    assert np.array_equal(clips["curr_obs/states"][..., 0], codes)
-    assert seg.cache is view.core.engine.snapshot().parts[0].cache  # same rows: kept
-
-
-def test_small_column_budget_holds_only_the_newest_rows(stored, tmp_path):
-    import shutil
-
-    stored = shutil.copytree(stored, tmp_path / "own")  # its own cache file, filled here
-    view = zreplay.open(stored, column_cache_bytes=4096)
-    batch = view.rows(np.arange(view.num_rows))
-    for key in view.keys():
-        assert np.array_equal(flat(batch)[key], plain_rows(stored, key)), key
-    cache = view.core.engine.snapshot().parts[0].cache
-    assert 0 < cache.hi - cache.lo < view.num_rows and cache.nbytes <= 4096
-
-
-def test_writer_reads_old_small_rows_from_its_column_cache(tmp_path):
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(tmp_path / "b"), cache_size=1, sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(8)])
-        buf.flush()
-        for _ in range(5):
-            check_rows(buf.sample(128))
-        clips = buf.sample_clips(64, history_len=3)
-        r = clips["rewards"][..., 0].numpy()
-        assert np.all(np.diff(r, axis=1) == 1)  # consecutive steps of one lane
-        assert np.array_equal(clips["curr_obs"]["states"][..., 0].numpy(), r)
-        part = buf.core.engine.snapshot().parts[0]
-        assert part.cache is not None and part.cache.hi > part.cache.lo  # it was used
 
 
 def test_nstep_and_prioritized_clips_agree_with_and_without_caches(stored, tmp_path):
@@ -216,115 +165,3 @@ def test_episode_batches_and_trajectories_match_single_reads(stored):
     for i in (0, 7, 11):
         one = view.core.trajectory(i)
         assert all(np.array_equal(recs[i].columns[c], one.columns[c]) for c in one.columns)
-
-
-def _episodes(path: Path) -> list[dict]:
-    return [flat(e) for e in zreplay.iter_hdf5(path)]
-
-
-@pytest.mark.parametrize("compression", ["gzip", None, "lzf"])
-def test_hdf5_dump_is_what_h5py_itself_writes(stored, tmp_path, compression):
-    view = zreplay.open(stored)
-    out = tmp_path / "e.h5"
-    ticks = []
-    zreplay.dump(view, out, compression=compression, progress=ticks.append)
-    assert sum(ticks) == view.num_episodes
-    eps = _episodes(out)
-    assert len(eps) == view.num_episodes
-    for e in (0, 5, view.num_episodes - 1):
-        ref = flat(view.episode(e))
-        assert all(np.array_equal(eps[e][k], ref[k]) for k in ref)
-    with h5py.File(out) as f:
-        ds = f["curr_obs.states"]  # nested keys are root datasets named with "."
-        assert ds.compression == compression and ds.shuffle == bool(compression)
-        assert ds.chunks[0] > 1
-        # the same data written by h5py reads back identically through the same filters
-        ref = tmp_path / "ref.h5"
-        with h5py.File(ref, "w") as g:
-            kw = {"compression": compression, "shuffle": True} if compression else {}
-            g.create_dataset("x", data=ds[:], chunks=ds.chunks, maxshape=ds.maxshape, **kw)
-        with h5py.File(ref) as g:
-            assert np.array_equal(g["x"][:], ds[:]) and g["x"].shuffle == ds.shuffle
-
-
-def test_hdf5_append_continues_a_partial_chunk(stored, tmp_path):
-    view = zreplay.open(stored)
-    out = tmp_path / "e.h5"
-    zreplay.dump(view, out)
-    zreplay.dump(view, out, mode="append")
-    eps = _episodes(out)
-    n = view.num_episodes
-    assert len(eps) == 2 * n
-    for e in (0, n - 1):
-        assert all(np.array_equal(eps[e][k], eps[n + e][k]) for k in eps[e])
-    with h5py.File(out) as f:
-        assert f["ep_offset"][n] == f["ep_len"][:n].sum()
-
-
-def test_export_pt_writes_every_trajectory(stored, tmp_path):
-    import torch
-
-    view = zreplay.open(stored)
-    from zreplay.compat.rlinf_files import export_rlinf
-
-    assert export_rlinf(view.core, tmp_path / "r", "pt", 1) == 12
-    files = sorted((tmp_path / "r").glob("trajectory_*.pt"))
-    assert len(files) == 12 and not list((tmp_path / "r").glob("*.tmp"))
-    t5 = torch.load(next(f for f in files if f.name.startswith("trajectory_5_")), weights_only=True)
-    assert np.array_equal(t5["rewards"].numpy(), view.trajectory(5)["rewards"])
-
-
-# -- checkpoints ------------------------------------------------------------------------
-
-
-def test_checkpoint_links_files_and_makes_no_empty_directories(stored, tmp_path):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "a")) as b:
-        b.load_checkpoint(str(stored))
-        b.save_checkpoint(str(tmp_path / "ck"))
-    for r, dirs, files in os.walk(tmp_path / "ck"):
-        assert files or dirs, f"empty directory {r}"
-    a, ck = shard_files(tmp_path / "a", "rewards")[0], shard_files(tmp_path / "ck", "rewards")[0]
-    assert os.stat(a).st_ino == os.stat(ck).st_ino  # a hard link, not a copy
-
-
-def test_load_checkpoint_refills_the_ram_tier_in_the_background(stored, tmp_path):
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
-    buf.load_checkpoint(str(stored))
-    check_rows(buf.sample(256))  # correct whether rows come from RAM or disk yet
-    deadline = time.time() + 30
-    while buf.get_stats()["cache_size"] < 5 and time.time() < deadline:
-        time.sleep(0.01)
-    st = buf.get_stats()
-    assert st["cache_size"] == 5 and st["rows_in_ram"] == 5 * 18
-    buf.add_trajectories([make_traj(50)])
-    check_rows(buf.sample(256))
-    buf.close()
-    # closing while a refill runs stops it cleanly
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
-    buf.close()
-    assert zreplay.verify(tmp_path / "b").ok
-
-
-def test_column_cache_knobs(stored, tmp_path):
-    def cache(obj):
-        return obj.core.engine.snapshot().parts[0].cache
-
-    assert cache(zreplay.open(stored, column_cache_bytes=0)) is None
-    c = cache(zreplay.open(stored))
-    specs = zreplay.open(stored).schema.specs
-    from zreplay.engine.colcache import default_budget
-
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert default_budget() == ram  # the default budget is the machine's RAM
-    assert zreplay.open(stored).core.engine.chunk_cache_bytes == ram // 16
-    assert zreplay.open(stored, chunk_cache_bytes=0).core.engine.chunk_cache_bytes == 0
-    assert c.max_rows == ram // sum(specs[k].row_bytes for k in c.keys)
-    assert all(specs[k].row_bytes <= 1024 for k in c.keys)
-    path = str(tmp_path / "b")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([make_traj(0)])
-        assert cache(buf) is not None
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, enable_cache=False
-    ) as buf:
-        assert cache(buf) is None  # RAM tier off: every committed row is read from disk

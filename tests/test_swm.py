@@ -91,28 +91,6 @@ def test_lists_of_per_step_arrays_and_tensors_are_accepted(rb):
         assert np.array_equal(np.stack(got[k]), ep[k])
 
 
-def test_fifo_eviction_of_whole_episodes(rb):
-    fill(rb, [40, 30, 30])  # exactly 100: no eviction
-    assert rb.num_episodes == 3 and rb.num_steps_stored == 100
-    rb.write_episode(episode(10, base=9000))  # evicts one
-    assert list(rb.lengths) == [30, 30, 10]
-    rb.write_episode(episode(90, base=8000))  # evicts many
-    assert list(rb.lengths) == [10, 90]
-    seen = {int(x) // 1000 for x in rb.sample(500, history_len=1)["pixels"][:, 0, 0, 0]}
-    assert seen == {8, 9}  # evicted data never comes back
-    assert list(rb.offsets) == [0, 10]
-
-
-def test_many_wraps_keep_episodes_intact(rb):
-    for i in range(60):
-        L = 7 + i % 13
-        rb.write_episode(episode(L, base=1000 * (i + 1)))
-        assert rb.num_steps_stored <= 100
-    for ep, L in zip(rb.episodes(), rb.lengths, strict=True):
-        pix = np.stack(ep["pixels"])[:, 0, 0]
-        assert len(pix) == L and np.all(np.diff(pix) == 1) and pix[0] % 1000 == 0
-
-
 def test_clips_never_cross_episodes_and_counts_follow_the_span(rb):
     fill(rb, [10, 3, 7])
     assert rb.num_valid_ends(1) == 20 and rb.num_valid_ends(4) == 7 + 0 + 4
@@ -192,17 +170,6 @@ def test_transform_applies_to_getitem_only(tmp_path):
     b.write_episode(episode(3))
     assert set(b[0]) == {"px"} and "pixels" in b.sample(1)
     b.close()
-
-
-def test_clear_keeps_schema_and_refill_works(rb):
-    fill(rb, [5, 5])
-    rb.clear()
-    # stable-worldmodel's order: the first episode's (not sorted)
-    assert rb.num_episodes == 0 and rb.column_names == ["pixels", "action", "reward", "terminated"]
-    with pytest.raises(ValueError, match="schema mismatch"):
-        rb.write_episode({"other": np.zeros(3)})
-    fill(rb, [4])
-    assert list(rb.lengths) == [4]
 
 
 def test_reopen_resumes_episodes_step_counter_and_random_stream(tmp_path):

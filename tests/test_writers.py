@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from conftest import make_traj
+import pytest
+from conftest import check_rows, make_traj, shard_files
 
 import zreplay
 from zreplay.store.format import ID_BITS
@@ -54,3 +55,62 @@ def test_writer_numbers_are_claimed_once_even_when_racing(tmp_path):
     # A writer that crashed before its first commit finds its claim again.
     assert root.writer_number("w5") == got["w5"]
     assert root.writer_number("new") == 8
+
+
+def _writer(path, wid, lay):
+    return zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(path), writer_id=wid, layout=lay, sample_window_size=0
+    )
+
+
+def test_writers_of_a_new_buffer_cannot_fix_two_layouts(tmp_path):
+    """Defect 3: two writers opened on a new buffer with different ``layout=`` each
+    created arrays in their own layout while the root recorded only one; reopening the
+    other segment then read its shards with the wrong chunk grid (or deleted them)."""
+    path = tmp_path / "b"
+    small = {"rewards": {"chunk_rows": 4, "shard_rows": 16}}
+    other = {"rewards": {"chunk_rows": 8, "shard_rows": 32}}
+    a, b = _writer(path, "a", small), _writer(path, "b", other)
+    a.add_trajectories([make_traj(0)])
+    with pytest.raises(zreplay.SchemaError, match="layout for key 'rewards'"):
+        b.add_trajectories([make_traj(1)])  # refused before anything is written
+    assert shard_files(path, "rewards", "b") == []
+    b.close()
+    a.add_trajectories([make_traj(1)])
+    a.close()
+    with pytest.raises(zreplay.SchemaError, match="created with"):
+        _writer(path, "a", other)  # reopening with another layout is refused too
+    with _writer(path, "b", small) as b:  # the recorded layout is fine
+        b.add_trajectories([make_traj(2)])
+    view = zreplay.open(path)
+    assert view.num_trajectories == 3
+    check_rows(view.sample(256))
+    assert zreplay.verify(path).ok, str(zreplay.verify(path))
+
+
+def test_racing_writers_of_a_new_buffer_agree_on_one_layout(tmp_path):
+    path = tmp_path / "b"
+    lays = [{"rewards": {"chunk_rows": 4 << i, "shard_rows": 64}} for i in range(4)]
+    writers = [_writer(path, f"w{i}", lay) for i, lay in enumerate(lays)]
+    go, errors = threading.Barrier(len(writers)), []
+
+    def add(i):
+        go.wait()
+        try:
+            writers[i].add_trajectories([make_traj(i)])
+            writers[i].flush()
+        except zreplay.SchemaError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(len(writers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in writers:
+        w.close()
+    assert len(errors) == len(writers) - 1  # exactly one layout won
+    view = zreplay.open(path)
+    assert view.num_trajectories == 1
+    check_rows(view.sample(64))
+    assert zreplay.verify(path).ok, str(zreplay.verify(path))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-from conftest import check_rows, codes_of, make_traj, traj_equal
+from conftest import check_rows, codes_of, make_traj
 
 import zreplay
-from zreplay import BufferClosedError, EmptyBufferError
+from zreplay import EmptyBufferError
 
 
 def persistent(path, **kw):
@@ -114,124 +112,11 @@ def test_len_total_ready_stats(bufpath):
         assert st["pending_trajectories"] == 0 and st["committed_trajectories"] == 3
 
 
-def test_close_reopen_resumes_everything(bufpath):
-    trajs = [make_traj(i, epochs=2) for i in range(5)]
-    with persistent(bufpath) as buf:
-        ids = buf.add_trajectories(trajs)
-    assert ids == list(range(5))
-    with persistent(bufpath) as buf:
-        assert len(buf) == 5 and buf.total_samples == 5 * 18
-        for i, t in enumerate(trajs):
-            got = buf.trajectory(i)
-            traj_equal(got, t)
-            assert got["max_episode_length"] == 100 + i
-        check_rows(buf.sample(100))
-        assert buf.add_trajectories([make_traj(5)]) == [5]  # ids continue
-
-
-def test_resume_continues_the_same_random_stream(tmp_path):
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    with persistent(a) as never_closed:
-        never_closed.add_trajectories([make_traj(i) for i in range(4)])
-        never_closed.sample(10)
-        want = [codes_of(never_closed.sample(16)) for _ in range(3)]
-    with persistent(b) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        buf.sample(10)
-    with persistent(b, seed=999) as buf:  # the saved stream wins over the seed
-        got = [codes_of(buf.sample(16)) for _ in range(3)]
-    for w, g in zip(want, got, strict=True):
-        assert np.array_equal(w, g)
-
-
-def test_overwrite_starts_fresh(bufpath):
-    with persistent(bufpath) as buf:
-        buf.add_trajectories([make_traj(0)])
-    with persistent(bufpath, overwrite=True) as buf:
-        assert len(buf) == 0
-
-
-def test_close_is_idempotent_and_use_after_close_raises(bufpath):
-    buf = persistent(bufpath)
-    buf.add_trajectories([make_traj(0)])
-    buf.close()
-    buf.close()
-    with pytest.raises(BufferClosedError, match="closed"):
-        buf.add_trajectories([make_traj(1)])
-    with pytest.raises(BufferClosedError):
-        buf.sample(1)
-    with pytest.raises(BufferClosedError):
-        buf.flush()
-
-
-def test_clear_cache_does_not_break_the_buffer(bufpath):
-    with persistent(bufpath, cache_size=100) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(3)])
-        buf.clear_cache()
-        assert buf.get_stats()["cache_size"] == 0
-        check_rows(buf.sample(64))  # now from disk
-        buf.add_trajectories([make_traj(3)])  # RLinf raises here
-        assert len(buf) == 4
-
-
-def chunk_files(root):
-    """Shard files of data arrays (``c.<s>...``) and chunk files of index arrays (``c/``)."""
-    return [f for r, _, fs in os.walk(root) for f in fs if "/c/" in r + "/" or f.startswith("c.")]
-
-
-def test_clear_removes_data_on_disk(bufpath):
-    with persistent(bufpath) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(3)])
-        buf.flush()
-        shard_files = chunk_files(bufpath)
-        assert any(f.startswith("c.") for f in shard_files)  # data shards among them
-        buf.clear()
-        assert len(buf) == 0 and buf.total_samples == 0
-        assert chunk_files(bufpath) == []
-        assert buf.add_trajectories([make_traj(9)]) == [3]  # ids are never reused
-    with persistent(bufpath) as buf:
-        assert len(buf) == 1 and set(codes_of(buf.sample(20)) // 10000) == {9}
-
-
-def test_enable_cache_false_reads_everything_from_disk(bufpath):
-    with persistent(bufpath, enable_cache=False) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
-        check_rows(buf.sample(64))  # uncommitted rows come from the staging tier
-        buf.flush()
-        assert buf.get_stats()["rows_in_ram"] == 0
-        check_rows(buf.sample(256))
-
-
-def test_in_memory_buffer_works_fully_and_leaves_nothing(tmp_path):
-    buf = zreplay.TrajectoryReplayBuffer(seed=1, auto_save=False, sample_window_size=3)
-    path = buf.path
-    buf.add_trajectories([make_traj(i) for i in range(6)])
-    assert set(codes_of(buf.sample(300)) // 10000) == {3, 4, 5}
-    buf.sample_window_size = 0
-    # Unlike RLinf, trajectories that left the RAM tier are still sampleable.
-    assert set(codes_of(buf.sample(3000)) // 10000) == set(range(6))
-    buf.save_checkpoint(str(tmp_path / "ck"))
-    buf.close()
-    assert not path.exists()
-    assert zreplay.open(tmp_path / "ck").num_trajectories == 6
-
-
 def test_window_zero_in_memory_does_not_crash():
     # RLinf raises ZeroDivisionError for this combination.
     with zreplay.TrajectoryReplayBuffer(sample_window_size=0) as buf:
         buf.add_trajectories([make_traj(0)])
         check_rows(buf.sample(8))
-
-
-def test_capacity_evicts_whole_oldest_trajectories(bufpath):
-    with persistent(bufpath, capacity=40, sample_window_size=0) as buf:
-        for i in range(10):
-            buf.add_trajectories([make_traj(i, T=6, B=3)])  # 18 rows each
-        assert len(buf) == 2 and buf.total_samples == 36
-        assert set(codes_of(buf.sample(500)) // 10000) == {8, 9}
-        assert buf.trajectory(0)["trajectory_id"] == 8
-    with persistent(bufpath, capacity=40) as buf:
-        assert len(buf) == 2 and buf.trajectory(-1)["trajectory_id"] == 9
 
 
 def test_dict_and_foreign_objects_accepted(bufpath):
@@ -276,18 +161,3 @@ def test_deeper_nested_dicts_are_kept(bufpath):
         buf.add_trajectories([t])
         s = buf.sample(4)
         assert s["curr_obs"]["extra"]["depth"].shape == (4, 2)
-
-
-def test_reopening_with_a_smaller_capacity_evicts_at_once(bufpath):
-    """The rows beyond the new capacity were still sampled until the next add."""
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=bufpath, sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(5)])  # 90 rows
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=bufpath, sample_window_size=0, capacity=40
-    )
-    assert len(buf) == 2 and buf.total_samples == 36
-    assert set(check_rows(buf.sample(256)) // 10000) == {3, 4}
-    buf.close()
-    assert zreplay.open(bufpath).num_trajectories == 2  # and the eviction was committed
