@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "zreplay.conventions",
             "zreplay.numbers",
             "zreplay.threads",
+            "zreplay.forks",
         ),
     ),
     ("store", ("zreplay.store",)),

@@ -27,14 +27,23 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..forks import at_fork, forked, on_fork
 from . import objectswap
-from .arrays import ZarrArray, forked
+from .arrays import ZarrArray
 from .backend import Backend
 from .objectarray import SegmentCache
 from .objectio import ObjectClient, Request
 
 _BACKENDS: dict[tuple, S3Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
+
+
+def _new_backends_lock() -> None:
+    global _BACKENDS_LOCK
+    _BACKENDS_LOCK = threading.Lock()  # another parent thread may have held it at the fork
+
+
+at_fork(_new_backends_lock)
 
 
 class S3Path:
@@ -127,8 +136,13 @@ class S3Backend(Backend):
         self.protocol, self.bucket = protocol, bucket
         self._options = dict(storage_options)
         self._client: ObjectClient | None = None
-        self._client_forked = False
         self._lock = threading.Lock()
+        on_fork(self, S3Backend._forget_client)
+
+    def _forget_client(self) -> None:
+        # obstore's runtime hangs in a forked child: the child makes its own client, and
+        # another parent thread may have held the lock at the fork.
+        self._client, self._lock = None, threading.Lock()
 
     @classmethod
     def for_url(cls, url: str, storage_options: Mapping | None) -> S3Path:
@@ -155,7 +169,7 @@ class S3Backend(Backend):
     def client(self) -> ObjectClient:
         """This process's client: obstore, or s3fs in a forked child (or without obstore)."""
         with self._lock:
-            if self._client is None or (forked() and not self._client_forked):
+            if self._client is None:
                 from .objectio import ObstoreClient, S3fsClient
 
                 use_s3fs = forked()
@@ -165,7 +179,7 @@ class S3Backend(Backend):
                     except ImportError:
                         use_s3fs = True
                 kind = S3fsClient if use_s3fs else ObstoreClient
-                self._client, self._client_forked = kind(self.bucket, self._options), forked()
+                self._client = kind(self.bucket, self._options)
             return self._client
 
     def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
