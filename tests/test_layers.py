@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "zreplay.conventions",
             "zreplay.numbers",
             "zreplay.threads",
+            "zreplay.forks",
         ),
     ),
     ("store", ("zreplay.store",)),
@@ -141,7 +142,7 @@ def test_the_checker_sees_a_lazy_upward_import(tmp_path):
 
 def test_only_the_location_module_picks_a_store_backend():
     """No code outside store/location.py asks which kind of store it has."""
-    names = ("ObjectPath", "LocalPath", "FsspecBackend", "LocalBackend")
+    names = ("ObjectLocation", "LocalPath", "FsspecBackend", "LocalBackend")
     offenders = []
     for m, p in modules().items():
         if m == "zreplay.store.location" or m.startswith("zreplay.store.backend"):

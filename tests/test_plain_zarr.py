@@ -280,6 +280,7 @@ def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
     forked from another reads)."""
     from collections import Counter
 
+    from zreplay import forks
     from zreplay.store import arrays
 
     path = tmp_path / "b"
@@ -295,7 +296,7 @@ def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
 
     monkeypatch.setattr(arrays.ArrayHandle, "_open", counting_open)
     if forked:
-        monkeypatch.setattr(arrays, "_FORKED", True)  # the reader reads as a forked child does
+        monkeypatch.setattr(forks, "_FORKED", True)  # the reader reads as a forked child does
     view = zreplay.open(path)
     opened.clear()
     for i in range(1, commits + 1):
@@ -304,7 +305,7 @@ def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
         view.refresh()
         assert view.num_trajectories == i + 1
         check_rows(view.rows(np.arange(view.num_rows - 18, view.num_rows)))  # the newest
-    monkeypatch.setattr(arrays, "_FORKED", False)
+    monkeypatch.setattr(forks, "_FORKED", False)
     buf.close()
     assert opened
     return opened

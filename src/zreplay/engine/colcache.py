@@ -84,6 +84,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptBufferError
+from ..forks import at_fork
 from ..schema import Schema
 from ..store.commit import read_commit
 
@@ -242,7 +243,7 @@ def _close_held_in_child() -> None:
     _HELD.clear()
 
 
-os.register_at_fork(after_in_child=_close_held_in_child)
+at_fork(_close_held_in_child)
 
 
 def _round_up(n: int) -> int:

@@ -19,13 +19,13 @@ of using handles (and TensorStore threads) inherited from its parent.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleViewError
+from ..forks import Origin
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
@@ -156,7 +156,7 @@ class BufferReader:
         self.path = self.root.path
         self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
-        self._pid = os.getpid()
+        self._origin = Origin()  # inherited by a forked child, which reopens (check_process)
         self._segs: dict[str, _SegmentState] = {}
         self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
         self.schema = None
@@ -180,9 +180,9 @@ class BufferReader:
 
     def check_process(self) -> bool:
         """In a process other than the one that opened it: reopen (True if it did)."""
-        if os.getpid() == self._pid:
+        if not self._origin.inherited:
             return False
-        self._pid = os.getpid()
+        self._origin = Origin()
         self._segs = {}
         self.schema = None
         self.refresh()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -31,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError, WriterLockedError
+from ..forks import Origin
 from ..numbers import as_int, check_json
 from ..schema import Schema, check_key_component
 from ..store.checkpoint import write_snapshot
@@ -68,8 +68,8 @@ def _close_live_writers() -> None:
             log.error("zreplay: closing %s at exit failed: %r", w.path, e)
 
 
-def _remove_store(path: str, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:
+def _remove_store(path: str, owner: Origin) -> None:
+    if not owner.inherited:
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -101,12 +101,14 @@ class SegmentWriter:
             capacity = as_int(capacity, "capacity (rows)", minimum=1)
         if staging_bytes is not None:
             staging_bytes = as_int(staging_bytes, "staging_bytes", minimum=0)
+        # A forked child's copy never writes (_check_process) nor removes anything.
+        self._origin = Origin()
         self.temporary = path is None
         if self.temporary:
             path = tempfile.mkdtemp(prefix="zreplay-")
             # Removed on close(), or at interpreter exit if the owner never closed it (by
             # this process only: a forked child exiting must not remove its parent's).
-            self._finalizer = weakref.finalize(self, _remove_store, path, os.getpid())
+            self._finalizer = weakref.finalize(self, _remove_store, path, self._origin)
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
         self.writer_id = writer_id
@@ -115,7 +117,6 @@ class SegmentWriter:
         self._source: Callable[[], StateSource | None] = lambda: None
         self._priorities: PriorityArrays | None = None
 
-        self._pid = os.getpid()  # a forked child's copy never writes (_check_process)
         self.cond = InterruptSafeCondition()
         self._add_lock = threading.Lock()
         self._closed = False
@@ -385,9 +386,9 @@ class SegmentWriter:
         """``WriteFailedError`` in a process forked from the writer's: its lock, threads
         and uncommitted rows stay with the parent (before any lock is taken: one held by
         another thread at the fork is held for good in the child)."""
-        if os.getpid() != self._pid:
+        if self._origin.inherited:
             raise WriteFailedError(
-                f"this buffer's writer belongs to process {self._pid}, and this process was "
+                f"this buffer's writer belongs to process {self._origin.pid}, and this process was "
                 f"forked from it: a forked child cannot write through it (its background "
                 "writer did not come along). Open a buffer with another writer_id here, or "
                 "read with zreplay.open()"
@@ -493,7 +494,7 @@ class SegmentWriter:
         a process forked from the writer's (whose copy of the buffer is dropped or closed
         there) nothing is touched: the segment, its lock and its threads are the
         parent's, which goes on."""
-        if os.getpid() != self._pid:
+        if self._origin.inherited:
             self._closed = True
             return
         with self._add_lock:  # an add in flight finishes (and is committed) first
@@ -516,5 +517,5 @@ class SegmentWriter:
     def closing_soon(self) -> None:
         """It is about to be closed on another thread (its buffer was dropped): a new
         writer of its segment in this process waits for the lock to be released."""
-        if os.getpid() == self._pid and not self._closed:
+        if not self._origin.inherited and not self._closed:
             self._wlock.releasing()

@@ -10,7 +10,6 @@ object stores and for processes forked from another one (TensorStore aborts ther
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,27 +18,13 @@ import numpy as np
 import zarr
 
 from ..errors import CorruptBufferError, ZReplayError
+from ..forks import at_fork
 
 # TensorStore aborts a forked child that touches it ("fork() use detected"); zarr-python
 # resets its event loop after a fork.  So a process forked from another (DataLoader workers
-# under the default "fork" start method) reads through zarr-python instead: same files,
-# same checksums, slower per call.
-_FORKED = False
+# under the default "fork" start method) reads through zarr-python instead (see
+# ``forks.forked``): same files, same checksums, slower per call.
 _ZARR_RETRIES = 8
-
-
-def _mark_forked() -> None:
-    global _FORKED
-    _FORKED = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_mark_forked)
-
-
-def forked() -> bool:
-    """True in a process forked from another one (TensorStore must not be used)."""
-    return _FORKED
 
 
 class ArrayHandle:
@@ -160,13 +145,20 @@ class ZarrArray:
 
 
 _POOL: ThreadPoolExecutor | None = None
-_POOL_PID = 0
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # threads do not survive a fork: a forked child starts its own
+
+
+at_fork(_forget_pool)
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _POOL, _POOL_PID
-    if _POOL is None or _POOL_PID != os.getpid():  # threads do not survive a fork
-        _POOL, _POOL_PID = ThreadPoolExecutor(4, thread_name_prefix="zreplay-io"), os.getpid()
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(4, thread_name_prefix="zreplay-io")
     return _POOL
 
 

@@ -1,12 +1,13 @@
 """What the on-disk format needs from the place a buffer lives: the store backend seam.
 
 A *location* is a path inside one backend with the small ``pathlib.Path`` surface the
-store layer uses (``/``, ``name``, ``parent``, ``with_name``, ``read_bytes``,
-``read_text``, ``write_bytes``, ``is_file``, ``is_dir``, ``exists``, ``iterdir``, ``mkdir``,
-``unlink``, ``resolve``) plus ``.backend``, the :class:`Backend` it belongs to.  Local
-buffers use :class:`~zreplay.store.backend_local.LocalPath` (a ``pathlib.Path``), S3
-:class:`~zreplay.store.backend_s3.S3Path`, other fsspec object stores
-:class:`~zreplay.store.backend_fsspec.ObjectPath`.  :func:`zreplay.store.location.locate`
+store layer uses (``/``, ``name``, ``parent``, ``with_name``, ``relative_to``,
+``read_bytes``, ``read_text``, ``write_bytes``, ``is_file``, ``is_dir``, ``exists``,
+``iterdir``, ``mkdir``, ``unlink``, ``resolve``) plus ``.backend``, the :class:`Backend`
+it belongs to.  Local buffers use :class:`~zreplay.store.backend_local.LocalPath` (a
+``pathlib.Path``); every object store (S3, other fsspec stores) uses
+:class:`ObjectLocation` (``scheme://bucket/key``: ``pathlib``'s arithmetic on the key,
+its I/O through the :class:`ObjectBackend` it names).  :func:`zreplay.store.location.locate`
 is the one place that picks a backend for a path or URL.
 
 Every operation whose guarantee differs between backends is a method here; nothing above
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 
@@ -208,3 +210,189 @@ class Backend(ABC):
     #: commits release adds waiting for room early; an object store, where every commit
     #: re-uploads the shards it touches and the index chunks, takes everything published.
     commit_tier_share: float = 0.25
+
+
+def _normal(key: str) -> str:
+    """``key`` as ``PurePosixPath`` spells it, relative: no empty or ``.`` parts."""
+    return "/".join(p for p in key.split("/") if p and p != ".")
+
+
+class ObjectLocation:
+    """A key in a bucket of an object store, ``scheme://bucket/key``, with the
+    ``pathlib.Path`` subset zreplay uses (see the module docstring).
+
+    Its arithmetic (``/``, ``name``, ``parent``, ``with_name``, ``relative_to``) is
+    ``PurePosixPath``'s on the key, the bucket being the root (``parent`` never leaves
+    it); it does no I/O.  Its file methods are its backend's (:class:`ObjectBackend`).
+    ``str()`` is the URL, which zarr, fsspec and :func:`~zreplay.store.location.locate`
+    take back (with the backend's ``storage_options``)."""
+
+    __slots__ = ("backend", "bucket", "key")
+
+    def __init__(self, backend: ObjectBackend, bucket: str, key: str):
+        self.backend = backend
+        self.bucket = bucket
+        self.key = _normal(key)
+
+    @property
+    def scheme(self) -> str:
+        return self.backend.protocol
+
+    @property
+    def path(self) -> str:
+        """``bucket/key``: the object's path as fsspec filesystems name it."""
+        return f"{self.bucket}/{self.key}" if self.key else self.bucket
+
+    # -- arithmetic (no I/O) ----------------------------------------------------------
+
+    def __truediv__(self, name) -> ObjectLocation:
+        return ObjectLocation(self.backend, self.bucket, f"{self.key}/{name}")
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition("/")[2]
+
+    @property
+    def parent(self) -> ObjectLocation:
+        return ObjectLocation(self.backend, self.bucket, self.key.rpartition("/")[0])
+
+    def with_name(self, name: str) -> ObjectLocation:
+        return self.parent / name
+
+    def relative_to(self, other: ObjectLocation) -> PurePosixPath:
+        """This key below ``other``'s (``ValueError`` if it is not below it)."""
+        same = isinstance(other, ObjectLocation) and (other.scheme, other.bucket) == (
+            self.scheme,
+            self.bucket,
+        )
+        if same and (not other.key or self.key == other.key):
+            return PurePosixPath(self.key[len(other.key) :].lstrip("/"))
+        if same and self.key.startswith(other.key + "/"):
+            return PurePosixPath(self.key[len(other.key) + 1 :])
+        raise ValueError(f"{self} is not under {other}")
+
+    def resolve(self) -> ObjectLocation:
+        return self  # no links in an object store
+
+    def __str__(self) -> str:
+        if self.key or self.backend.slash_at_bucket:
+            return f"{self.scheme}://{self.bucket}/{self.key}"
+        return f"{self.scheme}://{self.bucket}"
+
+    def __repr__(self) -> str:
+        return f"ObjectLocation({str(self)!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ObjectLocation) and str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __lt__(self, other: ObjectLocation) -> bool:
+        return str(self) < str(other)
+
+    # -- files (the backend's requests) -------------------------------------------------
+
+    def read_bytes(self) -> bytes:
+        return self.backend.read_object(self)
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def write_bytes(self, data: bytes) -> None:
+        self.backend.write_object(self, data)
+
+    def is_file(self) -> bool:
+        return self.backend.is_object(self)
+
+    def is_dir(self) -> bool:
+        return self.backend.is_prefix(self)
+
+    def exists(self) -> bool:
+        return self.backend.exists(self)
+
+    def iterdir(self) -> Iterator[ObjectLocation]:
+        return iter([self / n for n in self.backend.child_names(self)])
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Object stores have no directories: a prefix exists once an object is under it."""
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        self.backend.unlink_object(self, missing_ok)
+
+
+class ObjectBackend(Backend):
+    """An object store: no directories, links, flocks or temp files; every write is a
+    whole object, and a tree is replaced by :mod:`~zreplay.store.objectswap`.  A
+    subclass says how to reach one object (its requests) and names its locations."""
+
+    protocol: str
+    #: ``str()`` of a bucket's root location ends with ``/`` (``s3://bucket/``).
+    slash_at_bucket: bool = True
+
+    # -- one object (what ObjectLocation's file methods do) ---------------------------
+
+    @abstractmethod
+    def read_object(self, loc: ObjectLocation) -> bytes:
+        """The bytes of the object ``loc``; ``FileNotFoundError`` if there is none."""
+
+    @abstractmethod
+    def write_object(self, loc: ObjectLocation, data: bytes) -> None:
+        """Store ``data`` as the object ``loc`` (one PUT)."""
+
+    @abstractmethod
+    def is_object(self, loc: ObjectLocation) -> bool:
+        """Whether an object is stored at ``loc``."""
+
+    @abstractmethod
+    def is_prefix(self, loc: ObjectLocation) -> bool:
+        """Whether objects are stored below ``loc`` (a "directory")."""
+
+    def exists(self, loc: ObjectLocation) -> bool:
+        return self.is_object(loc) or self.is_prefix(loc)
+
+    @abstractmethod
+    def child_names(self, loc: ObjectLocation) -> list[str]:
+        """Names of the objects and prefixes one level below ``loc``, sorted."""
+
+    @abstractmethod
+    def unlink_object(self, loc: ObjectLocation, missing_ok: bool) -> None:
+        """Delete the object ``loc`` (``FileNotFoundError`` if it is missing, unless
+        ``missing_ok``)."""
+
+    @abstractmethod
+    def copy_object(self, src: ObjectLocation, dst: ObjectLocation) -> None:
+        """Copy the object ``src`` to ``dst`` in this store (server-side)."""
+
+    # -- what every object store does alike ---------------------------------------------
+
+    def move_tree(self, src, dst) -> None:
+        for rel, s in self.walk_files(src):  # no rename: server-side copies, then removal
+            self.copy_object(s, dst / rel)
+        self.remove_tree(src)
+
+    def remove_file(self, loc, up_to) -> None:
+        loc.unlink(missing_ok=True)  # no directories to leave behind
+
+    def import_file(self, src, dst, link: bool = True) -> bool:
+        if src.backend is self:
+            self.copy_object(src, dst)
+        else:
+            dst.write_bytes(src.read_bytes())
+        return False
+
+    def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
+        return []  # objects appear whole: no temp files are ever left
+
+    def guard(self, loc, timeout: float | None = None) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
+        from . import objectswap
+
+        return objectswap.staged(dest)  # no rename: staged, then rolled forward
+
+    def recover_tree(self, loc) -> bool:
+        from . import objectswap
+
+        return objectswap.recover(loc)

@@ -12,110 +12,20 @@ fsspec; without them s3fs reads the usual AWS environment variables and config f
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import objectswap
 from .arrays import ZarrArray
-from .backend import Backend
+from .backend import ObjectBackend, ObjectLocation
 
 # Filesystems that cache directory listings unless told not to.
 _LISTING_CACHES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
-class ObjectPath:
-    """A key prefix in an fsspec filesystem with the ``pathlib.Path`` subset zreplay uses.
-
-    ``str()`` gives the full URL (``s3://bucket/prefix/...``), which zarr and fsspec accept
-    together with the backend's ``storage_options``.
-    """
-
-    def __init__(self, backend: FsspecBackend, key: str):
-        self.backend = backend
-        self.key = key.strip("/")
-
-    @property
-    def fs(self):
-        return self.backend.fs
-
-    def _with(self, key: str) -> ObjectPath:
-        return ObjectPath(self.backend, key)
-
-    def __truediv__(self, name: str) -> ObjectPath:
-        return self._with(f"{self.key}/{str(name).strip('/')}")
-
-    @property
-    def name(self) -> str:
-        return self.key.rsplit("/", 1)[-1]
-
-    @property
-    def parent(self) -> ObjectPath:
-        return self._with(self.key.rsplit("/", 1)[0] if "/" in self.key else self.key)
-
-    def with_name(self, name: str) -> ObjectPath:
-        return self.parent / name
-
-    def __str__(self) -> str:
-        return f"{self.backend.protocol}://{self.key}"
-
-    def __repr__(self) -> str:
-        return f"ObjectPath({str(self)!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, ObjectPath) and str(self) == str(other)
-
-    def __hash__(self) -> int:
-        return hash(str(self))
-
-    def __lt__(self, other: ObjectPath) -> bool:
-        return str(self) < str(other)
-
-    def resolve(self) -> ObjectPath:
-        return self
-
-    def read_bytes(self) -> bytes:
-        return self.fs.cat_file(self.key)
-
-    def read_text(self) -> str:
-        return self.read_bytes().decode()
-
-    def write_bytes(self, data: bytes) -> None:
-        self.fs.pipe_file(self.key, data)
-
-    def is_file(self) -> bool:
-        try:
-            return self.fs.info(self.key).get("type") == "file"
-        except FileNotFoundError:
-            return False
-
-    def exists(self) -> bool:
-        self.fs.invalidate_cache(self.key)
-        return self.fs.exists(self.key)
-
-    def is_dir(self) -> bool:
-        return self.exists() and not self.is_file()
-
-    def iterdir(self) -> Iterator[ObjectPath]:
-        try:
-            names = self.fs.ls(self.key, detail=False, refresh=True)
-        except FileNotFoundError:
-            return iter(())
-        return iter(self._with(n) for n in sorted(names) if n.strip("/") != self.key)
-
-    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
-        """Object stores have no directories: a prefix exists once an object is under it."""
-
-    def unlink(self, missing_ok: bool = False) -> None:
-        try:
-            self.fs.rm_file(self.key)
-        except FileNotFoundError:
-            if not missing_ok:
-                raise
-
-
-class FsspecBackend(Backend):
+class FsspecBackend(ObjectBackend):
     """One fsspec filesystem, reached with ``storage_options``."""
+
+    slash_at_bucket = False  # gs://bucket, as fsspec spells a bucket
 
     def __init__(self, fs, protocol: str, storage_options: Mapping[str, Any]):
         self.fs = fs
@@ -123,7 +33,7 @@ class FsspecBackend(Backend):
         self._options = dict(storage_options)
 
     @classmethod
-    def for_url(cls, url: str, storage_options: Mapping | None) -> ObjectPath:
+    def for_url(cls, url: str, storage_options: Mapping | None) -> ObjectLocation:
         protocol = url.split("://", 1)[0]
         options = dict(storage_options or {})
         if protocol in _LISTING_CACHES:
@@ -131,12 +41,51 @@ class FsspecBackend(Backend):
             options.setdefault("use_listings_cache", False)
         import fsspec  # only object stores need it (with s3fs: pip install zreplay[s3])
 
-        fs, key = fsspec.core.url_to_fs(url, **options)
-        return ObjectPath(cls(fs, protocol, options), key)
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        bucket, _, key = path.strip("/").partition("/")
+        return ObjectLocation(cls(fs, protocol, options), bucket, key)
 
     @property
     def storage_options(self) -> dict:
         return dict(self._options)
+
+    # -- one object -------------------------------------------------------------------
+
+    def read_object(self, loc) -> bytes:
+        return self.fs.cat_file(loc.path)
+
+    def write_object(self, loc, data: bytes) -> None:
+        self.fs.pipe_file(loc.path, data)
+
+    def is_object(self, loc) -> bool:
+        try:
+            return self.fs.info(loc.path).get("type") == "file"
+        except FileNotFoundError:
+            return False
+
+    def exists(self, loc) -> bool:
+        self.fs.invalidate_cache(loc.path)
+        return self.fs.exists(loc.path)
+
+    def is_prefix(self, loc) -> bool:
+        return self.exists(loc) and not self.is_object(loc)
+
+    def child_names(self, loc) -> list[str]:
+        try:
+            found = self.fs.ls(loc.path, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(p.strip("/").rpartition("/")[2] for p in found if p.strip("/") != loc.path)
+
+    def unlink_object(self, loc, missing_ok: bool) -> None:
+        try:
+            self.fs.rm_file(loc.path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def copy_object(self, src, dst) -> None:
+        self.fs.copy(src.path, dst.path)
 
     # -- files --------------------------------------------------------------------
 
@@ -145,57 +94,30 @@ class FsspecBackend(Backend):
 
     def create_exclusive(self, loc, data: bytes) -> bool:
         try:
-            self.fs.pipe_file(loc.key, data, mode="create")
+            self.fs.pipe_file(loc.path, data, mode="create")
         except FileExistsError:
             return False
         return True
 
     def remove_tree(self, loc) -> None:
         try:
-            self.fs.rm(loc.key, recursive=True)
+            self.fs.rm(loc.path, recursive=True)
         except FileNotFoundError:
             pass
-        self.fs.invalidate_cache(loc.key)
+        self.fs.invalidate_cache(loc.path)
 
-    def move_tree(self, src, dst) -> None:
-        for rel, s in self.walk_files(src):
-            self.import_file(s, dst / rel)
-        self.remove_tree(src)
-
-    def remove_file(self, loc, up_to) -> None:
-        loc.unlink(missing_ok=True)  # no directories to leave behind
-
-    def walk_files(self, loc) -> Iterator[tuple[str, ObjectPath]]:
+    def walk_files(self, loc) -> Iterator[tuple[str, ObjectLocation]]:
         try:
-            found = self.fs.find(loc.key, withdirs=False)
+            found = self.fs.find(loc.path, withdirs=False)
         except FileNotFoundError:
             return
         for key in sorted(found):
-            rel = key.strip("/")[len(loc.key) + 1 :]
+            rel = key.strip("/")[len(loc.path) + 1 :]
             if rel:
-                yield rel, loc._with(key)
-
-    def import_file(self, src, dst, link: bool = True) -> bool:
-        if src.backend is self:
-            self.fs.copy(src.key, dst.key)
-        else:
-            dst.write_bytes(src.read_bytes())
-        return False
-
-    def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
-        return []  # object stores publish whole objects: no temp files are ever left
-
-    def guard(self, loc, timeout: float | None = None) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
-        return objectswap.staged(dest)  # no rename: staged, then rolled forward
-
-    def recover_tree(self, loc) -> bool:
-        return objectswap.recover(loc)
+                yield rel, loc / rel
 
     def du(self, loc) -> int:
-        return int(self.fs.du(loc.key)) if loc.exists() else 0
+        return int(self.fs.du(loc.path)) if loc.exists() else 0
 
     # -- arrays -------------------------------------------------------------------
 

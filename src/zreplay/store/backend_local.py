@@ -30,9 +30,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PosixPath
 
 from ..errors import CorruptBufferError, ZReplayError, warn_caller
+from ..forks import forked
 from ..threads import Deferral, deferred_interrupts, import_whole
 from . import liveness, localswap
-from .arrays import ZarrArray, forked
+from .arrays import ZarrArray
 from .backend import Backend
 from .format import is_temp_name
 from .layout import shard_number

@@ -20,16 +20,15 @@ by byte ranges and written a whole shard per PUT.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from . import objectswap
-from .arrays import ZarrArray, forked
-from .backend import Backend
+from ..forks import at_fork, forked, on_fork
+from .arrays import ZarrArray
+from .backend import ObjectBackend, ObjectLocation
 from .objectarray import SegmentCache
 from .objectio import ObjectClient, Request
 
@@ -37,87 +36,15 @@ _BACKENDS: dict[tuple, S3Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
 
 
-class S3Path:
-    """A key in a bucket with the ``pathlib.Path`` subset zreplay uses; ``str()`` is the
-    URL (``s3://bucket/key``), which zarr and s3fs accept with the storage options."""
-
-    def __init__(self, backend: S3Backend, key: str):
-        self.backend = backend
-        self.key = key.strip("/")
-
-    def _with(self, key: str) -> S3Path:
-        return S3Path(self.backend, key)
-
-    def __truediv__(self, name: str) -> S3Path:
-        return self._with(f"{self.key}/{str(name).strip('/')}")
-
-    @property
-    def name(self) -> str:
-        return self.key.rsplit("/", 1)[-1]
-
-    @property
-    def parent(self) -> S3Path:
-        return self._with(self.key.rsplit("/", 1)[0] if "/" in self.key else "")
-
-    def with_name(self, name: str) -> S3Path:
-        return self.parent / name
-
-    def __str__(self) -> str:
-        return f"{self.backend.protocol}://{self.backend.bucket}/{self.key}"
-
-    def __repr__(self) -> str:
-        return f"S3Path({str(self)!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, S3Path) and str(self) == str(other)
-
-    def __hash__(self) -> int:
-        return hash(str(self))
-
-    def __lt__(self, other: S3Path) -> bool:
-        return str(self) < str(other)
-
-    def resolve(self) -> S3Path:
-        return self
-
-    def read_bytes(self) -> bytes:
-        return bytes(self.backend.get([(self.key, None)])[0])
-
-    def read_text(self) -> str:
-        return self.read_bytes().decode()
-
-    def write_bytes(self, data: bytes) -> None:
-        self.backend.put([(self.key, bytes(data))])
-
-    def is_file(self) -> bool:
-        try:
-            self.backend.head(self.key)
-        except FileNotFoundError:
-            return False
-        return True
-
-    def exists(self) -> bool:
-        return self.is_file() or self.is_dir()
-
-    def is_dir(self) -> bool:
-        objs, dirs = self.backend.list(self.key + "/", recursive=False)
-        return bool(objs or dirs)
-
-    def iterdir(self) -> Iterator[S3Path]:
-        objs, dirs = self.backend.list(self.key + "/", recursive=False)
-        names = {k for k, _ in objs} | {d.rstrip("/") for d in dirs}
-        return iter(self._with(n) for n in sorted(names) if n.strip("/") != self.key)
-
-    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
-        """Object stores have no directories: a prefix exists once an object is under it."""
-
-    def unlink(self, missing_ok: bool = False) -> None:
-        if not missing_ok:
-            self.backend.head(self.key)  # FileNotFoundError if it is not there
-        self.backend.delete([self.key])
+def _new_backends_lock() -> None:
+    global _BACKENDS_LOCK
+    _BACKENDS_LOCK = threading.Lock()  # another parent thread may have held it at the fork
 
 
-class S3Backend(Backend):
+at_fork(_new_backends_lock)
+
+
+class S3Backend(ObjectBackend):
     """One bucket, reached with s3fs-style ``storage_options`` (see the module docstring)."""
 
     # A commit re-uploads every shard it touches and the index chunks: few large commits.
@@ -127,11 +54,16 @@ class S3Backend(Backend):
         self.protocol, self.bucket = protocol, bucket
         self._options = dict(storage_options)
         self._client: ObjectClient | None = None
-        self._client_forked = False
         self._lock = threading.Lock()
+        on_fork(self, S3Backend._forget_client)
+
+    def _forget_client(self) -> None:
+        # obstore's runtime hangs in a forked child: the child makes its own client, and
+        # another parent thread may have held the lock at the fork.
+        self._client, self._lock = None, threading.Lock()
 
     @classmethod
-    def for_url(cls, url: str, storage_options: Mapping | None) -> S3Path:
+    def for_url(cls, url: str, storage_options: Mapping | None) -> ObjectLocation:
         protocol, rest = url.split("://", 1)
         bucket, _, key = rest.partition("/")
         options = dict(storage_options or {})
@@ -144,7 +76,7 @@ class S3Backend(Backend):
             backend = _BACKENDS.get((protocol, bucket, token))
             if backend is None:
                 backend = _BACKENDS[(protocol, bucket, token)] = cls(protocol, bucket, options)
-        return S3Path(backend, key)
+        return ObjectLocation(backend, bucket, key)
 
     @property
     def storage_options(self) -> dict:
@@ -155,7 +87,7 @@ class S3Backend(Backend):
     def client(self) -> ObjectClient:
         """This process's client: obstore, or s3fs in a forked child (or without obstore)."""
         with self._lock:
-            if self._client is None or (forked() and not self._client_forked):
+            if self._client is None:
                 from .objectio import ObstoreClient, S3fsClient
 
                 use_s3fs = forked()
@@ -165,7 +97,7 @@ class S3Backend(Backend):
                     except ImportError:
                         use_s3fs = True
                 kind = S3fsClient if use_s3fs else ObstoreClient
-                self._client, self._client_forked = kind(self.bucket, self._options), forked()
+                self._client = kind(self.bucket, self._options)
             return self._client
 
     def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
@@ -194,6 +126,38 @@ class S3Backend(Backend):
 
     def copy(self, src: str, dst: str) -> None:
         self.client().copy(src, dst)
+
+    # -- one object -------------------------------------------------------------------
+
+    def read_object(self, loc) -> bytes:
+        return bytes(self.get([(loc.key, None)])[0])
+
+    def write_object(self, loc, data: bytes) -> None:
+        self.put([(loc.key, bytes(data))])
+
+    def is_object(self, loc) -> bool:
+        try:
+            self.head(loc.key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def is_prefix(self, loc) -> bool:
+        objs, dirs = self.list(loc.key + "/", recursive=False)
+        return bool(objs or dirs)
+
+    def child_names(self, loc) -> list[str]:
+        objs, dirs = self.list(loc.key + "/", recursive=False)
+        keys = {k for k, _ in objs} | {d.rstrip("/") for d in dirs}
+        return sorted(k.rpartition("/")[2] for k in keys if k.strip("/") != loc.key)
+
+    def unlink_object(self, loc, missing_ok: bool) -> None:
+        if not missing_ok:
+            self.head(loc.key)  # FileNotFoundError if it is not there
+        self.delete([loc.key])
+
+    def copy_object(self, src, dst) -> None:
+        self.copy(src.key, dst.key)
 
     # -- files --------------------------------------------------------------------
 
@@ -224,37 +188,10 @@ class S3Backend(Backend):
             keys.append(loc.key)
         self.delete(keys)
 
-    def move_tree(self, src, dst) -> None:
-        for rel, s in self.walk_files(src):  # no rename: server-side copies, then removal
-            self.copy(s.key, (dst / rel).key)
-        self.remove_tree(src)
-
-    def remove_file(self, loc, up_to) -> None:
-        self.delete([loc.key])  # no directories to leave behind
-
-    def walk_files(self, loc) -> Iterator[tuple[str, S3Path]]:
+    def walk_files(self, loc) -> Iterator[tuple[str, ObjectLocation]]:
         objs, _ = self.list(loc.key + "/", recursive=True)
         for key in sorted(k for k, _ in objs):
-            yield key[len(loc.key) + 1 :], loc._with(key)
-
-    def import_file(self, src, dst, link: bool = True) -> bool:
-        if src.backend is self:
-            self.copy(src.key, dst.key)
-        else:
-            dst.write_bytes(src.read_bytes())
-        return False
-
-    def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:
-        return []  # objects appear whole: no temp files are ever left
-
-    def guard(self, loc, timeout: float | None = None) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def staged_tree(self, dest) -> contextlib.AbstractContextManager:
-        return objectswap.staged(dest)  # no rename: staged, then rolled forward
-
-    def recover_tree(self, loc) -> bool:
-        return objectswap.recover(loc)
+            yield key[len(loc.key) + 1 :], ObjectLocation(self, self.bucket, key)
 
     def du(self, loc) -> int:
         objs, _ = self.list(loc.key + "/", recursive=True)

@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Iterator
 
 from ..errors import CorruptBufferError
+from ..forks import at_fork
 from ..threads import deferred_interrupts
 
 __all__ = [
@@ -100,10 +101,7 @@ def _after_fork_in_parent() -> None:
     _OPENING.release()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_close_in_child
-    )
+at_fork(_close_in_child, before=_before_fork, parent=_after_fork_in_parent)
 
 
 def open_tracked(path, flags: int, mode: int = 0o644) -> int:

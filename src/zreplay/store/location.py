@@ -1,11 +1,12 @@
 """Where a buffer lives: the one place that picks a store backend for a path or URL.
 
 A local path becomes a :class:`~zreplay.store.backend_local.LocalPath` (a ``pathlib.Path``
-of the local backend); an ``s3://bucket/prefix`` (or ``s3a://``) URL an
-:class:`~zreplay.store.backend_s3.S3Path` of the S3 backend (obstore, ranged reads, whole
-shard writes); any other fsspec URL an :class:`~zreplay.store.backend_fsspec.ObjectPath`
-of an fsspec backend (zarr-python arrays).  Everything below
-works through the location's ``.backend`` (see :mod:`zreplay.store.backend`).
+of the local backend); a URL an :class:`~zreplay.store.backend.ObjectLocation`
+(``scheme://bucket/key``) of an object-store backend: ``s3://`` (or ``s3a://``) of the
+S3 backend (obstore, ranged reads, whole shard writes), any other fsspec URL of an fsspec
+backend (zarr-python arrays).  Everything below works through the location's
+``.backend`` (see :mod:`zreplay.store.backend`); ``str(location)`` is the path or URL,
+which ``locate`` (with the backend's ``storage_options``) takes back to an equal location.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .backend_fsspec import FsspecBackend, ObjectPath
+from .backend import ObjectLocation
+from .backend_fsspec import FsspecBackend
 from .backend_local import LocalPath
-from .backend_s3 import S3Backend, S3Path
+from .backend_s3 import S3Backend
 
-Location = LocalPath | S3Path | ObjectPath
+Location = LocalPath | ObjectLocation
 S3_PROTOCOLS = ("s3", "s3a")
 
 

@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Iterator
 
 from ..errors import WriterLockedError
+from ..forks import at_fork, on_fork
 from ..threads import InterruptSafeCondition, deferred_interrupts
 from .format import legacy_lock_path, lock_path
 from .liveness import BOOT_ID, PID_NS, pid_alive, same_pid_space
@@ -62,6 +63,17 @@ _HELD_HERE: set[str] = set()
 # acquire() in this process waits for their release instead of failing.
 _RELEASING: dict[str, threading.Event] = {}
 RELEASE_WAIT_S = 120.0
+
+
+def _forget_held() -> None:
+    # A forked child holds none of its parent's locks (it judges them as any process
+    # does: by their flock, which liveness closed in the child), and no thread of the
+    # child will ever signal the releases the parent's threads were making.
+    _HELD_HERE.clear()
+    _RELEASING.clear()
+
+
+at_fork(_forget_held)
 
 
 def lease_seconds() -> float:
@@ -100,8 +112,15 @@ class WriterLock:
         self._seq = 0
         self._beat_due = 0.0
         self._mutex = threading.Lock()
-        self._pid = os.getpid()  # the process that took it (a forked child never releases)
         self._renewed = -float("inf")  # monotonic time of the last renewal published
+        on_fork(self, WriterLock._forked)
+
+    def _forked(self) -> None:
+        # A forked child's copy: the lock, its flock and its lease stay the parent's, so
+        # this copy never releases, renews or commits under them (release and renew find
+        # nothing held; check_held fails).  The child's copy of the flock's fd is closed
+        # by liveness; another parent thread may have held the mutex at the fork.
+        self.held, self._flock, self._mutex = False, None, threading.Lock()
 
     # -- who holds it ---------------------------------------------------------------
 
@@ -230,7 +249,7 @@ class WriterLock:
             if not backend.create_exclusive(self.path, json.dumps(me).encode()):
                 return False
             self._flock = backend.hold(self.path)  # inside the guard: no prober sees it free
-            self.held, self.lost, self._pid = True, None, os.getpid()
+            self.held, self.lost = True, None
             _HELD_HERE.add(self.token)
         self._beat()
         self._beat_due = time.monotonic() + self.lease_s / 6
@@ -411,9 +430,6 @@ class WriterLock:
         """Give the lock up.  If removing the file fails (an I/O error), the lock is
         still given up: its ``flock`` is released, so the next writer on this kernel
         finds it stale (and on another, once the lease ran out)."""
-        if os.getpid() != self._pid:  # a forked child's copy: the lock is the parent's
-            self.held = False
-            return
         try:
             self._release()
         finally:
@@ -479,12 +495,16 @@ class _Renewer:
         self._locks: weakref.WeakSet = weakref.WeakSet()
         self._cond = InterruptSafeCondition()
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        on_fork(self, _Renewer._forked)
+
+    def _forked(self) -> None:
+        # A forked child holds none of its parent's locks, the thread did not come along,
+        # and it may have held the condition's lock at the fork.
+        self._locks, self._thread = weakref.WeakSet(), None
+        self._cond = InterruptSafeCondition()
 
     def add(self, lock: WriterLock) -> None:
         with self._cond:
-            if self._pid != os.getpid():  # a forked child holds none of its parent's locks
-                self._locks, self._thread, self._pid = weakref.WeakSet(), None, os.getpid()
             self._locks.add(lock)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="zreplay-lease", daemon=True)

@@ -35,7 +35,6 @@ touched shard.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -43,6 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from ..forks import at_fork
 from .shards import MISSING, ArrayMeta, ChunkError, merge_ranges, parse_index
 from .shardwriter import ShardWriter
 
@@ -183,13 +183,20 @@ def _size(block) -> int:
 
 
 _POOL: ThreadPoolExecutor | None = None
-_POOL_PID = 0
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # threads do not survive a fork: a forked child starts its own
+
+
+at_fork(_forget_pool)
 
 
 def _submit(fn, *args) -> Future:
-    global _POOL, _POOL_PID
-    if _POOL is None or _POOL_PID != os.getpid():  # threads do not survive a fork
-        _POOL, _POOL_PID = ThreadPoolExecutor(16, thread_name_prefix="zreplay-s3io"), os.getpid()
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(16, thread_name_prefix="zreplay-s3io")
     try:
         return _POOL.submit(fn, *args)
     except RuntimeError:  # interpreter shutdown (buffers closed at exit): run inline

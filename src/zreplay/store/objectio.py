@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import NoSuchBucketError
+from ..forks import at_fork
 
 # A request: (key, None) the whole object, (key, (start, end)) bytes [start, end),
 # (key, (start, None)) from start on, (key, (-n, None)) the last n bytes.
@@ -53,7 +54,6 @@ class _Loop:
     """One asyncio loop in a daemon thread (per process)."""
 
     def __init__(self):
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="zreplay-s3", daemon=True)
         self.thread.start()
@@ -74,12 +74,22 @@ _LOOP: _Loop | None = None
 _LOOP_LOCK = threading.Lock()
 
 
+def _forget_loop() -> None:
+    # The loop's thread did not come along, and another parent thread may have held the
+    # lock at the fork.
+    global _LOOP, _LOOP_LOCK
+    _LOOP, _LOOP_LOCK = None, threading.Lock()
+
+
+at_fork(_forget_loop)
+
+
 def shared_loop() -> _Loop:
     """This process's one event loop for S3 requests (started on first use; a forked
     child starts its own)."""
     global _LOOP
     with _LOOP_LOCK:
-        if _LOOP is None or _LOOP.pid != os.getpid():
+        if _LOOP is None:
             _LOOP = _Loop()
         return _LOOP
 
