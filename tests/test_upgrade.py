@@ -393,7 +393,9 @@ def _outcome(path, want, old_files) -> str:
 @pytest.mark.parametrize("mode", ["error", "interrupt"])
 def test_an_upgrade_is_all_or_nothing_under_errors_and_ctrl_c(old_buffer, tmp_path, mode):
     template, want, old_files, calls = old_buffer
-    points = injection_points(calls, budget(24), seed=zlib.crc32(mode.encode()))
+    # A few points in the quick suite (the kill -9 sweep below takes 24, ZREPLAY_FAULT_POINTS
+    # sets both; =all is every call).
+    points = injection_points(calls, budget(8), seed=zlib.crc32(mode.encode()))
     seen = {"old": 0, "new": 0}
     for at in points:
         path = tmp_path / f"at{at}"
