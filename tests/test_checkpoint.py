@@ -378,6 +378,7 @@ def test_a_checkpoint_loaded_beside_other_writers_leaves_their_segments_as_they_
     segment evicts and reclaims its own shard files."""
     with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
         t.extractall(tmp_path, filter="data")
+    zreplay.upgrade(tmp_path / "fmt4")
     with zreplay.TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=str(tmp_path / "fmt4"), writer_id="a"
     ) as old:

@@ -1,7 +1,8 @@
 """A buffer is a plain Zarr hierarchy: zarr walks it without a warning, in every state a
 user can meet (several writers, saved priorities, a live writer's lock, a checkpoint, a
 killed writer's debris), FORMAT.md's recipe reads every trajectory and episode with zarr
-and json alone, and buffers written in format 2 are still read and upgraded."""
+and json alone, and buffers written in formats 2-4 are refused until ``zreplay upgrade``
+rewrote them (tests/test_upgrade.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import zarr
 from conftest import check_rows, codes_of, make_traj, shard_files, traj_equal
 
 import zreplay
-from zreplay.errors import ZReplayError
+from zreplay.errors import FormatError, ZReplayError
 from zreplay.samplers import Prioritized
 from zreplay.store.commit import read_commit
 from zreplay.store.format import FORMAT_VERSION
@@ -70,7 +71,7 @@ def _as_format_2(path) -> None:
     shutil.rmtree(path / "zreplay")
 
 
-def test_format_2_buffers_are_read_and_upgraded_by_their_next_writer(tmp_path):
+def test_format_2_buffers_are_refused_until_upgraded(tmp_path):
     path = tmp_path / "b"
     for wid in ("a", "b"):
         with zreplay.TrajectoryReplayBuffer(
@@ -79,7 +80,10 @@ def test_format_2_buffers_are_read_and_upgraded_by_their_next_writer(tmp_path):
             buf.add_trajectories([make_traj(i) for i in range(2)])
     before = zreplay.open(path).sample(64, keys=["actions"])
     _as_format_2(path)
-    view = zreplay.open(path)  # a reader reads format 2 as it is
+    with pytest.raises(FormatError, match="zreplay upgrade"):
+        zreplay.open(path)
+    assert zreplay.upgrade(path) == 2
+    view = zreplay.open(path)
     assert view.num_trajectories == 4
     check_rows(view.sample(128))
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="a")
@@ -89,7 +93,6 @@ def test_format_2_buffers_are_read_and_upgraded_by_their_next_writer(tmp_path):
     assert not (path / "segments" / "a" / "commit.json").exists()
     assert (path / "segments" / "a" / "zreplay" / "commit.json").is_file()
     assert sorted(os.listdir(path / "zreplay" / "writers")) == ["0", "1"]  # claims kept
-    # segment b is still where format 2 put it until its writer opens it: both are read
     view = zreplay.open(path)
     assert view.num_trajectories == 5 and view.writer_ids == ["a", "b"]
     assert (
@@ -120,12 +123,15 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     """tests/data/format4-buffer.tar.gz was written by zreplay at e574596 (format 4: chunk
     keys c/<shard>/0/...): two writers, writer a with capacity 90 (8 trajectories of 18
     rows added: rows below 54 evicted, shards below row 48 reclaimed), small shards for
-    three keys.  It reads as it is; its writers keep its layout (nested keys) through
-    eviction, reclaim, checkpoints and loads, and upgrade the root to format 5."""
+    three keys.  It is refused until upgraded; then its writers keep its layout (nested
+    keys) through eviction, reclaim, checkpoints and loads."""
     with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
         t.extractall(tmp_path, filter="data")
     path = tmp_path / "fmt4"
     assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == 4
+    with pytest.raises(FormatError, match="zreplay upgrade"):
+        zreplay.open(path)
+    assert zreplay.upgrade(path) == 4
     view = zreplay.open(path, seed=1)
     assert view.num_trajectories == 5 + 2
     codes = check_rows(view.sample(256))
@@ -389,6 +395,7 @@ def test_a_killed_clear_of_nested_arrays_leaves_no_shard_files_behind(tmp_path, 
     with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
         t.extractall(tmp_path, filter="data")
     path = tmp_path / "fmt4"
+    zreplay.upgrade(path)
     array = path / "segments" / "a" / "data" / "actions"
 
     def killed(self, writer_id):

@@ -10,6 +10,7 @@ Public names:
 * :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
+* :func:`upgrade`: rewrite a buffer of an older on-disk format (2-4) in the current one.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
   ``PrioritizedClips``, ``Staleness`` (``sampler=`` of every buffer and view).
 * :class:`MinSize`, :class:`SampleToInsertRatio`: Reverb-style rate limiters between the
@@ -58,6 +59,7 @@ from .errors import StaleViewError as StaleViewError
 from .errors import WriteFailedError as WriteFailedError
 from .errors import WriterLockedError as WriterLockedError
 from .errors import ZReplayError as ZReplayError
+from .store.upgrade import upgrade as upgrade  # a maintenance call, outside __all__ (20 names)
 from .store.verify import VerifyReport, verify
 
 __version__ = "0.1.0"

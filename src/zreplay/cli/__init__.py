@@ -1,4 +1,5 @@
-"""The ``zreplay`` command line: ``demo``, ``info``, ``verify``, ``export``, ``import``, ``plot``.
+"""The ``zreplay`` command line: ``demo``, ``info``, ``verify``, ``upgrade``, ``export``,
+``import``, ``plot``.
 
 Each command is a function ``run(args) -> (exit status, JSON object, text)`` in its own
 module; :func:`main` parses, runs, prints the text (or, with ``--json``, one JSON object
@@ -24,7 +25,7 @@ from .output import EXIT_OK, EXIT_USAGE, EXPECTED, fail, interrupted, positive_i
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import convert, info, plot, verify
+    from . import convert, info, plot, upgrade, verify
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
@@ -50,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="buffer directory")
     p.add_argument("--index-only", action="store_true", help="skip decoding the data chunks")
     p.set_defaults(run=verify.run)
+
+    p = sub.add_parser(
+        "upgrade", parents=[common], help="rewrite a buffer of an older format (2-4) as format 5"
+    )
+    p.add_argument("path", help="buffer directory")
+    p.set_defaults(run=upgrade.run)
 
     p = sub.add_parser("export", parents=[common], help="write RLinf .pt/.pkl files or HDF5")
     p.add_argument("path", help="buffer directory")

@@ -83,7 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptBufferError
+from ..errors import CorruptBufferError, FormatError
 from ..forks import at_fork
 from ..schema import Schema
 from ..store.commit import read_commit
@@ -872,7 +872,7 @@ def _owner_gone(owner: Path) -> bool:
         return True
     try:
         commit = read_commit(where)
-    except (CorruptBufferError, OSError):
+    except (CorruptBufferError, FormatError, OSError):  # (an older format: not judged)
         return False
     return commit is None or commit.contents != contents
 

@@ -16,7 +16,7 @@ from ..errors import CorruptBufferError, FormatError, WriteFailedError, WriterLo
 from ..index.split import Lanes, lanes_after
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
-from ..store.commit import Commit, migrate_commit, read_commit, remove_orphans
+from ..store.commit import Commit, read_commit, remove_orphans
 from ..store.format import ID_BITS, commit_path
 from ..store.guard import live_writer
 from ..store.layout import check_recorded, layouts_for
@@ -108,15 +108,11 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Op
 
 
 def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
-    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock); a
-    format-2 buffer and segment are moved to format 3 first."""
+    """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock)."""
     seg_dir = root.segment_dir(writer_id)
     # A load that changes the recorded layout cannot land between reading it and
-    # creating this segment's arrays in it (replace._check_replaceable), nor rewrite the
-    # root's metadata while the upgrade does.
+    # creating this segment's arrays in it (replace._check_replaceable).
     with root.schema_guard():
-        root.upgrade()
-        migrate_commit(seg_dir, durable)
         opened = _open_locked(root, seg_dir, writer_id, durable)
     seg = opened.segment
     if seg is None:

@@ -133,7 +133,6 @@ class SegmentWriter:
         self._committer = self._preload = None
         try:  # from taking the lock on: a Ctrl-C anywhere leaves nothing held
             self._wlock.acquire(break_lock=break_lock)
-            self._wlock.remove_legacy()
             opened = open_segment(self.root, writer_id, durable)
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)

@@ -19,11 +19,12 @@ import numpy as np
 
 from ..errors import CorruptBufferError
 from .format import (
+    COMMIT_NAME,
     FORMAT_VERSION,
     ID_BITS,
-    READABLE_FORMATS,
+    UPGRADABLE_FORMATS,
     commit_path,
-    legacy_commit_path,
+    old_format_error,
 )
 from .location import Location, locate
 
@@ -57,7 +58,7 @@ class Commit:
     low_piece: int = 0
     next_episode: int = 0
     writer_number: int = -1  # -1: not claimed yet (see BufferRoot.writer_number)
-    contents: str = ""  # "": written before contents ids (format <= 3)
+    contents: str = ""  # "": not committed yet
     inserted: int = 0
     format: int = FORMAT_VERSION
     time: float = 0.0
@@ -67,22 +68,26 @@ class Commit:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes, where: str) -> Commit:
+    def from_json(cls, text: str | bytes, where: str, buffer=None) -> Commit:
+        """The record ``text`` read from ``where`` (a commit of a segment of the buffer
+        at ``buffer``, named in the error of an older format's record)."""
         try:
             d = json.loads(text)
-            if isinstance(d, dict) and "inserted" not in d:  # format <= 3: every row
-                d["inserted"] = d.get("n_rows", 0)
-            c = cls(**d)
-            _check_types(c)
+            version = d.get("format", FORMAT_VERSION) if isinstance(d, dict) else FORMAT_VERSION
+            if version == FORMAT_VERSION:  # an older record lacks fields: not defaulted
+                c = cls(**d)
+                _check_types(c)
         except (ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
             raise CorruptBufferError(
                 f"{where}: commit record is unreadable ({e}); the segment cannot be trusted",
                 "Restore it from a checkpoint, or run zreplay.verify() for details",
             ) from None
-        if c.format not in READABLE_FORMATS:
+        if version in UPGRADABLE_FORMATS:
+            raise old_format_error(buffer or where, version, where)
+        if version != FORMAT_VERSION:
             raise CorruptBufferError(
-                f"{where}: format version {c.format} is not supported by this zreplay "
-                f"(reads {list(READABLE_FORMATS)}); upgrade zreplay"
+                f"{where}: format version {str(version)[:20]} is not supported by this "
+                f"zreplay (reads {FORMAT_VERSION}); upgrade zreplay"
             )
         if not (
             0 <= c.low_traj <= c.n_traj
@@ -189,23 +194,26 @@ def same_contents(old: Commit, new: Commit) -> bool | None:
 
 
 def read_commit(segment_dir: Location) -> Commit | None:
-    """The segment's last commit, or None if it never committed (a format-2 segment's
-    record is read where format 2 kept it)."""
+    """The segment's last commit, or None if it never committed.  A record of an older
+    format (or one where format 2 kept it, beside the arrays) is a FormatError saying to
+    run ``zreplay upgrade``."""
     segment_dir = locate(segment_dir)
-    for path in (commit_path(segment_dir), legacy_commit_path(segment_dir)):
-        try:
-            text = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        c = Commit.from_json(text, str(path))
-        if c.writer_id != segment_dir.name:
-            raise CorruptBufferError(
-                f"{path}: the commit record is segment {c.writer_id!r}'s, not "
-                f"{segment_dir.name!r}'s (a file copied between segments?); restore the "
-                "segment from a checkpoint"
-            )
-        return c
-    return None
+    buffer = segment_dir.parent.parent
+    path = commit_path(segment_dir)
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        if (segment_dir / COMMIT_NAME).is_file():  # format 2's place (see store/upgrade.py)
+            raise old_format_error(buffer, 2, segment_dir / COMMIT_NAME) from None
+        return None
+    c = Commit.from_json(text, str(path), buffer)
+    if c.writer_id != segment_dir.name:
+        raise CorruptBufferError(
+            f"{path}: the commit record is segment {c.writer_id!r}'s, not "
+            f"{segment_dir.name!r}'s (a file copied between segments?); restore the "
+            "segment from a checkpoint"
+        )
+    return c
 
 
 def commit_stamp(segment_dir: Location) -> object:
@@ -213,18 +221,13 @@ def commit_stamp(segment_dir: Location) -> object:
     the commit itself: locally the record's inode, modification time and size (every
     publish renames a new file into place), elsewhere its bytes; None before the first
     commit.  For a reader asking "is my snapshot still the newest?" on every item."""
-    segment_dir = locate(segment_dir)
-    for path in (commit_path(segment_dir), legacy_commit_path(segment_dir)):
-        if path.backend.is_local:
-            stamp = path.backend.file_stamps([path])[0]  # None: no such file
-            if stamp is not None:
-                return stamp
-            continue
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            continue
-    return None
+    path = commit_path(locate(segment_dir))
+    if path.backend.is_local:
+        return path.backend.file_stamps([path])[0]  # None: no such file
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def write_commit(segment_dir: Location, commit: Commit, durable: bool = True) -> None:
@@ -247,23 +250,6 @@ def write_commit(segment_dir: Location, commit: Commit, durable: bool = True) ->
         if not visible:
             raise
         log.warning("zreplay: %s is published but may not be durable yet: %r", path, e)
-
-
-def migrate_commit(segment_dir: Location, durable: bool = True) -> None:
-    """Move a format-2 commit record to where format 3 keeps it (the segment's writer,
-    under its lock): published at the new place first, then the old one removed, so a
-    reader always finds one."""
-    segment_dir = locate(segment_dir)
-    old = legacy_commit_path(segment_dir)
-    try:
-        text = old.read_bytes()
-    except FileNotFoundError:
-        return
-    new = commit_path(segment_dir)
-    if not new.is_file():
-        Commit.from_json(text, str(old))  # a damaged record is reported, not moved
-        new.backend.publish(new, text, durable)
-    old.unlink(missing_ok=True)
 
 
 def remove_orphans(root: Location, committed_shards: Mapping[str, int] | None = None) -> list:

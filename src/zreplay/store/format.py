@@ -25,23 +25,20 @@ layout from here, so the format is spelled out in one place.
 
 zreplay's own files (commit records, locks, writer claims, temp files of a publish) live
 inside the ``zreplay`` array nodes: Zarr never lists an array's directory, so a tree walk
-with plain zarr sees a valid hierarchy and warns about nothing.  Format 2 kept them beside
-the arrays (``segments/<w>/commit.json``, ``writer.lock``, ``<root>/writers/``); buffers
-written that way are read as they are and moved to format 5 by their next writer.
-Format 3 differs from 4 only in commit records without ``contents`` and ``inserted``
-(read as unknown contents and every row inserted); format 4 from 5 only in that every
-data array's shard files are nested ``c/<shard>/0/...`` (such arrays keep them; arrays
-made since are flat).  A format-3 or -4 root becomes format 5 when a writer opens it, so
-older versions refuse it rather than misread its commits or miss its shard files.
+with plain zarr sees a valid hierarchy and warns about nothing.  This is the only format
+the read path knows; buffers of formats 2-4 are refused with :func:`old_format_error`
+and rewritten by ``zreplay upgrade`` (store/upgrade.py, the one module that reads them).
 """
 
 from __future__ import annotations
 
+from ..errors import FormatError
+
 FORMAT_VERSION = 5
-# Formats this version reads (format 2: the same arrays, own files beside them; format 3:
-# commits without contents ids and insert counts; format 4: every data array's chunk
-# keys nested "c/<shard>/0/...").
-READABLE_FORMATS = (2, 3, 4, 5)
+# Formats ``zreplay upgrade`` rewrites as FORMAT_VERSION (format 2: the same arrays, own
+# files beside them; format 3: commits without contents ids and insert counts; format 4:
+# every data array's chunk keys nested "c/<shard>/0/...", which upgraded arrays keep).
+UPGRADABLE_FORMATS = (2, 3, 4)
 
 # Chunk-key separator of the data arrays a writer creates: shard files c.<shard>.0.0 side
 # by side in the array's directory.  Arrays made before format 5 nest c/<shard>/0/0 (a
@@ -162,14 +159,18 @@ def learner_path(root, learner_id: str):
     return learners_dir(root) / f"{learner_id}.json"
 
 
-def legacy_commit_path(segment_dir):
-    """Where format 2 kept a segment's commit record."""
-    return segment_dir / COMMIT_NAME
-
-
-def legacy_lock_path(segment_dir):
-    return segment_dir / LOCK_NAME
-
-
-def legacy_claims_dir(root):
-    return root / WRITERS
+def old_format_error(buffer, version, where=None) -> FormatError:
+    """The error of opening the buffer at ``buffer`` written in format ``version``
+    (``where``: the file that says so, if not the root): an upgradable one says how to
+    upgrade it, any other is unsupported."""
+    if version in UPGRADABLE_FORMATS:
+        return FormatError(
+            f"{where or buffer}: this buffer is zreplay format {version}; this version "
+            f"reads format {FORMAT_VERSION} only. Run `zreplay upgrade {buffer}` (or "
+            f"zreplay.upgrade({str(buffer)!r})) once, then open it again"
+        )
+    return FormatError(
+        f"{where or buffer}: zreplay format {version!r} is not supported (this version "
+        f"reads format {FORMAT_VERSION} and upgrades formats {list(UPGRADABLE_FORMATS)}); "
+        "upgrade zreplay"
+    )

@@ -133,7 +133,7 @@ def holding_writer_locks(path: Location, what: str) -> Iterator[None]:
             try:
                 lock.acquire()
             except FileNotFoundError:
-                continue  # a format-2 segment: no meta node (live_writer checked it)
+                continue  # a format-2 segment: no meta node (store/upgrade.py checks its lock)
             except WriterLockedError:
                 info = lock.live_holder() or {}
                 raise _locked_error(what, path, (seg.name, info)) from None

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from ..errors import WriterLockedError
 from ..forks import at_fork, on_fork
 from ..threads import InterruptSafeCondition, deferred_interrupts
-from .format import legacy_lock_path, lock_path
+from .format import lock_path
 from .liveness import BOOT_ID, PID_NS, pid_alive, same_pid_space
 from .location import Location, locate
 
@@ -102,8 +102,6 @@ class WriterLock:
         segment_dir = locate(segment_dir)
         self.path = lock_path(segment_dir)
         self.beat_path = self.path.with_name(self.path.name + ".beat")
-        # Where format 2 kept the lock: a live holder there (an older zreplay) also counts.
-        self._legacy = legacy_lock_path(segment_dir)
         self.token = uuid.uuid4().hex
         self.held = False
         self.lease_s = lease_seconds()
@@ -164,13 +162,14 @@ class WriterLock:
                 return STALE if pid == os.getpid() or not pid_alive(pid) else LIVE
         return UNKNOWN
 
-    def live_holder(self) -> dict | None:
-        """The holder of this lock (or of a format-2 lock) if it may still be writing, or
-        None.  Judged without waiting: a holder only a lease could judge counts as live."""
-        for path in (self.path, self._legacy):
-            info = self.holder(path)
-            if info is not None and self.judge(info, path) != STALE:
-                return info
+    def live_holder(self, path: Location | None = None) -> dict | None:
+        """The holder of this lock (or of the lock file at ``path``: where format 2 kept
+        it, for store/upgrade.py) if it may still be writing, or None.  Judged without
+        waiting: a holder only a lease could judge counts as live."""
+        path = path or self.path
+        info = self.holder(path)
+        if info is not None and self.judge(info, path) != STALE:
+            return info
         return None
 
     # -- taking it ------------------------------------------------------------------
@@ -184,9 +183,6 @@ class WriterLock:
             raise
 
     def _acquire(self, break_lock: bool) -> None:
-        legacy = self.holder(self._legacy)
-        if legacy is not None and not break_lock and self.judge(legacy, self._legacy) != STALE:
-            raise self._locked(legacy)
         took_over = False
         for _ in range(8):
             with self._contender_guard():
@@ -420,11 +416,6 @@ class WriterLock:
         with self.path.backend.guard(self.path):
             self.check_held()
             yield
-
-    def remove_legacy(self) -> None:
-        """Remove a format-2 lock file left by a writer that is gone (the caller holds
-        this lock, so no live writer of an older zreplay holds that one)."""
-        self._legacy.unlink(missing_ok=True)
 
     def release(self) -> None:
         """Give the lock up.  If removing the file fails (an I/O error), the lock is

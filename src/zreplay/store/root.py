@@ -20,7 +20,6 @@ from .format import (
     ATTR,
     FORMAT_VERSION,
     META,
-    READABLE_FORMATS,
     SCHEMA_NAME,
     SEGMENT_CHILDREN,
     SEGMENTS,
@@ -28,9 +27,8 @@ from .format import (
     commit_path,
     is_temp_name,
     learners_dir,
-    legacy_claims_dir,
-    legacy_commit_path,
     meta_node_json,
+    old_format_error,
 )
 from .layout import KeyLayout
 from .location import Location, locate
@@ -95,6 +93,16 @@ class BufferRoot:
     # -- metadata -------------------------------------------------------------------
 
     def read_meta(self) -> dict:
+        """The root's zreplay metadata (``{format, schema, layout, created}``); a root of
+        another format version is a FormatError (an older one says to upgrade it)."""
+        info = self.stored_meta()
+        if info.get("format") != FORMAT_VERSION:
+            raise old_format_error(self.path, info.get("format"))
+        return info
+
+    def stored_meta(self) -> dict:
+        """The root's zreplay metadata as stored, whatever its format version (for
+        store/upgrade.py; everything else reads :meth:`read_meta`)."""
         meta = self.path / "zarr.json"
         try:
             try:
@@ -121,13 +129,9 @@ class BufferRoot:
             raise CorruptBufferError(f"{meta} is not valid JSON ({e})") from None
         if ATTR not in attrs:
             raise FormatError(f"{self.path} is a Zarr group but not a zreplay buffer")
-        info = attrs[ATTR]
-        if info.get("format") not in READABLE_FORMATS:
-            raise FormatError(
-                f"{self.path}: zreplay format {info.get('format')} is not supported "
-                f"(this version reads formats {list(READABLE_FORMATS)}); upgrade zreplay"
-            )
-        return info
+        if not isinstance(attrs[ATTR], dict):
+            raise CorruptBufferError(f"{meta}: attributes.{ATTR} is not an object")
+        return attrs[ATTR]
 
     def recover(self) -> bool:
         """Finish (or undo) a replacement of this buffer's tree that a crash interrupted
@@ -202,27 +206,6 @@ class BufferRoot:
         node.mkdir(parents=True, exist_ok=True)
         if not (node / "zarr.json").is_file():
             self.backend.create_exclusive(node / "zarr.json", meta_node_json())
-
-    def upgrade(self) -> None:
-        """Make an older root the current format (a format-2 writer moves its own files
-        on open; readers read either place), so older zreplay versions refuse it rather
-        than miss or misread what it holds."""
-        info = self.read_meta()
-        if info.get("format") == FORMAT_VERSION:
-            return
-        if info.get("format") != 2:  # format 3: only its commits lack fields
-            self._set_attr(format=FORMAT_VERSION)
-            return
-        self.create_meta_node(self.path)
-        old = legacy_claims_dir(self.path)
-        for p in _entries(old):
-            holder = _claim_holder(p)
-            if p.name.isdigit() and holder is not None:
-                claims = claims_dir(self.path)
-                claims.mkdir(parents=True, exist_ok=True)
-                self.backend.create_exclusive(claims / p.name, holder.encode())
-        self._set_attr(format=FORMAT_VERSION)
-        self.backend.remove_tree(old)
 
     def schema(
         self, info: Mapping | None = None
@@ -335,9 +318,7 @@ class BufferRoot:
         return [
             p.name
             for p in self.segment_dirs()
-            if (p / "zarr.json").is_file()
-            or commit_path(p).is_file()
-            or legacy_commit_path(p).is_file()
+            if (p / "zarr.json").is_file() or commit_path(p).is_file()
         ]
 
     def writer_number(self, writer_id: str) -> int:
@@ -352,7 +333,7 @@ class BufferRoot:
         d = claims_dir(self.path)
         d.mkdir(parents=True, exist_ok=True)
         taken = set()
-        for p in [*_entries(d), *_entries(legacy_claims_dir(self.path))]:
+        for p in _entries(d):
             if not p.name.isdigit():
                 continue
             taken.add(int(p.name))

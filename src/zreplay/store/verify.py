@@ -108,6 +108,9 @@ def verify(
         except CorruptBufferError as e:
             report.problems.append(e.finding)
             continue
+        except FormatError as e:  # a segment of an older format: zreplay upgrade
+            report.problems.append(str(e))
+            continue
         if commit is None:
             if any(True for _ in root.backend.walk_files(seg_dir / "data")):
                 report.warnings.append(
