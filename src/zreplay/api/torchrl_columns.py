@@ -1,76 +1,24 @@
-"""How :class:`~zreplay.torchrl.ZarrStorage` presents zreplay's append-only rows as
-TorchRL's ring of ``max_size`` slots, and TensorDicts as flat columns.
+"""How :class:`~zreplay.torchrl.ZarrStorage` reads its slots as TorchRL indexes them:
+a torch index over the slots (:func:`slot_index`), the lazy read-only view behind
+``storage[:]`` and a sampler's tuple index (:func:`lazy_source`), and the check that an
+extend's columns are the storage's (:func:`check_schema`).
 
-The ring: the storage appends every row it is given (global rows of its segment, never
-reused; the ring's rows are ``[start, W)``, ``start`` being where it was last emptied or
-loaded) and never overwrites one.  Row ``g`` belongs to slot ``(g - start + shift) %
-max_size`` and a slot shows the newest row that belongs to it, so the storage holds
-``min(W - start, max_size)`` slots exactly as TorchRL's round-robin writer fills
-``LazyTensorStorage`` (wrap-around and oversized extends included).  ``shift`` is 0
-except after importing a TorchRL checkpoint of a full ring, whose rows are appended
-oldest first starting at the writer's cursor.
-
-How rows become columns and come back: :mod:`zreplay.api.torchrl_forms`.
+Which row a slot shows: :mod:`zreplay.api.torchrl_ring`; how rows become columns and come
+back: :mod:`zreplay.api.torchrl_forms`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict._td import _SubTensorDict
 
-from ..core import Prepared
-from ..errors import AppendOnlyError, SchemaError
+from ..errors import SchemaError
 from ..schema import Schema
 from .torchrl_forms import disk_name, user_name
-
-
-@dataclass(frozen=True)
-class Ring:
-    """Slots of TorchRL's ring over an append-only run of rows ``[start, W)`` (see
-    module doc): row ``g`` is slot ``(g - start + shift) % max_size``."""
-
-    max_size: int
-    start: int = 0
-    shift: int = 0
-
-    def length(self, W: int) -> int:
-        return min(W - self.start, self.max_size)
-
-    def next_slot(self, W: int) -> int:
-        """The slot the writer's next row goes to (TorchRL's writer ``_cursor``)."""
-        return (W - self.start + self.shift) % self.max_size
-
-    def expected(self, W: int, n: int) -> torch.Tensor:
-        """The cursor TorchRL's round-robin writer passes for ``n`` more rows."""
-        return (torch.arange(n, dtype=torch.int64) + self.next_slot(W)) % self.max_size
-
-    def rows_of(self, slots: np.ndarray, W: int) -> np.ndarray:
-        """Global row shown in each slot (``0 <= slot < length(W)``)."""
-        return W - 1 - (W - 1 - self.start + self.shift - slots) % self.max_size
-
-
-def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
-    """``n`` rows as zreplay trajectories ``[<= P, 1]``, the first one the shortest.
-    Their episodes are TorchRL's: the rows are one stream, cut after every row whose ``("next", "done")`` (or
-    ``terminated``/``truncated``) is set, as TorchRL's own samplers read them, so the
-    clips and n-step windows of a zreplay view never cross one of its episode ends."""
-    # Cut from the end: the last piece holds an extend's newest P rows, so once an extend
-    # of at least P = slots rows fills the ring, its live rows are exactly one piece,
-    # which a view (that shows whole pieces only: view_rows) shows whole.
-    ends = list(range(n, 0, -P))[::-1]
-    out = [
-        Prepared({k: v[a:b, None] for k, v in cols.items()}, b - a, 1)
-        for a, b in zip([0, *ends[:-1]], ends, strict=True)
-    ]
-    for p in out:
-        p.continues = True  # the stream goes on across extends until a flag ends it
-    return out
-
 
 # -- the lazy, read-only view behind storage[:] ------------------------------------------
 
@@ -171,15 +119,6 @@ def _listed(index: list):
     if t.numel() == 0:
         return t.to(torch.int64).reshape(t.shape)
     return index if t.dtype.is_floating_point else t
-
-
-class OwnCheckpoints:
-    """Marker: ZarrStorage's dumps/loads are its own (TorchRL's need ``_storage``)."""
-
-    def register_save_hook(self, hook):
-        raise AppendOnlyError("ZarrStorage checkpoints take no save hooks")
-
-    register_load_hook = register_save_hook
 
 
 def check_schema(schema: Schema, cols: Mapping[str, np.ndarray]) -> None:
