@@ -1,6 +1,6 @@
 """How :class:`~zreplay.torchrl.ZarrStorage` reads its slots as TorchRL indexes them:
 a torch index over the slots (:func:`slot_index`), the lazy read-only view behind
-``storage[:]`` and a sampler's tuple index (:func:`lazy_source`), and the check that an
+``storage[:]`` and a sampler's tuple index (:class:`SlotColumns`), and the check that an
 extend's columns are the storage's (:func:`check_schema`).
 
 Which row a slot shows: :mod:`zreplay.api.torchrl_ring`; how rows become columns and come
@@ -18,7 +18,10 @@ from tensordict._td import _SubTensorDict
 
 from ..errors import SchemaError
 from ..schema import Schema
+from .batches import torch_dtype
 from .torchrl_forms import disk_name, user_name
+
+CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
 
 # -- the lazy, read-only view behind storage[:] ------------------------------------------
 
@@ -83,6 +86,88 @@ def lazy_source(
         return _LazyColumns(items, batch_size=batch)._bind(read, prefix)
 
     return make(())
+
+
+class SlotColumns:
+    """The columns of a storage's ``slots`` slots as one content of it shows them, read
+    on access: the lazy structure behind its views (:meth:`structure`) and its small
+    columns kept in RAM in slot order.  Once the storage is emptied or loaded, or a
+    read-only copy follows another commit, the storage retires it (:meth:`retire`) and
+    views taken from it refuse to read.
+
+    ``specs``: the schema's column specs; ``batches``: the form's batch dims;
+    ``rows_at(slots, keys)``: the storage's rows of the slots ``slots()`` as
+    ``{column: array}``; ``length()``: the storage's ``len``."""
+
+    def __init__(
+        self,
+        specs: Mapping,
+        batches: Mapping[str, list[int]],
+        slots: int,
+        rows_at: Callable[[Callable[[], np.ndarray], list[str]], dict],
+        length: Callable[[], int],
+    ):
+        self._specs, self._batches, self._slots = specs, batches, slots
+        self._rows_at, self._length = rows_at, length
+        self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
+        self._source: tuple | None = None  # (len, lazy structure of the slots)
+        self._retired = False
+
+    def retire(self) -> None:
+        self._retired = True
+
+    def structure(self, L: int) -> _LazyColumns:
+        """The structure of the first ``L`` slots with no data (kept while ``len`` is
+        ``L``); its columns are read on access."""
+        if self._source is None or self._source[0] != L:
+            types = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in self._specs.items()}
+            source = lazy_source(types, self._batches, L, self._reader(L))
+            self._source = (L, source)
+        return self._source[1]
+
+    def written(self, slots: torch.Tensor, cols: Mapping[str, np.ndarray]) -> None:
+        """Rows ``cols`` (``{column: [len(slots), *row]}``) were written to ``slots``."""
+        for key, col in self._small.items():
+            col[slots] = torch.from_numpy(cols[key])
+
+    def _small_column(self, key: str) -> torch.Tensor:
+        """Small column ``key`` (trajectory ids, done flags: at most 16 bytes a row, which
+        SliceSampler reads whole on every sample), ``[slots, ...]`` in slot order
+        (valid below len), kept in RAM and updated by every append."""
+        col = self._small.get(key)
+        if col is None:
+            spec, L = self._specs[key], self._length()
+            col = torch.zeros((self._slots, *spec.row_shape), dtype=torch_dtype(spec.dtype))
+            if L:
+                col[:L] = torch.from_numpy(self._rows_at(lambda: np.arange(L), [key])[key])
+            self._small[key] = col
+        return col
+
+    def _reader(self, L: int):
+        specs = self._specs
+        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
+
+        def read(key: str, idx) -> torch.Tensor:
+            if self._retired:
+                raise RuntimeError(
+                    "the storage was emptied or loaded since this view was taken; index "
+                    "the storage again"
+                )
+            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
+                idx = idx[0]
+            if key in small:
+                col = self._small_column(key)[:L]  # a slice of it is a view: no copy
+                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
+            slots = slot_index(idx, L)
+            got = self._rows_at(lambda: slots.reshape(-1), [key])[key]
+            if self._retired:  # a copy that followed its reader: another commit's
+                raise RuntimeError(
+                    "the rows this view showed left the disk (a read-only copy follows its "
+                    "writer's newest commit then); index the storage again"
+                )
+            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
+
+        return read
 
 
 def slot_index(index, L: int) -> np.ndarray:

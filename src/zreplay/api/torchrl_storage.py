@@ -38,7 +38,6 @@ from ..schema import Schema
 from ..store.location import locate
 from ..store.root import is_buffer
 from ..store.torchrl_record import KIND
-from .batches import torch_dtype
 from .torchrl_checkpoints import (
     OwnCheckpoints,
     import_order,
@@ -47,7 +46,7 @@ from .torchrl_checkpoints import (
     state_rows,
     torchrl_checkpoint,
 )
-from .torchrl_columns import check_schema, lazy_source, show_slots, slot_index
+from .torchrl_columns import SlotColumns, check_schema, show_slots, slot_index
 from .torchrl_copies import ShownCommit, commit_pin
 from .torchrl_forms import Form, class_names, encode, find_class, leading, take
 from .torchrl_ring import (
@@ -61,8 +60,6 @@ from .torchrl_ring import (
     ring_slots,
 )
 from .torchrl_writers import attached_writers, follow, place_writer, writer_position
-
-CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
 
 
 class ZarrStorage(TensorStorage):
@@ -177,9 +174,9 @@ class ZarrStorage(TensorStorage):
         self._form = Form.from_state(saved.get("form"), saved.get("batches"))
         if "_classes" not in self.__dict__:
             self._classes: dict[str, type | None] = {}  # recorded name -> class (None: a TD)
-        self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
-        self._source: tuple | None = None  # ((len, epoch), lazy structure of the slots)
-        self._epoch = getattr(self, "_epoch", 0) + 1
+        if getattr(self, "_columns", None) is not None:
+            self._columns.retire()  # views taken so far showed other contents
+        self._columns: SlotColumns | None = None  # made by the first view of these contents
         if self._ring.length(self._W):  # SliceSampler's seam: where the newest row is
             self._set_last_cursor((self._ring.next_slot(self._W) - 1) % M0)
         if not self.core.writable:
@@ -415,9 +412,9 @@ class ZarrStorage(TensorStorage):
         self._classes.update(classes)
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
-        m = min(n, self._ring.max_size)
-        for key, col in self._small.items():  # the slots just written, no duplicates
-            col[want[-m:]] = torch.from_numpy(cols[key][-m:])
+        if self._columns is not None:
+            m = min(n, self._ring.max_size)  # the slots just written, no duplicates
+            self._columns.written(want[-m:], {k: v[-m:] for k, v in cols.items()})
 
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
@@ -510,59 +507,12 @@ class ZarrStorage(TensorStorage):
         return self.get(index)
 
     def _view(self, index):
-        view = _SubTensorDict(self._lazy_slots(len(self)), index)
-        return view if self.device.type == "cpu" else view.to(self.device)
-
-    def _lazy_slots(self, L: int):
-        """The structure of the ``L`` slots with no data (rebuilt when ``len`` or the
-        contents change); its columns are read on access by :meth:`_column_reader`."""
-        if self._source is None or self._source[0] != (L, self._epoch):
+        if self._columns is None:
             specs = self.core.schema.specs
-            types = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in specs.items()}
-            reader = self._column_reader(L, self._epoch)
-            batches = self._form.batches
-            self._source = ((L, self._epoch), lazy_source(types, batches, L, reader))
-        return self._source[1]
-
-    def _small_column(self, key: str) -> torch.Tensor:
-        """Small column ``key`` (trajectory ids, done flags: at most 16 bytes a row, which
-        SliceSampler reads whole on every sample), ``[max_size, ...]`` in slot order
-        (valid below len), kept in RAM and updated by every append."""
-        col = self._small.get(key)
-        if col is None:
-            spec, L = self.core.schema.specs[key], len(self)
             M0 = self._ring.max_size
-            col = torch.zeros((M0, *spec.row_shape), dtype=torch_dtype(spec.dtype))
-            if L:
-                col[:L] = torch.from_numpy(self._rows_at(lambda: np.arange(L), [key])[key])
-            self._small[key] = col
-        return col
-
-    def _column_reader(self, L: int, epoch: int):
-        specs = self.core.schema.specs
-        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
-
-        def read(key: str, idx) -> torch.Tensor:
-            if self._epoch != epoch:
-                raise RuntimeError(
-                    "the storage was emptied or loaded since this view was taken; index "
-                    "the storage again"
-                )
-            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
-                idx = idx[0]
-            if key in small:
-                col = self._small_column(key)[:L]  # a slice of it is a view: no copy
-                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
-            slots = slot_index(idx, L)
-            got = self._rows_at(lambda: slots.reshape(-1), [key])[key]
-            if self._epoch != epoch:  # a copy that followed its reader: another commit's
-                raise RuntimeError(
-                    "the rows this view showed left the disk (a read-only copy follows its "
-                    "writer's newest commit then); index the storage again"
-                )
-            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
-
-        return read
+            self._columns = SlotColumns(specs, self._form.batches, M0, self._rows_at, self.__len__)
+        view = _SubTensorDict(self._columns.structure(len(self)), index)
+        return view if self.device.type == "cpu" else view.to(self.device)
 
     # -- checkpoints ----------------------------------------------------------------
 
