@@ -59,7 +59,7 @@ from .torchrl_ring import (
     record,
     ring_slots,
 )
-from .torchrl_writers import attached_writers, follow, place_writer, writer_position
+from .torchrl_writers import attached_writers, follow, known_cursor, place_writer, writer_position
 
 
 class ZarrStorage(TensorStorage):
@@ -352,15 +352,6 @@ class ZarrStorage(TensorStorage):
                 rows = self._slot_rows(np.arange(M0))
                 self._import_rows(rows, len(self), int(cursor), sync=False)
 
-    def _writer_cursor(self) -> int | None:
-        """The cursor of an attached writer that was restored or has written (a fresh
-        one knows nothing the storage does not)."""
-        for w in attached_writers(self):
-            cursor, count = writer_position(w)
-            if count:
-                return cursor
-        return None
-
     def _append(self, cursor: torch.Tensor, form: Form, cols: dict, classes, n: int) -> None:
         if self._dims is None and self.ndim > 1:
             dims = dims_after_first(form, cols, self.ndim)
@@ -523,7 +514,7 @@ class ZarrStorage(TensorStorage):
         holds every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files
         instead."""
         if self.core.writable:
-            self._settle_guess(self._writer_cursor())
+            self._settle_guess(known_cursor(attached_writers(self)))
         if not self.initialized:
             return {"_storage": {}, "initialized": False, "_len": 0}
         rows = rows_state(self._slot_rows(np.arange(self._ring.max_size)))
@@ -544,7 +535,7 @@ class ZarrStorage(TensorStorage):
         """A copy-free snapshot (a zreplay buffer directory: hard links, or server-side
         copies on S3) at ``path``; ``rb.dumps(dir)`` puts it in ``dir/storage``."""
         self._check_writable("checkpoint it")
-        self._settle_guess(self._writer_cursor())
+        self._settle_guess(known_cursor(attached_writers(self)))
         self.core.checkpoint(path)
 
     def loads(self, path) -> None:
@@ -659,7 +650,7 @@ class ZarrStorage(TensorStorage):
         """Commit and release the writer lock (idempotent).  A ring whose next slot was
         only guessed is put in order first if a restored writer knows it."""
         if not self.core.closed and self.core.writable:
-            self._settle_guess(self._writer_cursor())
+            self._settle_guess(known_cursor(attached_writers(self)))
         self.core.close()
 
     # -- crossing a process boundary --------------------------------------------------

@@ -55,6 +55,16 @@ def attached_writers(storage) -> list:
     return out
 
 
+def known_cursor(writers) -> int | None:
+    """The cursor of one of ``writers`` that was restored or has written (a fresh one
+    knows nothing its storage does not); ``None`` if none has."""
+    for w in writers:
+        cursor, count = writer_position(w)
+        if count:
+            return cursor
+    return None
+
+
 def writer_position(writer) -> tuple[int, int]:
     """``(cursor, write_count)`` of a TorchRL writer."""
     return int(writer._cursor), int(writer._write_count)
