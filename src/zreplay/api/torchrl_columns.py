@@ -1,76 +1,27 @@
-"""How :class:`~zreplay.torchrl.ZarrStorage` presents zreplay's append-only rows as
-TorchRL's ring of ``max_size`` slots, and TensorDicts as flat columns.
+"""How :class:`~zreplay.torchrl.ZarrStorage` reads its slots as TorchRL indexes them:
+a torch index over the slots (:func:`slot_index`), the lazy read-only view behind
+``storage[:]`` and a sampler's tuple index (:class:`SlotColumns`), and the check that an
+extend's columns are the storage's (:func:`check_schema`).
 
-The ring: the storage appends every row it is given (global rows of its segment, never
-reused; the ring's rows are ``[start, W)``, ``start`` being where it was last emptied or
-loaded) and never overwrites one.  Row ``g`` belongs to slot ``(g - start + shift) %
-max_size`` and a slot shows the newest row that belongs to it, so the storage holds
-``min(W - start, max_size)`` slots exactly as TorchRL's round-robin writer fills
-``LazyTensorStorage`` (wrap-around and oversized extends included).  ``shift`` is 0
-except after importing a TorchRL checkpoint of a full ring, whose rows are appended
-oldest first starting at the writer's cursor.
-
-How rows become columns and come back: :mod:`zreplay.api.torchrl_forms`.
+Which row a slot shows: :mod:`zreplay.api.torchrl_ring`; how rows become columns and come
+back: :mod:`zreplay.api.torchrl_forms`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict._td import _SubTensorDict
 
-from ..core import Prepared
-from ..errors import AppendOnlyError, SchemaError
+from ..errors import SchemaError
 from ..schema import Schema
+from .batches import torch_dtype
 from .torchrl_forms import disk_name, user_name
 
-
-@dataclass(frozen=True)
-class Ring:
-    """Slots of TorchRL's ring over an append-only run of rows ``[start, W)`` (see
-    module doc): row ``g`` is slot ``(g - start + shift) % max_size``."""
-
-    max_size: int
-    start: int = 0
-    shift: int = 0
-
-    def length(self, W: int) -> int:
-        return min(W - self.start, self.max_size)
-
-    def next_slot(self, W: int) -> int:
-        """The slot the writer's next row goes to (TorchRL's writer ``_cursor``)."""
-        return (W - self.start + self.shift) % self.max_size
-
-    def expected(self, W: int, n: int) -> torch.Tensor:
-        """The cursor TorchRL's round-robin writer passes for ``n`` more rows."""
-        return (torch.arange(n, dtype=torch.int64) + self.next_slot(W)) % self.max_size
-
-    def rows_of(self, slots: np.ndarray, W: int) -> np.ndarray:
-        """Global row shown in each slot (``0 <= slot < length(W)``)."""
-        return W - 1 - (W - 1 - self.start + self.shift - slots) % self.max_size
-
-
-def pieces(cols: Mapping[str, np.ndarray], n: int, P: int) -> list[Prepared]:
-    """``n`` rows as zreplay trajectories ``[<= P, 1]``, the first one the shortest.
-    Their episodes are TorchRL's: the rows are one stream, cut after every row whose ``("next", "done")`` (or
-    ``terminated``/``truncated``) is set, as TorchRL's own samplers read them, so the
-    clips and n-step windows of a zreplay view never cross one of its episode ends."""
-    # Cut from the end: the last piece holds an extend's newest P rows, so once an extend
-    # of at least P = slots rows fills the ring, its live rows are exactly one piece,
-    # which a view (that shows whole pieces only: view_rows) shows whole.
-    ends = list(range(n, 0, -P))[::-1]
-    out = [
-        Prepared({k: v[a:b, None] for k, v in cols.items()}, b - a, 1)
-        for a, b in zip([0, *ends[:-1]], ends, strict=True)
-    ]
-    for p in out:
-        p.continues = True  # the stream goes on across extends until a flag ends it
-    return out
-
+CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
 
 # -- the lazy, read-only view behind storage[:] ------------------------------------------
 
@@ -137,6 +88,88 @@ def lazy_source(
     return make(())
 
 
+class SlotColumns:
+    """The columns of a storage's ``slots`` slots as one content of it shows them, read
+    on access: the lazy structure behind its views (:meth:`structure`) and its small
+    columns kept in RAM in slot order.  Once the storage is emptied or loaded, or a
+    read-only copy follows another commit, the storage retires it (:meth:`retire`) and
+    views taken from it refuse to read.
+
+    ``specs``: the schema's column specs; ``batches``: the form's batch dims;
+    ``rows_at(slots, keys)``: the storage's rows of the slots ``slots()`` as
+    ``{column: array}``; ``length()``: the storage's ``len``."""
+
+    def __init__(
+        self,
+        specs: Mapping,
+        batches: Mapping[str, list[int]],
+        slots: int,
+        rows_at: Callable[[Callable[[], np.ndarray], list[str]], dict],
+        length: Callable[[], int],
+    ):
+        self._specs, self._batches, self._slots = specs, batches, slots
+        self._rows_at, self._length = rows_at, length
+        self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
+        self._source: tuple | None = None  # (len, lazy structure of the slots)
+        self._retired = False
+
+    def retire(self) -> None:
+        self._retired = True
+
+    def structure(self, L: int) -> _LazyColumns:
+        """The structure of the first ``L`` slots with no data (kept while ``len`` is
+        ``L``); its columns are read on access."""
+        if self._source is None or self._source[0] != L:
+            types = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in self._specs.items()}
+            source = lazy_source(types, self._batches, L, self._reader(L))
+            self._source = (L, source)
+        return self._source[1]
+
+    def written(self, slots: torch.Tensor, cols: Mapping[str, np.ndarray]) -> None:
+        """Rows ``cols`` (``{column: [len(slots), *row]}``) were written to ``slots``."""
+        for key, col in self._small.items():
+            col[slots] = torch.from_numpy(cols[key])
+
+    def _small_column(self, key: str) -> torch.Tensor:
+        """Small column ``key`` (trajectory ids, done flags: at most 16 bytes a row, which
+        SliceSampler reads whole on every sample), ``[slots, ...]`` in slot order
+        (valid below len), kept in RAM and updated by every append."""
+        col = self._small.get(key)
+        if col is None:
+            spec, L = self._specs[key], self._length()
+            col = torch.zeros((self._slots, *spec.row_shape), dtype=torch_dtype(spec.dtype))
+            if L:
+                col[:L] = torch.from_numpy(self._rows_at(lambda: np.arange(L), [key])[key])
+            self._small[key] = col
+        return col
+
+    def _reader(self, L: int):
+        specs = self._specs
+        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
+
+        def read(key: str, idx) -> torch.Tensor:
+            if self._retired:
+                raise RuntimeError(
+                    "the storage was emptied or loaded since this view was taken; index "
+                    "the storage again"
+                )
+            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
+                idx = idx[0]
+            if key in small:
+                col = self._small_column(key)[:L]  # a slice of it is a view: no copy
+                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
+            slots = slot_index(idx, L)
+            got = self._rows_at(lambda: slots.reshape(-1), [key])[key]
+            if self._retired:  # a copy that followed its reader: another commit's
+                raise RuntimeError(
+                    "the rows this view showed left the disk (a read-only copy follows its "
+                    "writer's newest commit then); index the storage again"
+                )
+            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
+
+        return read
+
+
 def slot_index(index, L: int) -> np.ndarray:
     """The slots ``index`` names among ``L`` (torch indexing; torch's IndexError text)."""
     if isinstance(index, tuple) and len(index) == 1:
@@ -171,15 +204,6 @@ def _listed(index: list):
     if t.numel() == 0:
         return t.to(torch.int64).reshape(t.shape)
     return index if t.dtype.is_floating_point else t
-
-
-class OwnCheckpoints:
-    """Marker: ZarrStorage's dumps/loads are its own (TorchRL's need ``_storage``)."""
-
-    def register_save_hook(self, hook):
-        raise AppendOnlyError("ZarrStorage checkpoints take no save hooks")
-
-    register_load_hook = register_save_hook
 
 
 def check_schema(schema: Schema, cols: Mapping[str, np.ndarray]) -> None:

@@ -37,7 +37,7 @@ from tensordict import (
     is_tensor_collection,
     is_tensorclass,
 )
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from ..errors import KeyNameError, SchemaError, StackError
 from ..schema import as_numpy, check_key_component, safe_component
@@ -258,6 +258,23 @@ def encode(data, single: bool) -> tuple[Form, dict[str, np.ndarray], dict[str, t
             "the same first dim"
         )
     return Form("tree", {"": []}, text), cols, {}
+
+
+def leading(rows) -> int | None:
+    """Rows along dim 0 of a TensorDict, tensorclass, tensor or pytree (0: no batch dim)."""
+    if rows is None:
+        return None
+    if is_tensor_collection(rows):
+        return int(rows.shape[0]) if rows.batch_dims else 0
+    leaves = tree_leaves(rows)
+    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 0
+
+
+def take(rows, index):
+    """``rows[index]`` of a TensorDict, tensorclass, tensor or pytree (leaf by leaf)."""
+    if is_tensor_collection(rows):
+        return rows[index]
+    return tree_map(lambda x: x[index], rows)
 
 
 def _structure(x, leaves: list):

@@ -5,62 +5,61 @@ writer overwrites; this storage shows the same slots (same ``len``, ``storage[in
 ``_is_full``, last cursor, samples under the same seed) over an append-only zreplay
 segment: every extend is appended, a slot shows the newest row written to it, and whole
 old trajectories are evicted on disk once every row in them has been overwritten
-(the ring: :mod:`zreplay.api.torchrl_columns`).  So rows are compressed, committed atomically,
-readable by ``zreplay.open`` while training runs, and a storage constructed on an existing
-``path`` resumes: same ``len``, same rows, and the writer's cursor where it was.
+(the ring and its record: :mod:`zreplay.api.torchrl_ring`).  So rows are compressed,
+committed atomically, readable by ``zreplay.open`` while training runs, and a storage
+constructed on an existing ``path`` resumes: same ``len``, same rows, and the writer's
+cursor where it was.
 
-A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
+This module is what TorchRL calls (its ``Storage`` protocol) over
+:class:`~zreplay.core.BufferCore` (``self.core``).  Beside it: what it holds
+(:mod:`.torchrl_forms`), how its slots are indexed and viewed (:mod:`.torchrl_columns`),
+TorchRL's writers' cursors (:mod:`.torchrl_writers`), checkpoints coming in
+(:mod:`.torchrl_checkpoints`) and the commit a pickled copy shows
+(:mod:`.torchrl_copies`).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import math
-import weakref
 from collections.abc import Iterable, Mapping
-from copy import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import Unpack
 
 import numpy as np
 import torch
-from tensordict import TensorDict, is_tensor_collection, is_tensorclass
 from tensordict._td import _SubTensorDict
-from torch.utils._pytree import tree_leaves, tree_map
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
-from ..engine.reader import segment_commits
-from ..errors import (
-    AppendOnlyError,
-    CorruptBufferError,
-    FormatError,
-    ReadOnlyError,
-    SchemaError,
-    StaleViewError,
-)
+from ..errors import AppendOnlyError, ReadOnlyError, SchemaError, StaleViewError
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
-from ..store.root import BufferRoot, is_buffer
-from ..store.torchrl_record import KIND, MAX_SIZE, record_problem
-from .batches import torch_dtype
-from .torchrl_columns import (
+from ..store.root import is_buffer
+from ..store.torchrl_record import KIND
+from .torchrl_checkpoints import (
     OwnCheckpoints,
-    Ring,
-    check_schema,
-    lazy_source,
-    pieces,
-    show_slots,
-    slot_index,
+    import_order,
+    own_checkpoint,
+    rows_state,
+    state_rows,
+    torchrl_checkpoint,
 )
-from .torchrl_forms import Form, class_names, encode, find_class
-
-MAX_PIECE_ROWS = 4096  # rows of one zreplay trajectory (an extend is cut into pieces)
-CACHED_ROW_BYTES = 16  # columns this small that samplers read whole stay in RAM
+from .torchrl_columns import SlotColumns, check_schema, show_slots, slot_index
+from .torchrl_copies import ShownCommit, commit_pin
+from .torchrl_forms import Form, class_names, encode, find_class, leading, take
+from .torchrl_ring import (
+    MAX_PIECE_ROWS,
+    Ring,
+    check_record,
+    checked_max_size,
+    dims_after_first,
+    pieces,
+    record,
+    ring_slots,
+)
+from .torchrl_writers import attached_writers, follow, known_cursor, place_writer, writer_position
 
 
 class ZarrStorage(TensorStorage):
@@ -122,7 +121,7 @@ class ZarrStorage(TensorStorage):
                 "zreplay.open(path, rate_limiter=..., learner_id=...)"
             )
         ram_budget_bytes = opts.pop("ram_budget_bytes")
-        max_size = _max_size(max_size)
+        max_size = checked_max_size(max_size)
         ndim = as_int(ndim, "ndim", minimum=1)
         self.__dict__["core"] = None  # TensorStorage.__init__ assigns _len and initialized
         super().__init__(storage=None, max_size=max_size, device=device, ndim=ndim)
@@ -154,27 +153,16 @@ class ZarrStorage(TensorStorage):
         visible one: a pinned copy's is an older commit's)."""
         saved = dict(self.core.facade_state if state is None else state)
         self._W = self.core.row_range[1] if stop is None else stop
-        if (self.core.num_rows or saved) and saved.get("kind") != KIND:
-            raise FormatError(
-                f"{self.core.path} holds a zreplay buffer not written by ZarrStorage; "
-                "open it with zreplay.open() or pick another path"
-            )
-        if saved.get("kind") == KIND:
-            schema = self.core.schema
-            why = record_problem(saved, self._W + low_row, None if schema is None else schema.keys)
-            if why:
-                raise CorruptBufferError(
-                    f"{self.core.path}: the ZarrStorage record of its commit.json "
-                    f"(sampler.facade) is damaged or crafted: {why}; restore the buffer from "
-                    "a checkpoint, or run zreplay.verify() for details"
-                )
-        for name, mine in (("max_size", self._given_max), ("ndim", self.ndim)):
-            theirs = saved.get(name, 1 if name == "ndim" and saved else mine)
-            if theirs != mine:
-                raise ValueError(
-                    f"{self.core.path} is a ZarrStorage of {name}={theirs}, not {mine}; pass "
-                    f"{name}={theirs} (or overwrite=True)"
-                )
+        schema = self.core.schema
+        check_record(
+            saved,
+            self.core.path,
+            has_rows=bool(self.core.num_rows),
+            n_rows=self._W + low_row,
+            columns=None if schema is None else schema.keys,
+            max_size=self._given_max,
+            ndim=self.ndim,
+        )
         dims = saved.get("dims")
         self._dims = None if dims is None else tuple(int(d) for d in dims)
         M0 = self._slots_along_dim0(self._dims)
@@ -186,23 +174,16 @@ class ZarrStorage(TensorStorage):
         self._form = Form.from_state(saved.get("form"), saved.get("batches"))
         if "_classes" not in self.__dict__:
             self._classes: dict[str, type | None] = {}  # recorded name -> class (None: a TD)
-        self._small: dict[str, torch.Tensor] = {}  # small columns in slot order
-        self._source: tuple | None = None  # ((len, epoch), lazy structure of the slots)
-        self._epoch = getattr(self, "_epoch", 0) + 1
+        if getattr(self, "_columns", None) is not None:
+            self._columns.retire()  # views taken so far showed other contents
+        self._columns: SlotColumns | None = None  # made by the first view of these contents
         if self._ring.length(self._W):  # SliceSampler's seam: where the newest row is
             self._set_last_cursor((self._ring.next_slot(self._W) - 1) % M0)
         if not self.core.writable:
             return
-        self.core.facade_state = {
-            "kind": KIND,
-            "max_size": self._given_max,
-            "ndim": self.ndim,
-            "dims": None if self._dims is None else list(self._dims),
-            "start": self._ring.start,
-            "shift": self._ring.shift,
-            "guessed": self._ring_guessed,
-            "form": None if self._form is None else self._form.to_state(),
-        }
+        self.core.facade_state = record(
+            self._given_max, self.ndim, self._dims, self._ring, self._ring_guessed, self._form
+        )
         if self._dims is not None:
             self._fit_capacity()
 
@@ -210,7 +191,7 @@ class ZarrStorage(TensorStorage):
         """The ring's slots (TorchRL's ``_max_size_along_dim0``), ``max_size`` set as
         TorchRL's storages set it once the dims after the first are known (``dims``:
         ``None`` for ``ndim=1`` and until the first extend of ``ndim > 1``)."""
-        M0, self._per_slot = _ring_slots(self._given_max, dims)
+        M0, self._per_slot = ring_slots(self._given_max, dims)
         self.max_size = M0 * self._per_slot
         self._piece = min(self._piece, M0)
         # Overwritten rows stay on disk until their whole piece is (see __init__): a
@@ -289,32 +270,23 @@ class ZarrStorage(TensorStorage):
         A guessed next slot (a TorchRL state dict of a full ring) is never handed out:
         the writers keep their own cursors, and the first extend (or a writer whose
         state was restored) tells where the ring really goes on."""
-        for w in self._writers():
-            self._follow(w)
+        writers = attached_writers(self)
+        for w in writers:
+            follow(w, self._writer_restored)
         if self._ring_guessed:
             return
-        for w in self._writers():
-            if not only_fresh or _writer_position(w)[1] == 0:
+        for w in writers:
+            if not only_fresh or writer_position(w)[1] == 0:
                 count = min(self._W - self._ring.start, 2**31 - 1)
-                _place_writer(w, self._ring.next_slot(self._W), count)
+                place_writer(w, self._ring.next_slot(self._W), count)
 
-    def _follow(self, writer) -> None:
-        """Have ``writer``'s ``load_state_dict`` (which TorchRL's ``rb.load_state_dict``
-        calls right after the storage's) settle a guessed next slot at once, from the
-        cursor it restores: nothing of the guess is left for a storage dropped before
-        its first extend to lose."""
-        if writer in _FOLLOWED:
-            return
-        writer.load_state_dict = _FollowedLoad(writer.load_state_dict, self)
-        _FOLLOWED.add(writer)
-
-    def _writers(self) -> list:
-        out = []
-        for ent in self._attached_entities:
-            w = getattr(ent, "_writer", None)
-            if w is not None and getattr(w, "_storage", None) is self:
-                out.append(w)
-        return out
+    def _writer_restored(self, writer) -> None:
+        """A followed writer's ``load_state_dict`` (which TorchRL's ``rb.load_state_dict``
+        calls right after the storage's) settles a guessed next slot at once, from the
+        cursor it restored: nothing of the guess is left for a storage dropped before its
+        first extend to lose."""
+        if self._ring_guessed and self.__dict__.get("core") is not None:
+            self._settle_guess(writer_position(writer)[0])
 
     # -- writing --------------------------------------------------------------------
 
@@ -350,9 +322,9 @@ class ZarrStorage(TensorStorage):
             self._append(cur, form, cols, classes, n)
         except BaseException:
             added = self._resync()
-            for w in self._writers():  # TorchRL's writer moved (by len(cursor)) before set()
-                count = max(0, _writer_position(w)[1] - (0 if added else cur.numel()))
-                _place_writer(w, self._ring.next_slot(self._W), count)
+            for w in attached_writers(self):  # TorchRL's writer moved (by len(cursor)) first
+                count = max(0, writer_position(w)[1] - (0 if added else cur.numel()))
+                place_writer(w, self._ring.next_slot(self._W), count)
             raise
         # The cursor as read above: TorchRL's setter fails on a numpy array after the rows
         # went in (its own storages call it before they write).
@@ -380,18 +352,9 @@ class ZarrStorage(TensorStorage):
                 rows = self._slot_rows(np.arange(M0))
                 self._import_rows(rows, len(self), int(cursor), sync=False)
 
-    def _writer_cursor(self) -> int | None:
-        """The cursor of an attached writer that was restored or has written (a fresh
-        one knows nothing the storage does not)."""
-        for w in self._writers():
-            cursor, count = _writer_position(w)
-            if count:
-                return cursor
-        return None
-
     def _append(self, cursor: torch.Tensor, form: Form, cols: dict, classes, n: int) -> None:
         if self._dims is None and self.ndim > 1:
-            dims = _dims_after_first(form, cols, self.ndim)
+            dims = dims_after_first(form, cols, self.ndim)
             ring, piece = self._ring, self._piece
             M0 = self._slots_along_dim0(dims)
             self._ring, self._dims = Ring(M0, self._W), dims
@@ -440,9 +403,9 @@ class ZarrStorage(TensorStorage):
         self._classes.update(classes)
         self._W += n
         self._ring_guessed = self.core.facade_state["guessed"] = False
-        m = min(n, self._ring.max_size)
-        for key, col in self._small.items():  # the slots just written, no duplicates
-            col[want[-m:]] = torch.from_numpy(cols[key][-m:])
+        if self._columns is not None:
+            m = min(n, self._ring.max_size)  # the slots just written, no duplicates
+            self._columns.written(want[-m:], {k: v[-m:] for k, v in cols.items()})
 
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
@@ -513,7 +476,7 @@ class ZarrStorage(TensorStorage):
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
         parts = index if isinstance(index, tuple) else (index,)
         if any(p is Ellipsis or p is None for p in parts):  # dims move: index every row
-            return _take(self._build(self._rows_at(lambda: np.arange(L0)), (L0,)), index)
+            return take(self._build(self._rows_at(lambda: np.arange(L0)), (L0,)), index)
         if isinstance(first, slice):
             slots, pos = np.arange(*first.indices(L0)), slice(None)
         else:
@@ -521,7 +484,7 @@ class ZarrStorage(TensorStorage):
             slots, inv = np.unique(wanted.reshape(-1), return_inverse=True)
             pos = torch.from_numpy(inv.reshape(wanted.shape))
             pos = int(pos) if pos.dim() == 0 else pos
-        return _take(self._build(self._rows_at(lambda: slots), (len(slots),)), (pos, *rest))
+        return take(self._build(self._rows_at(lambda: slots), (len(slots),)), (pos, *rest))
 
     def _lazy_ok(self) -> bool:
         """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts, ``ndim=1``)."""
@@ -535,59 +498,12 @@ class ZarrStorage(TensorStorage):
         return self.get(index)
 
     def _view(self, index):
-        view = _SubTensorDict(self._lazy_slots(len(self)), index)
-        return view if self.device.type == "cpu" else view.to(self.device)
-
-    def _lazy_slots(self, L: int):
-        """The structure of the ``L`` slots with no data (rebuilt when ``len`` or the
-        contents change); its columns are read on access by :meth:`_column_reader`."""
-        if self._source is None or self._source[0] != (L, self._epoch):
+        if self._columns is None:
             specs = self.core.schema.specs
-            types = {k: (torch_dtype(s.dtype), s.row_shape) for k, s in specs.items()}
-            reader = self._column_reader(L, self._epoch)
-            batches = self._form.batches
-            self._source = ((L, self._epoch), lazy_source(types, batches, L, reader))
-        return self._source[1]
-
-    def _small_column(self, key: str) -> torch.Tensor:
-        """Small column ``key`` (trajectory ids, done flags: at most 16 bytes a row, which
-        SliceSampler reads whole on every sample), ``[max_size, ...]`` in slot order
-        (valid below len), kept in RAM and updated by every append."""
-        col = self._small.get(key)
-        if col is None:
-            spec, L = self.core.schema.specs[key], len(self)
             M0 = self._ring.max_size
-            col = torch.zeros((M0, *spec.row_shape), dtype=torch_dtype(spec.dtype))
-            if L:
-                col[:L] = torch.from_numpy(self._rows_at(lambda: np.arange(L), [key])[key])
-            self._small[key] = col
-        return col
-
-    def _column_reader(self, L: int, epoch: int):
-        specs = self.core.schema.specs
-        small = {k for k, s in specs.items() if s.row_bytes <= CACHED_ROW_BYTES}
-
-        def read(key: str, idx) -> torch.Tensor:
-            if self._epoch != epoch:
-                raise RuntimeError(
-                    "the storage was emptied or loaded since this view was taken; index "
-                    "the storage again"
-                )
-            if isinstance(idx, tuple) and len(idx) == 1:  # how tensordict keeps an index
-                idx = idx[0]
-            if key in small:
-                col = self._small_column(key)[:L]  # a slice of it is a view: no copy
-                return col[idx] if isinstance(idx, slice) else col[slot_index(idx, L)]
-            slots = slot_index(idx, L)
-            got = self._rows_at(lambda: slots.reshape(-1), [key])[key]
-            if self._epoch != epoch:  # a copy that followed its reader: another commit's
-                raise RuntimeError(
-                    "the rows this view showed left the disk (a read-only copy follows its "
-                    "writer's newest commit then); index the storage again"
-                )
-            return torch.from_numpy(got).reshape(*slots.shape, *specs[key].row_shape)
-
-        return read
+            self._columns = SlotColumns(specs, self._form.batches, M0, self._rows_at, self.__len__)
+        view = _SubTensorDict(self._columns.structure(len(self)), index)
+        return view if self.device.type == "cpu" else view.to(self.device)
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -598,19 +514,10 @@ class ZarrStorage(TensorStorage):
         holds every row in RAM, as TorchRL's does; ``rb.dumps(path)`` links files
         instead."""
         if self.core.writable:
-            self._settle_guess(self._writer_cursor())
+            self._settle_guess(known_cursor(attached_writers(self)))
         if not self.initialized:
             return {"_storage": {}, "initialized": False, "_len": 0}
-        rows = self._slot_rows(np.arange(self._ring.max_size))
-        if is_tensorclass(rows):
-            rows = rows._tensordict.state_dict()
-        elif is_tensor_collection(rows):
-            rows = rows.state_dict()
-        elif not isinstance(rows, torch.Tensor):
-            raise TypeError(
-                "a ZarrStorage of pytrees has no state_dict (nor has TorchRL's); checkpoint "
-                "it with rb.dumps(path)"
-            )
+        rows = rows_state(self._slot_rows(np.arange(self._ring.max_size)))
         out = {"_storage": rows, "initialized": True, "_len": len(self)}
         if not self._ring_guessed:  # a guess is not exported as if it were known
             out["_next_slot"] = self._ring.next_slot(self._W)
@@ -621,22 +528,14 @@ class ZarrStorage(TensorStorage):
         tensor storages (a full ring's next slot, which theirs lack, is taken from the
         restored writer's first extend)."""
         self._check_writable("load state dicts")
-        n = int(state_dict["_len"])
-        rows = None
-        if state_dict.get("initialized") and n:
-            rows = state_dict["_storage"]
-            if not isinstance(rows, torch.Tensor):
-                # A copy keeps the OrderedDict's _metadata (batch sizes) that dict() drops.
-                rows = TensorDict().load_state_dict(copy(rows), strict=False)
-                if rows.batch_dims < self.ndim:
-                    rows.auto_batch_size_(batch_dims=self.ndim)
+        rows, n = state_rows(state_dict, self.ndim)
         self._import_rows(rows, n, state_dict.get("_next_slot"))
 
     def dumps(self, path) -> None:
         """A copy-free snapshot (a zreplay buffer directory: hard links, or server-side
         copies on S3) at ``path``; ``rb.dumps(dir)`` puts it in ``dir/storage``."""
         self._check_writable("checkpoint it")
-        self._settle_guess(self._writer_cursor())
+        self._settle_guess(known_cursor(attached_writers(self)))
         self.core.checkpoint(path)
 
     def loads(self, path) -> None:
@@ -647,41 +546,21 @@ class ZarrStorage(TensorStorage):
         if is_buffer(path, options):
             self._load_own_checkpoint(locate(path, options))
             return
-        p = Path(path)
-        meta_file = p / "storage_metadata.json"
-        if not meta_file.is_file():
-            raise FormatError(
-                f"{path} is neither a ZarrStorage checkpoint nor a TorchRL storage "
-                "checkpoint (no storage_metadata.json)"
-            )
-        meta = _json_object(meta_file)
-        if meta.get("is_pytree"):
-            raise FormatError(f"{path}: TorchRL pytree storages cannot be loaded; TensorDicts can")
-        n = _checked(meta.get("len"), meta_file, "len", MAX_SIZE + 1)
-        rows = TensorDict.load_memmap(p) if n else None
-        writer = p.parent / "writer" / "metadata.json"
-        cursor = _json_object(writer).get("cursor") if writer.is_file() else None
-        if cursor is not None:
-            cursor = _checked(cursor, writer, "cursor", self._given_max)
-        self._import_rows(rows, n, cursor)
+        self._import_rows(*torchrl_checkpoint(path, self._given_max))
 
     def _import_rows(self, rows, n: int, next_slot: int | None, sync: bool = True) -> None:
         """Replace the contents with the first ``len = n`` elements of ``rows`` (a
         TorchRL ring of ``max_size`` slots along dim 0: a TensorDict, tensorclass, tensor
         or pytree as :meth:`get` gives; ``None``: nothing) whose writer's next slot is
         ``next_slot`` (``None``: ``n % max_size``); ``sync``: move attached writers there.
-
-        The rows are appended oldest first: slots ``0 .. n-1`` of a ring that is not
-        full, else slots ``c .. max_size-1, 0 .. c-1`` where ``c`` is the writer's next
-        slot, with the ring's ``shift`` set to ``c``; every slot then shows what it showed
-        in TorchRL and the next extend lands at ``c``, where TorchRL's restored writer
-        puts it."""
+        The rows are appended oldest first, in :func:`.torchrl_checkpoints.import_order`,
+        so every slot shows what it showed in TorchRL."""
         dims = self._dims
         if self.ndim > 1 and rows is not None:
-            dims = _dims_after_first(*encode(_take(rows, torch.arange(0)), False)[:2], self.ndim)
-        M, per = _ring_slots(self._given_max, dims)
+            dims = dims_after_first(*encode(take(rows, torch.arange(0)), False)[:2], self.ndim)
+        M, per = ring_slots(self._given_max, dims)
         n = -(-int(n) // per)  # slots along dim 0
-        size = _leading(rows)
+        size = leading(rows)
         if rows is not None and size != M:
             raise ValueError(
                 f"the checkpoint holds a ring of {size * per} elements ({size} slots); this "
@@ -690,15 +569,13 @@ class ZarrStorage(TensorStorage):
             )
         if not 0 <= n <= M:
             raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
-        full = n == M
-        c = (n if next_slot is None else int(next_slot)) % M if full else 0
         classes = {}
         if rows is None or not n:
             self.core.facade_state.update(shift=0, guessed=False)
             self.core.clear()  # empty: the ring starts where the rows go on
         else:
-            order = torch.cat([torch.arange(c, M), torch.arange(0, c)]) if full else torch.arange(n)
-            form, cols, classes = encode(_take(rows, order), single=False)
+            order, c = import_order(n, M, next_slot)
+            form, cols, classes = encode(take(rows, order), single=False)
             old = self._form
             if (
                 old is not None
@@ -707,10 +584,9 @@ class ZarrStorage(TensorStorage):
                 and not old.differs(replace(form, classes=old.classes))
             ):  # a state dict holds TensorDicts: the storage keeps its tensorclasses
                 form = replace(form, classes=dict(old.classes))
-            ring = {"kind": KIND, "max_size": self._given_max, "shift": c}
-            ring.update(form=form.to_state(), ndim=self.ndim, dims=dims and list(dims))
             # Until the restored writer's first extend says where its cursor is (ZarrStorage).
-            ring["guessed"] = full and next_slot is None
+            guessed = n == M and next_slot is None
+            ring = record(self._given_max, self.ndim, dims, Ring(M, 0, c), guessed, form)
             state = self.core.state()  # read when the block ends: the ring goes in below
             try:
                 with self.core.replacing(state) as staging:  # all or nothing
@@ -742,31 +618,13 @@ class ZarrStorage(TensorStorage):
 
     def _load_own_checkpoint(self, src) -> None:
         """Take over a :meth:`dumps` of a ZarrStorage (hard links / server-side copies)."""
-        # Every committed segment, empty ones too (a storage never extended, or emptied,
-        # dumps one with nothing visible; a reader's segments() would leave it out).
-        segs = segment_commits(src, self.core.storage_options)
-        found = [(w, c) for w, c in segs if (c.sampler or {}).get("facade", {}).get("kind")]
-        if len(segs) != 1 or len(found) != 1:
-            raise FormatError(f"{src} is not a ZarrStorage checkpoint (one segment written by it)")
-        wid, commit = found[0]
-        if commit.n_traj == commit.low_traj:
+        found = own_checkpoint(src, self.core.storage_options, self._given_max, self.ndim)
+        if found is None:
             self._import_rows(None, 0, None)
             return
+        wid, commit = found
         state = dict(commit.sampler)
         facade = dict(state["facade"])
-        schema, _ = BufferRoot(src, self.core.storage_options).schema()
-        why = record_problem(facade, commit.n_rows, None if schema is None else schema.keys)
-        if why:  # before anything is taken over
-            raise CorruptBufferError(
-                f"{src}: the ZarrStorage record of its commit.json (sampler.facade) is "
-                f"damaged or crafted: {why}; it cannot be loaded"
-            )
-        if facade.get("max_size") != self._given_max or facade.get("ndim", 1) != self.ndim:
-            raise ValueError(
-                f"{src} is a ZarrStorage of max_size={facade.get('max_size')}, ndim="
-                f"{facade.get('ndim', 1)}; this one has max_size={self._given_max}, "
-                f"ndim={self.ndim}"
-            )
         try:
             self.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
         except BaseException:
@@ -792,7 +650,7 @@ class ZarrStorage(TensorStorage):
         """Commit and release the writer lock (idempotent).  A ring whose next slot was
         only guessed is put in order first if a restored writer knows it."""
         if not self.core.closed and self.core.writable:
-            self._settle_guess(self._writer_cursor())
+            self._settle_guess(known_cursor(attached_writers(self)))
         self.core.close()
 
     # -- crossing a process boundary --------------------------------------------------
@@ -802,17 +660,13 @@ class ZarrStorage(TensorStorage):
         # read-only ZarrStorage of what this one committed (handoff flushes first).
         h = self.core.handoff("ZarrStorage", "a read-only ZarrStorage", sampler=False)
         args = (h.path, h.storage_options, self._given_max, str(self.device), self.ndim)
-        return (_read_only_copy, (*args, self._pin_now()))
-
-    def _pin_now(self) -> tuple | None:
-        """``(contents, row stop, facade state)`` of what this storage shows, committed
-        (a writer's handoff flushed it): the copy shows that commit, not a later one."""
-        if self.core.writable:
-            c = self.core.last_commit
-            return (c.contents, c.n_rows, dict((c.sampler or {}).get("facade") or {}))
-        if not self._seen:
-            return None
-        return (self._seen[0], self._W + self._seen[1], dict(self._facade_shown))
+        # What this storage shows, committed: the copy shows that commit, not a later one.
+        pin = (
+            commit_pin(self.core.last_commit)
+            if self.core.writable
+            else self._shown.pin_now(self._W)
+        )
+        return (_read_only_copy, (*args, pin))
 
     def _open_copy(
         self, path, storage_options, max_size: int, device: str, ndim: int, pin=None
@@ -821,10 +675,7 @@ class ZarrStorage(TensorStorage):
         TensorStorage.__init__(self, storage=None, max_size=max_size, device=device, ndim=ndim)
         self._given_max = max_size
         self._piece = min(max_size, MAX_PIECE_ROWS)
-        self._seen: tuple | None | bool = False  # the commit shown (False: none yet)
-        self._facade_seen: dict = {}
-        self._facade_shown: dict = {}
-        self._pin = pin  # the commit it was pickled at, shown while its rows are on disk
+        self._shown = ShownCommit(pin)
         # Every row on disk: the copy shows the ring's slots itself, partly overwritten
         # pieces included (a zreplay.open view hides those: view_rows).
         self.core = BufferCore.reader(
@@ -848,60 +699,22 @@ class ZarrStorage(TensorStorage):
         current (False)."""
         if self.core.writable:
             return False
-        before = (self._seen, self._W, self._ring, self._form)
-        if self._pin is not None:
-            self._pin, self._seen = None, False  # show the newest commit from now on
+        before = (self._shown.seen, self._W, self._ring, self._form)
+        self._shown.unpin()
         self.core.refresh()
         self._follow_commit()
-        return (self._seen, self._W, self._ring, self._form) != before
+        return (self._shown.seen, self._W, self._ring, self._form) != before
 
     def _follow_commit(self) -> bool:
-        segs = self.core.segments()
-        ours = [c for _, c in segs if (c.sampler or {}).get("facade", {}).get("kind") == KIND]
-        if len(segs) > 1 or len(ours) != len(segs):
-            raise FormatError(
-                f"{self.core.path} holds {len(segs)} segments, not one written by a "
-                "ZarrStorage; open it with zreplay.open()"
-            )
-        seen = (ours[0].contents, ours[0].low_row, ours[0].n_rows) if ours else None
-        if seen == self._seen:
+        """Show the ring of the commit :class:`.torchrl_copies.ShownCommit` picks over
+        the reader (True if it changed)."""
+        found = self._shown.follow(self.core, self._given_max)
+        if found is None:
             return False
-        self._seen = seen
-        if ours:
-            self._facade_seen = dict(ours[0].sampler["facade"])
-        elif not self._facade_seen:  # an emptied segment is not listed; its commit is
-            for _, c in self.core.commits():
-                if (c.sampler or {}).get("facade", {}).get("kind") == KIND:
-                    self._facade_seen = dict(c.sampler["facade"])
-        # An emptied segment: an empty ring of the kind of data it held.
-        facade = self._facade_seen
-        if not ours and facade:
-            facade = dict(facade, start=0, shift=0)
-        low, stop = (ours[0].low_row, None) if ours else (0, None)
-        pinned = self._pinned(ours[0]) if ours and self._pin is not None else None
-        if pinned is not None:
-            facade, stop = pinned
-        else:
-            self._pin = None  # its rows left the disk: the newest commit from now on
-        self._facade_shown = facade
+        facade, low, stop = found
         self._open_ring(facade, low_row=low, stop=stop)
         self._bump_mutation_revision()
         return True
-
-    def _pinned(self, commit) -> tuple[dict, int] | None:
-        """``(facade state, row stop)`` of the commit this copy was pickled at, over
-        ``commit`` (the reader's), if every row it shows is still visible there."""
-        contents, n_rows, facade = self._pin
-        if contents != commit.contents or not commit.low_row <= n_rows <= commit.n_rows:
-            return None
-        try:
-            M0, per = _ring_slots(self._given_max, facade.get("dims"))
-            shown = min(n_rows - int(facade.get("start", 0)), M0)
-        except (TypeError, ValueError):
-            return None
-        if n_rows - max(shown, 0) < commit.low_row:
-            return None
-        return facade, n_rows - commit.low_row
 
     def _check_writable(self, what: str) -> None:
         if not self.core.writable:
@@ -919,126 +732,9 @@ class ZarrStorage(TensorStorage):
         )
 
 
-# TorchRL's round-robin writers keep their position in private fields and have no public
-# setter; these two functions are the only code that touches them.
-_FOLLOWED: weakref.WeakSet = weakref.WeakSet()  # writers whose load_state_dict we follow
-
-
-class _FollowedLoad:
-    """A writer's ``load_state_dict`` that then settles the storage's guessed next slot
-    (see ``ZarrStorage._follow``); pickled, the writer gets its own method back."""
-
-    def __init__(self, load, storage: ZarrStorage):
-        self._load, self._storage = load, weakref.ref(storage)
-
-    def __call__(self, state_dict) -> None:
-        self._load(state_dict)
-        s = self._storage()
-        if s is not None and s._ring_guessed and s.__dict__.get("core") is not None:
-            s._settle_guess(_writer_position(self._load.__self__)[0])
-
-    def __reduce__(self):
-        writer = self._load.__self__
-        return (functools.partial, (type(writer).load_state_dict, writer))
-
-
-def _writer_position(writer) -> tuple[int, int]:
-    """``(cursor, write_count)`` of a TorchRL writer."""
-    return int(writer._cursor), int(writer._write_count)
-
-
-def _place_writer(writer, cursor: int, write_count: int) -> None:
-    writer._cursor = cursor
-    writer._write_count = write_count
-
-
 def _read_only_copy(path, storage_options, max_size: int, device: str, ndim: int = 1, pin=None):
     """What a pickled ZarrStorage becomes (see ``ZarrStorage.__reduce__``): a read-only
     copy showing the commit ``pin`` (``(contents, row stop, facade state)``)."""
     storage = ZarrStorage.__new__(ZarrStorage)
     storage._open_copy(path, storage_options, max_size, device, ndim, pin)
     return storage
-
-
-def _json_object(file: Path) -> dict:
-    """A TorchRL checkpoint's JSON file (CorruptBufferError, naming it, if it is not an
-    object)."""
-    try:
-        out = json.loads(file.read_text())
-    except (ValueError, OSError) as e:
-        raise CorruptBufferError(
-            f"{file} is not readable JSON ({e}); the checkpoint is damaged"
-        ) from None
-    if not isinstance(out, dict):
-        raise CorruptBufferError(f"{file} is not a JSON object; the checkpoint is damaged")
-    return out
-
-
-def _checked(value, file: Path, name: str, stop: int) -> int:
-    """``value``, field ``name`` of ``file``, if it is an int in ``[0, stop)``."""
-    if type(value) is not int or not 0 <= value < stop:
-        raise CorruptBufferError(
-            f"{file}: {name} is {str(value)[:40]!r}, not an int in [0, {stop}); the checkpoint "
-            "is damaged or was written for a storage of another size"
-        )
-    return value
-
-
-def _max_size(value) -> int:
-    max_size = as_int(value, "max_size (rows)", minimum=1)
-    if max_size > MAX_SIZE:
-        raise ValueError(
-            f"max_size {max_size} is more rows than a ZarrStorage can hold (at most 2**48: "
-            "its row numbers are int64 and keep growing after the ring wraps); pass a "
-            "smaller max_size"
-        )
-    return max_size
-
-
-def _ring_slots(max_size: int, dims: tuple[int, ...] | None) -> tuple[int, int]:
-    """``(slots along dim 0, elements per slot)`` of a storage of ``max_size`` elements
-    whose dims after the first are ``dims`` (``None``: one element a slot)."""
-    per = math.prod(dims) if dims else 1
-    return -(-max_size // per), per
-
-
-def _dims_after_first(form: Form, cols: Mapping[str, np.ndarray], ndim: int) -> tuple:
-    """The storage dims after the first (TorchRL's ``shape[1:ndim]``) of the first
-    extend of an ``ndim > 1`` storage."""
-    if form.kind == "lazy":
-        raise SchemaError(
-            f"ZarrStorage(ndim={ndim}) does not store lazy stacks whose items differ in "
-            "shape; pad them to one shape"
-        )
-    if form.kind == "td":
-        batch = form.batches[""]
-        if len(batch) < ndim - 1:
-            raise SchemaError(
-                f"ZarrStorage(ndim={ndim}) stores TensorDicts with at least {ndim} batch "
-                f"dims; got batch dims {[len(next(iter(cols.values()))), *batch]}"
-            )
-        return tuple(batch[: ndim - 1])
-    shapes = {v.shape[1:ndim] for v in cols.values()}
-    if len(shapes) != 1 or any(len(v.shape) < ndim for v in cols.values()):
-        raise SchemaError(
-            f"ZarrStorage(ndim={ndim}): every leaf needs the same first {ndim} dims; got "
-            f"{sorted({v.shape[:ndim] for v in cols.values()})}"
-        )
-    return tuple(int(d) for d in shapes.pop())
-
-
-def _leading(rows) -> int | None:
-    """Rows along dim 0 of a TensorDict, tensorclass, tensor or pytree (0: no batch dim)."""
-    if rows is None:
-        return None
-    if is_tensor_collection(rows):
-        return int(rows.shape[0]) if rows.batch_dims else 0
-    leaves = tree_leaves(rows)
-    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 0
-
-
-def _take(rows, index):
-    """``rows[index]`` of a TensorDict, tensorclass, tensor or pytree (leaf by leaf)."""
-    if is_tensor_collection(rows):
-        return rows[index]
-    return tree_map(lambda x: x[index], rows)
