@@ -16,6 +16,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
+from ..index.coords import RowRange
+
 log = logging.getLogger("zreplay")
 
 BLOCK_BYTES = 32 << 20
@@ -66,14 +68,14 @@ class TierPreload:
     def done(self) -> bool:
         return self.thread is None or not self.thread.is_alive()
 
-    def _run(self, tier, lo: int, hi: int) -> None:
+    def _run(self, tier, missing: RowRange) -> None:
         state = self._state
         seg, schema = state.segment, state.schema
         step = max(1, BLOCK_BYTES // max(1, schema.row_bytes))
-        stop = hi
+        stop = missing.stop
         try:
-            while stop > lo and not self._stop:
-                start = max(lo, stop - step)
+            while stop > missing.start and not self._stop:
+                start = max(missing.start, stop - step)
                 with self._cond:
                     if self._stop:
                         return
@@ -84,7 +86,8 @@ class TierPreload:
                 finally:
                     self._committer.end_disk_read()
                 with self._cond:
-                    if self._stop or not state.put_preloaded(tier, start, stop, rows):
+                    block = RowRange(start, stop)
+                    if self._stop or not state.put_preloaded(tier, block, rows):
                         return
                 stop = start
         except Exception as e:  # noqa: BLE001 - the rows stay readable from disk

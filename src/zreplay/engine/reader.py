@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleViewError
+from ..index.coords import positions_of
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.trajectories import TrajectoryIndex
@@ -348,7 +349,7 @@ class BufferReader:
             parts = []
             for si, st in enumerate(self._order):
                 p = dict(st.index.pieces.visible())
-                p["start"] = p["start"] - st.index.low_row + self._cum_rows[si]
+                p["start"] = positions_of(p["start"], st.index.low_row, self._cum_rows[si])
                 parts.append(p)
             self._episodes = EpisodeView(concat_pieces(parts))
         return self._episodes
@@ -359,17 +360,17 @@ class BufferReader:
         if self._space is None:
             offs, segs = [], []
             for si, st in enumerate(self._order):
-                idx, pos0 = st.index, int(self._cum_rows[si])
-                offs.append(idx.offsets[idx.low : idx.n] - idx.low_row + pos0)
+                idx, first = st.index, int(self._cum_rows[si])
+                offs.append(positions_of(idx.offsets[idx.low : idx.n], idx.low_row, first))
                 segs.append(
                     SegmentRows(
-                        self._seg_keys[st.segment.writer_id],
-                        st.epoch,
-                        idx.low_row,
-                        idx.n_rows,
-                        pos0,
-                        lambda st=st: saved_priorities(st.segment.dir, st.commit),
-                        idx,
+                        key=self._seg_keys[st.segment.writer_id],
+                        epoch=st.epoch,
+                        low_row=idx.low_row,
+                        n_rows=idx.n_rows,
+                        first=first,
+                        persisted=lambda st=st: saved_priorities(st.segment.dir, st.commit),
+                        index=idx,
                     )
                 )
             offsets = np.concatenate([*offs, self._cum_rows[-1:]]).astype(np.int64)
@@ -406,11 +407,11 @@ class BufferReader:
         if self._snapshot is None:
             parts = [
                 Part(
-                    st.segment,
-                    st.index,
-                    st.index.low_row,
-                    st.index.n_rows,
-                    int(self._cum_rows[si]),
+                    segment=st.segment,
+                    index=st.index,
+                    low_row=st.index.low_row,
+                    n_rows=st.index.n_rows,
+                    first=int(self._cum_rows[si]),
                     reclaimed=st.gone,
                     live_from=st.live_from,
                     cache=st.cache,
@@ -487,5 +488,5 @@ class BufferReader:
                         f"rows of segment {writer_id!r} outside its visible rows "
                         f"[{idx.low_row}, {idx.n_rows}) (evicted, or refresh() first)"
                     )
-                return self._cum_rows[si] + (rows - idx.low_row)
+                return positions_of(rows, idx.low_row, self._cum_rows[si])
         raise IndexError(f"{self.path} has no visible segment {writer_id!r}")

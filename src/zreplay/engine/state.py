@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..errors import CapacityError
+from ..index.coords import RowRange
 from ..index.rowspace import RowSpace, SegmentRows
 from ..index.split import split_pieces
 from ..index.trajectories import TrajectoryIndex
@@ -186,28 +187,29 @@ class SegmentState:
             self.tier = RamTier(self.schema, self.tier.capacity, self.tier.window)
             self.tier.reset(self.index.n_rows)
 
-    def preload_rows(self) -> tuple[RamTier, int, int] | None:
-        """``(tier, lo, hi)``: committed rows ``[lo, hi)`` the RAM tier should hold but
-        does not (right after a reopen: the newest rows that fit), or None."""
+    def preload_rows(self) -> tuple[RamTier, RowRange] | None:
+        """``(tier, rows)``: committed rows the RAM tier should hold but does not (right
+        after a reopen: the newest rows that fit), or None."""
         tier = self.tier
         if not self.ram.enabled or tier is None:
             return None
         lo = max(self.index.low_row, tier.room_below())
         hi = min(tier.lo, self.commit.n_rows)
-        return (tier, lo, hi) if lo < hi else None
+        return (tier, RowRange(lo, hi)) if lo < hi else None
 
-    def put_preloaded(self, tier: RamTier, start: int, stop: int, rows: dict) -> bool:
-        """Rows ``[start, stop)`` read back from disk enter the tier (``stop`` must be
-        its first row), as far as they are still visible and fit; False once nothing
-        more can go in (the tier was replaced or moved on, or has no room below)."""
-        if tier is not self.tier or not self.ram.enabled or tier.lo != stop:
+    def put_preloaded(self, tier: RamTier, block: RowRange, rows: dict) -> bool:
+        """The rows of ``block`` read back from disk (``rows``: every key's, env-major)
+        enter the tier (``block.stop`` must be its first row), as far as they are still
+        visible and fit; False once nothing more can go in (the tier was replaced or
+        moved on, or has no room below)."""
+        if tier is not self.tier or not self.ram.enabled or tier.lo != block.stop:
             return False
-        lo = max(start, self.index.low_row, tier.room_below())
+        lo = max(block.start, self.index.low_row, tier.room_below())
         n = tier.lo - lo
         if n <= 0:
             return False
         tier.put_below(lo, {k: r[len(r) - n :] for k, r in rows.items()})
-        return lo == start
+        return lo == block.start
 
     # -- adding ---------------------------------------------------------------------
 
@@ -327,12 +329,24 @@ class SegmentState:
         idx, tier = self.index, self.tier
         lo, hi = idx.low_row, idx.n_rows
         tier_lo = tier.lo if tier is not None else hi
-        part = Part(self.segment, idx, lo, hi, lo, tier, tier_lo, cache=self.columns)
-        part.cache_id = self._cache_id()
-        part.cache_hi = min(self.commit.n_rows, tier_lo)  # uncommitted rows: the tier's
+        part = Part(
+            segment=self.segment,
+            index=idx,
+            low_row=lo,
+            n_rows=hi,
+            first=lo,  # a writer's positions are its global rows
+            tier=tier,
+            tier_lo=tier_lo,
+            cache=self.columns,
+            cache_hi=min(self.commit.n_rows, tier_lo),  # uncommitted rows: the tier's
+            cache_id=self._cache_id(),
+        )
 
         def space() -> RowSpace:
-            seg = SegmentRows(0, idx, lo, hi, lo, persisted, idx)
+            # The index stands for its rows' epoch: a clear or a load makes a new one.
+            seg = SegmentRows(
+                key=0, epoch=idx, low_row=lo, n_rows=hi, first=lo, persisted=persisted, index=idx
+            )
             return RowSpace.of_index(
                 idx, seg, lambda key, pos: gather(snap, {key: (key, pos)})[key]
             )
