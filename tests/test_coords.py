@@ -20,7 +20,7 @@ from zreplay.index.coords import (
     tag_rows,
     untag_rows,
 )
-from zreplay.index.rowspace import RowSpace, SegmentRows
+from zreplay.index.rowspace import RowSpace, SegmentRows, VisibleRows
 from zreplay.index.split import split_pieces
 from zreplay.index.trajectories import TrajectoryIndex
 
@@ -43,7 +43,7 @@ def _space(indexes) -> RowSpace:
     ended (the construction engine/reader.py uses)."""
     segs, offs, first = [], [], 0
     for key, idx in enumerate(indexes):
-        segs.append(SegmentRows(key=key, epoch=idx, low_row=idx.low_row, n_rows=idx.n_rows,
+        segs.append(VisibleRows(key=key, epoch=idx, low_row=idx.low_row, n_rows=idx.n_rows,
                                 first=first, index=idx))  # fmt: skip
         offs.append(positions_of(idx.offsets[idx.low : idx.n], idx.low_row, first))
         first += idx.visible_rows
@@ -140,3 +140,14 @@ def test_a_views_positions_follow_each_writers_rows_after_eviction(bufpath):
         with pytest.raises(IndexError):
             view.positions_of(wid, [lo - 1] if lo else [hi])
     assert np.array_equal(np.concatenate(got), np.arange(view.num_rows))
+
+
+def test_classes_renamed_by_role_keep_their_old_names():
+    import zreplay.samplers
+    import zreplay.samplers.base
+    from zreplay.engine.state import SegmentState, WriterState
+    from zreplay.store.objectarray import SegmentCache, ShardCache
+
+    assert SegmentRows is zreplay.samplers.base.VisibleRows
+    assert zreplay.samplers.SegmentRows is zreplay.samplers.base.SegmentRows is SegmentRows
+    assert SegmentState is WriterState and SegmentCache is ShardCache

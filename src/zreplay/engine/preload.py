@@ -6,7 +6,7 @@ read back from disk here, newest block first, on a thread of its own, so opening
 not wait for them.  Until a row is back in RAM it is read from disk like any other
 committed row, so nothing a caller sees changes but speed.  Each block enters the tier
 under the writer's lock only if the tier is still the one it was read for and the rows
-are still visible and fit below the rows added since (``SegmentState.put_preloaded``).
+are still visible and fit below the rows added since (``WriterState.put_preloaded``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ BLOCK_BYTES = 32 << 20
 
 class TierPreload:
     """One background refill of a writer's RAM tier (see the module docstring): its
-    condition ``cond``, its ``state`` (a SegmentState) and its ``committer`` (which holds
+    condition ``cond``, its ``state`` (a WriterState) and its ``committer`` (which holds
     off shard deletion while a block is read)."""
 
     def __init__(self, cond, state, committer):

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleViewError
 from ..index.coords import positions_of
 from ..index.episodes import EpisodeView, concat_pieces
-from ..index.rowspace import RowSpace, SegmentRows
+from ..index.rowspace import RowSpace, VisibleRows
 from ..index.trajectories import TrajectoryIndex
 from ..store.commit import Commit, commit_stamp, read_commit, same_contents, view_low_traj
 from ..store.priority import saved_priorities
@@ -45,7 +45,10 @@ class _MovedOn(Exception):
     buffer started afresh): read again."""
 
 
-class _SegmentState:
+class _CommitView:
+    """What a reader holds of one segment as of its last refresh: its commit, the index
+    read under it, the rows' epoch and the segment's column cache."""
+
     def __init__(
         self, segment: Segment, commit: Commit, index: TrajectoryIndex, budget: int, before=None
     ):
@@ -101,7 +104,7 @@ def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str
     return out
 
 
-def _continues(old: _SegmentState, new: _SegmentState) -> bool:
+def _continues(old: _CommitView, new: _CommitView) -> bool:
     same = same_contents(old.commit, new.commit)
     if same is not None:  # contents ids: never repeated, whatever rows and ids repeat
         return same
@@ -158,7 +161,7 @@ class BufferReader:
         self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
         self._pid = os.getpid()
-        self._segs: dict[str, _SegmentState] = {}
+        self._segs: dict[str, _CommitView] = {}
         self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
         self.schema = None
         self._layouts = None
@@ -288,7 +291,7 @@ class BufferReader:
                     raise _MovedOn() from None
                 raise
             budget = self.column_cache_bytes
-            self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
+            self._segs[wid] = _CommitView(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
         self._commits, self._stamps = seen, stamps
@@ -363,7 +366,7 @@ class BufferReader:
                 idx, first = st.index, int(self._cum_rows[si])
                 offs.append(positions_of(idx.offsets[idx.low : idx.n], idx.low_row, first))
                 segs.append(
-                    SegmentRows(
+                    VisibleRows(
                         key=self._seg_keys[st.segment.writer_id],
                         epoch=st.epoch,
                         low_row=idx.low_row,

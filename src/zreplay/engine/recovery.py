@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class OpenedSegment:
-    """A writer's segment as its last commit left it."""
+class Recovered:
+    """A writer's segment as its last commit left it: what opening it after a crash (or
+    a clean close) recovers, and what a clear or a load starts its writer from again."""
 
     commit: Commit
     schema: Schema | None
@@ -65,7 +66,7 @@ def fix_schema(root: BufferRoot, seg_dir, schema: Schema, overrides, durable: bo
         ) from e
 
 
-def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> OpenedSegment:
+def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Recovered:
     """Finish a replacement a crash interrupted, read the commit, remove a killed
     writer's temp files and open (creating if needed) the arrays, in the recorded layout;
     the segment is None while no schema is fixed."""
@@ -82,7 +83,7 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Op
     }
     remove_orphans(seg_dir, committed)
     next_id = max(commit.next_trajectory_id, commit.writer_number << ID_BITS)
-    opened = OpenedSegment(
+    opened = Recovered(
         commit,
         schema,
         layouts,
@@ -107,7 +108,7 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Op
     return opened
 
 
-def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
+def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> Recovered:
     """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock); a
     format-2 buffer and segment are moved to format 3 first."""
     seg_dir = root.segment_dir(writer_id)

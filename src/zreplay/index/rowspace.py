@@ -19,8 +19,8 @@ Persisted = tuple[dict, Callable[[int, int], np.ndarray]]
 
 
 @dataclass
-class SegmentRows:
-    """One writer's visible rows in a row space.
+class VisibleRows:
+    """One writer's visible rows in a row space (``SegmentRows`` is its older name).
 
     ``key``: a number naming the segment for as long as the sampler lives (a writable
     buffer's is 0).  ``epoch``: an object that is replaced (compared by identity) when the
@@ -59,6 +59,9 @@ class SegmentRows:
         return rows_at(positions, self.low_row, self.first)
 
 
+SegmentRows = VisibleRows  # its name until issue 34; samplers written against it keep working
+
+
 @dataclass
 class RowSpace:
     """Visible trajectories as row positions: trajectory ``g`` holds positions
@@ -68,13 +71,13 @@ class RowSpace:
 
     offsets: Positions
     bounds: np.ndarray
-    segments: list[SegmentRows] = field(default_factory=list)
+    segments: list[VisibleRows] = field(default_factory=list)
     # read(key, positions) -> the stored rows of ``key`` at ``positions`` (the engine's
     # gather, for samplers that weigh rows by a stored column: Staleness).
     read: Callable[[str, Positions], np.ndarray] | None = None
 
     @classmethod
-    def of_index(cls, index, segment: SegmentRows, read=None) -> RowSpace:
+    def of_index(cls, index, segment: VisibleRows, read=None) -> RowSpace:
         """The space of one writer's in-RAM index (positions are global rows)."""
         off = index.offsets[index.low :]
         return cls(off, np.array([0, len(off) - 1], np.int64), [segment], read)

@@ -24,6 +24,7 @@ from .base import RowSpace as RowSpace
 from .base import Sampler as Sampler
 from .base import SegmentRows as SegmentRows
 from .base import Units as Units
+from .base import VisibleRows as VisibleRows
 from .base import as_sampler as as_sampler
 
 __all__ = ["Prioritized", "PrioritizedClips", "Recency", "Staleness", "Uniform", "Window"]

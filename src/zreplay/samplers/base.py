@@ -1,6 +1,6 @@
 """What a sampler author needs: subclass :class:`Sampler` (and :class:`PrioritySampler`
 for priorities); a sampler sees the buffer's rows as a :class:`RowSpace` of segments
-(:class:`SegmentRows`), draws through a :class:`Context` and, for episodes or clips, over
+(:class:`VisibleRows`, formerly ``SegmentRows``), draws through a :class:`Context` and, for episodes or clips, over
 :class:`Units`.  :class:`Hook` wraps a plain callable; :func:`as_sampler` is what every
 buffer applies to its ``sampler=`` argument.  The contract is documented in
 :mod:`zreplay.sampling.samplers.base`."""
@@ -13,6 +13,7 @@ from ..sampling.samplers.base import (
     Sampler,
     SegmentRows,
     Units,
+    VisibleRows,
 )
 from ..sampling.samplers.hook import Hook
 
@@ -24,5 +25,6 @@ __all__ = [
     "Sampler",
     "SegmentRows",
     "Units",
+    "VisibleRows",
     "as_sampler",
 ]

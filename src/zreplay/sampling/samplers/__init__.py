@@ -19,7 +19,7 @@ names are re-exported as :mod:`zreplay.samplers`.
 
 from __future__ import annotations
 
-from .base import Context, RowSpace, Sampler, SegmentRows, Units
+from .base import Context, RowSpace, Sampler, SegmentRows, Units, VisibleRows
 from .hook import Hook
 from .prioritized import Prioritized, PrioritizedClips
 from .recency import Recency
@@ -51,6 +51,7 @@ __all__ = [
     "Staleness",
     "Uniform",
     "Units",
+    "VisibleRows",
     "Window",
     "as_sampler",
 ]

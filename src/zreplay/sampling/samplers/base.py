@@ -31,7 +31,7 @@ import numpy as np
 from ...errors import EmptyBufferError
 from ...index.coords import GlobalRow, Positions, TaggedRows, UnitIndices
 from ...index.episodes import EpisodeView
-from ...index.rowspace import RowSpace, SegmentRows
+from ...index.rowspace import RowSpace, SegmentRows, VisibleRows
 
 Extra = dict[str, np.ndarray]
 # What a draw returns: row positions (draw_rows) or unit indices (draw_units), int64[n].
@@ -46,6 +46,7 @@ __all__ = [
     "Sampler",
     "SegmentRows",
     "Units",
+    "VisibleRows",
 ]
 
 

@@ -44,10 +44,10 @@ from ...errors import CorruptBufferError, EmptyBufferError, warn_caller
 from ...index.coords import SEGMENT_SHIFT, GlobalRow, TaggedRows, tag_rows, untag_rows
 from ..clips import ClipSpec
 from ..prioritized_state import PrioritizedState
-from .base import Context, Drawn, PrioritySampler, RowSpace, SegmentRows, Units, draw_weighted
+from .base import Context, Drawn, PrioritySampler, RowSpace, Units, VisibleRows, draw_weighted
 
 # A batch's index is a TaggedRow (zreplay.index.coords): bits 40-55 the segment's key,
-# bits 56-62 which contents of its segment it was drawn from (see _Segment).
+# bits 56-62 which contents of its segment it was drawn from (see _Tree).
 _TAGS = 127
 _MIN_CAPACITY = 4096
 _REJECTION_ROUNDS = 8
@@ -61,7 +61,7 @@ def _capacity_for(rows: int, current: int = 0) -> int:
 
 
 @dataclass
-class _Segment:
+class _Tree:
     """One segment's tree.  ``tag`` names which contents of the segment it holds: it
     starts at 0 and moves on (1..127, round) when the contents are replaced (a clear, a
     loaded checkpoint) after indices were drawn from them (``drawn``), so an index drawn
@@ -110,7 +110,7 @@ class Prioritized(PrioritySampler):
         self.initial_priority = float(initial_priority)
         self.stratified = bool(stratified)
         self.save_every_s = float(save_every_s)
-        self._segs: dict[int, _Segment] = {}
+        self._segs: dict[int, _Tree] = {}
 
     def config(self) -> dict:
         return {
@@ -139,13 +139,13 @@ class Prioritized(PrioritySampler):
         """Make each segment's tree hold exactly its visible rows: rows added since the
         last call enter at the running max priority, evicted rows leave."""
         for seg in space.segments:
-            self._sync_segment(seg)
+            self._sync_tree(seg)
 
-    def _sync_segment(self, seg: SegmentRows) -> _Segment:
+    def _sync_tree(self, seg: VisibleRows) -> _Tree:
         cur = self._segs.get(seg.key)
         if cur is None or cur.epoch is not seg.epoch:
             tag = 0 if cur is None else (cur.tag % _TAGS + 1 if cur.drawn else cur.tag)
-            cur = self._segs[seg.key] = _Segment(self._restore(seg), seg.epoch, tag=tag)
+            cur = self._segs[seg.key] = _Tree(self._restore(seg), seg.epoch, tag=tag)
         st = cur.state
         if seg.low_row > st.low:
             st.evict_below(min(seg.low_row, st.high))
@@ -171,7 +171,7 @@ class Prioritized(PrioritySampler):
             start_row=start_row,
         )
 
-    def _restore(self, seg: SegmentRows) -> PrioritizedState:
+    def _restore(self, seg: VisibleRows) -> PrioritizedState:
         """A tree for a segment first seen: its saved leaves where it has them.  Saved
         leaves that cannot be read (a damaged copy: ``zreplay.verify`` reports it) are
         not the rows' data: the rows start afresh at ``initial_priority``, with a warning,
@@ -205,12 +205,12 @@ class Prioritized(PrioritySampler):
 
     # -- drawing --------------------------------------------------------------------
 
-    def _live(self, space: RowSpace) -> list[tuple[SegmentRows, PrioritizedState, int]]:
+    def _live(self, space: RowSpace) -> list[tuple[VisibleRows, PrioritizedState, int]]:
         """``(segment, tree, contents tag)`` of every segment with rows to draw; their
-        indices are handed out from now on (``_Segment.drawn``)."""
+        indices are handed out from now on (``_Tree.drawn``)."""
         out = []
         for seg in space.segments:
-            cur = self._sync_segment(seg)
+            cur = self._sync_tree(seg)
             st = cur.state
             if st.size and st.tree.total > 0.0:
                 cur.drawn = True
@@ -368,8 +368,8 @@ class Prioritized(PrioritySampler):
         for seg in space.segments:
             got = state.get(seg.key, state.get(str(seg.key)))
             if got is not None:
-                self._segs[seg.key] = _Segment(PrioritizedState.from_state_dict(got), seg.epoch)
-                self._sync_segment(seg)
+                self._segs[seg.key] = _Tree(PrioritizedState.from_state_dict(got), seg.epoch)
+                self._sync_tree(seg)
 
 
 class PrioritizedClips(Prioritized):
