@@ -151,3 +151,31 @@ def test_classes_renamed_by_role_keep_their_old_names():
     assert SegmentRows is zreplay.samplers.base.VisibleRows
     assert zreplay.samplers.SegmentRows is zreplay.samplers.base.SegmentRows is SegmentRows
     assert SegmentState is WriterState and SegmentCache is ShardCache
+
+
+def test_one_sampler_package_and_its_older_paths():
+    """The samplers live in zreplay.samplers; zreplay.sampling.samplers and its modules
+    are the same objects under their older names."""
+    import importlib
+
+    import zreplay.samplers as new
+    import zreplay.sampling.samplers as old
+
+    assert old.Prioritized is new.Prioritized and old.as_sampler is new.as_sampler
+    pairs = {"base": "contract", "hook": "hook", "prioritized": "prioritized"}
+    pairs |= {"recency": "recency", "staleness": "staleness", "uniform": "uniform"}
+    for was, now in pairs.items():
+        module = importlib.import_module(f"zreplay.sampling.samplers.{was}")
+        assert module is importlib.import_module(f"zreplay.samplers.{now}"), was
+        assert getattr(old, was) is module
+    from zreplay.sampling.samplers.base import PrioritySampler, Sampler, Units
+    from zreplay.sampling.samplers.prioritized import PrioritizedClips
+    from zreplay.sampling.samplers.uniform import Window
+
+    assert (Sampler, PrioritySampler, Units) == (
+        new.base.Sampler,
+        new.base.PrioritySampler,
+        new.base.Units,
+    )
+    assert PrioritizedClips is new.PrioritizedClips and Window is new.Window
+    assert new.Prioritized.__module__ == "zreplay.samplers.prioritized"

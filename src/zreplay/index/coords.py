@@ -15,7 +15,7 @@ env-major lanes of ``T`` rows.  Between the layers a row travels as one of these
 * :data:`TierSlot`: a slot of the RAM tier's ring (``row % capacity``).
 * :data:`CacheSlot`: a slot of a column cache's ring (``row % slots``).
 * :data:`UnitIndex`: a flat index into a sampler's units (clips, n-step transitions,
-  episodes: :class:`~zreplay.sampling.samplers.base.Units`).
+  episodes: :class:`~zreplay.samplers.contract.Units`).
 * :data:`TaggedRow`: a prioritized batch's ``index``: a global row, plus the segment's
   key (views) and the tag of the contents it was drawn from (after a replace) in the
   high bits (:func:`tag_rows`, :func:`untag_rows`).

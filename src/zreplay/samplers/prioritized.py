@@ -9,7 +9,7 @@ evicted rows drop out, and ``update_priorities`` for a row evicted since it was 
 ignored.  Rows are drawn with ``P(r) = leaf_r / sum(leaves)``.
 
 Clips and n-step transitions are keyed by the row they start at (see
-:class:`~zreplay.sampling.samplers.base.Units`): draws are rows by priority, kept when the row
+:class:`~zreplay.samplers.contract.Units`): draws are rows by priority, kept when the row
 starts a valid unit and redrawn otherwise (rejection, exact; after 8 rounds the rest
 are drawn from the valid start rows directly).  So a unit's probability is its start
 row's leaf over the leaves of all valid start rows.  With padding (``pad=``) the clips
@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import CorruptBufferError, EmptyBufferError, warn_caller
-from ...index.coords import SEGMENT_SHIFT, GlobalRow, TaggedRows, tag_rows, untag_rows
-from ..clips import ClipSpec
-from ..prioritized_state import PrioritizedState
-from .base import Context, Drawn, PrioritySampler, RowSpace, Units, VisibleRows, draw_weighted
+from ..errors import CorruptBufferError, EmptyBufferError, warn_caller
+from ..index.coords import SEGMENT_SHIFT, GlobalRow, TaggedRows, tag_rows, untag_rows
+from ..sampling.clips import ClipSpec
+from ..sampling.prioritized_state import PrioritizedState
+from .contract import Context, Drawn, PrioritySampler, RowSpace, Units, VisibleRows, draw_weighted
 
 # A batch's index is a TaggedRow (zreplay.index.coords): bits 40-55 the segment's key,
 # bits 56-62 which contents of its segment it was drawn from (see _Tree).

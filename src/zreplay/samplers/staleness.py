@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import EmptyBufferError
-from ...numbers import as_float, as_int, as_optional_float
-from .base import (
+from ..errors import EmptyBufferError
+from ..numbers import as_float, as_int, as_optional_float
+from .contract import (
     Context,
     Drawn,
     RowSpace,

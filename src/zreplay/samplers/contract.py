@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EmptyBufferError
-from ...index.coords import GlobalRow, Positions, TaggedRows, UnitIndices
-from ...index.episodes import EpisodeView
-from ...index.rowspace import RowSpace, SegmentRows, VisibleRows
+from ..errors import EmptyBufferError
+from ..index.coords import GlobalRow, Positions, TaggedRows, UnitIndices
+from ..index.episodes import EpisodeView
+from ..index.rowspace import RowSpace, SegmentRows, VisibleRows
 
 Extra = dict[str, np.ndarray]
 # What a draw returns: row positions (draw_rows) or unit indices (draw_units), int64[n].
