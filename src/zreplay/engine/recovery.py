@@ -42,6 +42,25 @@ class Recovered:
     next_episode: int
     largest_trajectory: int  # rows of the largest visible trajectory (sizes the RAM tier)
 
+    @classmethod
+    def empty(
+        cls, commit: Commit, schema: Schema | None, layouts: dict | None, next_trajectory_id: int
+    ) -> Recovered:
+        """Nothing read yet (no arrays, an empty index whose rows start at the commit's
+        ``n_rows``), ids going on from ``next_trajectory_id`` and the commit's next
+        episode."""
+        return cls(
+            commit=commit,
+            schema=schema,
+            layouts=layouts,
+            segment=None,
+            index=TrajectoryIndex(first_row=commit.n_rows),
+            lanes=None,
+            next_trajectory_id=next_trajectory_id,
+            next_episode=commit.next_episode,
+            largest_trajectory=1,
+        )
+
 
 def open_arrays(seg_dir, schema: Schema, layouts: dict, durable: bool) -> Segment:
     """The segment's arrays, created (or completed) first if needed."""
@@ -83,17 +102,7 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Re
     }
     remove_orphans(seg_dir, committed)
     next_id = max(commit.next_trajectory_id, commit.writer_number << ID_BITS)
-    opened = Recovered(
-        commit,
-        schema,
-        layouts,
-        None,
-        TrajectoryIndex(first_row=commit.n_rows),
-        None,
-        next_id,
-        commit.next_episode,
-        1,
-    )
+    opened = Recovered.empty(commit, schema, layouts, next_id)
     if schema is None:
         return opened
     missing = Segment.missing_arrays(seg_dir, schema.specs)

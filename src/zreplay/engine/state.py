@@ -16,7 +16,6 @@ from ..errors import CapacityError
 from ..index.coords import RowRange
 from ..index.rowspace import RowSpace, VisibleRows
 from ..index.split import split_pieces
-from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import INT64_MAX, Commit, new_contents
 from ..store.segment import Segment
@@ -82,13 +81,7 @@ class WriterState:
     def empty_to(self, commit: Commit) -> None:
         """Take ``commit`` (of a clear: nothing visible) as the segment's state, before its
         arrays are opened again (a failure in between leaves no stale index behind)."""
-        index = TrajectoryIndex(first_row=commit.n_rows)
-        self.reopen(
-            Recovered(
-                commit, self.schema, self.layouts, None, index, None,
-                commit.next_trajectory_id, commit.next_episode, 1,
-            )
-        )  # fmt: skip
+        self.reopen(Recovered.empty(commit, self.schema, self.layouts, commit.next_trajectory_id))
 
     def set_schema(self, schema: Schema | None, layouts, segment: Segment | None) -> None:
         self.schema, self.layouts, self.segment = schema, layouts, segment
