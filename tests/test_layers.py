@@ -29,10 +29,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("zreplay.store",)),
     ("index", ("zreplay.index",)),
     ("engine", ("zreplay.engine",)),
-    ("sampling", ("zreplay.sampling",)),
+    ("sampling", ("zreplay.sampling", "zreplay.samplers")),
     ("core", ("zreplay.core",)),
     ("compat", ("zreplay.compat",)),
-    ("api", ("zreplay.api", "zreplay.samplers", "zreplay")),
+    ("api", ("zreplay.api", "zreplay")),
     ("cli", ("zreplay.cli",)),
 ]
 

@@ -43,9 +43,9 @@ from ..compat.swm_episode import (
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import CorruptBufferError, EmptyBufferError
+from ..samplers import Sampler
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
-from ..sampling.samplers import Sampler
 from ..schema import flatten, unflatten
 from .view import BufferView
 

@@ -27,9 +27,9 @@ from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import DeviceUnavailableError
 from ..numbers import as_int
+from ..samplers import Sampler, Window
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
-from ..sampling.samplers import Sampler, Window
 from ..store.location import locate
 from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
 from .prefetch import Prefetcher

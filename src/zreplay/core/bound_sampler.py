@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..numbers import as_array, check_json
-from ..sampling.samplers.base import Context, Drawn, PrioritySampler, Sampler, Units
+from ..samplers.contract import Context, Drawn, PrioritySampler, Sampler, Units
 
 
 class BoundSampler:

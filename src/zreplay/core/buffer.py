@@ -31,10 +31,10 @@ from ..engine.writer import SegmentWriter
 from ..errors import EmptyBufferError, HandoffError, ReadOnlyError
 from ..index.episodes import EpisodeView
 from ..numbers import as_int, as_optional_float
+from ..samplers import Sampler, as_sampler
 from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
-from ..sampling.samplers import Sampler, as_sampler
 from ..store.commit import VIEW_ROWS
 from .bound_sampler import BoundSampler
 from .guards import add_checked, new_writer

@@ -85,6 +85,7 @@ import numpy as np
 
 from ..errors import CorruptBufferError, FormatError
 from ..forks import at_fork
+from ..index.coords import CacheSlots, GlobalRow, GlobalRows
 from ..schema import Schema
 from ..store.commit import read_commit
 
@@ -708,14 +709,14 @@ class ColumnCache:
                     break
         return proven
 
-    def slots(self, rows: np.ndarray, below: int | None = None) -> np.ndarray:
+    def slots(self, rows: GlobalRows, below: GlobalRow | None = None) -> CacheSlots:
         """Where rows (all within ``[lo, hi)``, and below ``below`` if given) are, for
         :meth:`gather` (as :meth:`RamTier.slots <zreplay.engine.ramtier.RamTier.slots>`:
         rows below the ring's size are their own slots, no arithmetic)."""
         n = self._ring.slots
         return rows if below is not None and below <= n else rows % n
 
-    def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def gather(self, key: str, slots: CacheSlots, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``key`` in ``slots``: one fancy index."""
         return self._ring.arrays[key].take(slots, axis=0, out=out, mode="clip")
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import BufferClosedError, WriteFailedError, WriterLockedError, ZReplayError
+from ..index.coords import GlobalRow
 from ..numbers import check_json
 from ..store.commit import Commit, new_contents, write_commit
 from ..store.priority import next_copy
@@ -488,7 +489,7 @@ class Committer:
                 self.cond.notify_all()
 
 
-def _write_key(seg, tier, key: str, start: int, low: int, stop: int) -> list:
+def _write_key(seg, tier, key: str, start: GlobalRow, low: GlobalRow, stop: GlobalRow) -> list:
     """Write rows ``[start, stop)`` of ``key`` from the tier, except rows below ``low``
     (evicted before their commit): the tier may have reused their slots, or (once it
     regrew) never held them, and garbage in a stored chunk damages its live rows too

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CorruptBufferError
+from ..index.coords import GlobalRow, GlobalRows, Position, Positions, positions_of, rows_at
 from ..index.episodes import EpisodeView
 from ..index.rowspace import RowSpace
 from ..index.trajectories import TrajectoryIndex
@@ -33,7 +34,7 @@ from ..store.segment import Segment
 from .colcache import ColumnCache, StaleRead
 from .ramtier import RamTier
 
-Requests = Mapping[str, tuple[str, np.ndarray]]
+Requests = Mapping[str, tuple[str, Positions]]
 # Contiguous reads at least this long (whole trajectories, episodes: exports, copies)
 # bypass the column cache: they read each row once, so filling it would only add work.
 BULK_ROWS = 4096
@@ -51,7 +52,7 @@ class Evicted(Exception):
 
 class Part:
     """One segment's visible trajectories (``index.low`` on) and global rows
-    ``[low_row, n_rows)`` (``index``'s, passed in), at positions ``[pos0, pos0 + n_rows -
+    ``[low_row, n_rows)`` (``index``'s, passed in), at positions ``[first, first + n_rows -
     low_row)``.
 
     ``tier``: the writer's RAM tier (rows at or above ``tier_lo`` are read from RAM);
@@ -62,34 +63,34 @@ class Part:
     fill-value read means the rows went, not that they are damaged; ``live_from()``: the
     first row no such commit took away (None: none), for the column cache's fills."""
 
-    __slots__ = ("segment", "index", "pos0", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
+    __slots__ = ("segment", "index", "first", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
     __slots__ += ("cache", "cache_hi", "cache_id", "live_from")
 
     def __init__(
         self,
+        *,
         segment: Segment,
         index: TrajectoryIndex,
-        low_row: int,
-        n_rows: int,
-        pos0: int,
+        low_row: GlobalRow,
+        n_rows: GlobalRow,
+        first: Position,
         tier: RamTier | None = None,
-        tier_lo: int = 0,
-        reclaimed: Callable[[int], bool] | None = None,
+        tier_lo: GlobalRow = 0,
+        reclaimed: Callable[[GlobalRow], bool] | None = None,
         cache: ColumnCache | None = None,
-        cache_hi: int | None = None,
+        cache_hi: GlobalRow | None = None,
         cache_id: str | None = None,
-        live_from: Callable[[], int | None] | None = None,
+        live_from: Callable[[], GlobalRow | None] | None = None,
     ):
         self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
-        self.pos0, self.tier, self.tier_lo, self.reclaimed = pos0, tier, tier_lo, reclaimed
+        self.first, self.tier, self.tier_lo, self.reclaimed = first, tier, tier_lo, reclaimed
         self.cache = cache if cache is not None and cache.keys else None
         self.cache_hi = n_rows if cache_hi is None else cache_hi
         self.cache_id, self.live_from = cache_id, live_from
 
-    def rows(self, positions: np.ndarray) -> np.ndarray:
-        if self.pos0 == self.low_row:
-            return positions
-        return positions + (self.low_row - self.pos0)
+    def rows_at(self, positions: Positions) -> GlobalRows:
+        """Global rows at ``positions`` (all within this part)."""
+        return rows_at(positions, self.low_row, self.first)
 
 
 class Snapshot:
@@ -119,8 +120,8 @@ class Snapshot:
     def bounds(self) -> np.ndarray:
         if self._bounds is None:
             sizes = [p.n_rows - p.low_row for p in self.parts]
-            pos0 = self.parts[0].pos0 if self.parts else 0
-            self._bounds = pos0 + np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            first = self.parts[0].first if self.parts else 0
+            self._bounds = first + np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         return self._bounds
 
     @property
@@ -166,7 +167,7 @@ class Snapshot:
         si = int(np.searchsorted(self._traj_bounds, i, side="right") - 1)
         part = self.parts[si]
         j = part.index.low + (i - int(self._traj_bounds[si]))
-        pos = part.pos0 + int(part.index.offsets[j]) - part.low_row
+        pos = positions_of(int(part.index.offsets[j]), part.low_row, part.first)
         return TrajectoryRef(part, j, pos)
 
 
@@ -176,13 +177,13 @@ class TrajectoryRef:
 
     part: Part
     j: int
-    pos: int
+    pos: Position
 
     def metadata(self) -> dict:
         """``trajectory_id``, ``max_episode_length``, ``model_weights_id``, ``T``, ``B``."""
         return self.part.index.metadata(self.j)
 
-    def positions(self) -> np.ndarray:
+    def positions(self) -> Positions:
         off = self.part.index.offsets
         return np.arange(self.pos, self.pos + int(off[self.j + 1] - off[self.j]), dtype=np.int64)
 
@@ -209,7 +210,7 @@ def group_requests(requests: Requests) -> list[tuple[np.ndarray, list[tuple[str,
 class _DiskRead:
     part: Part
     sel: np.ndarray | None  # output rows this read fills (None: all of them)
-    rows: np.ndarray  # their global rows (any order, repeats allowed)
+    rows: GlobalRows  # theirs (any order, repeats allowed)
     members: list[tuple[str, str]]
 
 
@@ -279,13 +280,13 @@ def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None)
         if not len(flat):
             continue
         if len(parts) == 1:
-            _part_begin(parts[0], None, parts[0].rows(flat), members, pending)
+            _part_begin(parts[0], None, parts[0].rows_at(flat), members, pending)
             continue
         which = np.searchsorted(snap.bounds, flat, side="right") - 1
         for i in np.unique(which):
             sel = np.flatnonzero(which == i)
             part = parts[int(i)]
-            _part_begin(part, sel, part.rows(flat[sel]), members, pending)
+            _part_begin(part, sel, part.rows_at(flat[sel]), members, pending)
     return pending
 
 
@@ -299,7 +300,7 @@ def _fill(pending: PendingGather, members, sel, hit, gather_one) -> None:
             pending.target(name)[at] = gather_one(key, None)
 
 
-def _part_begin(part: Part, sel, rows, members, pending: PendingGather) -> None:
+def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGather) -> None:
     tier = part.tier
     if tier is not None:
         # When the tier holds every visible row, no row needs testing.
@@ -370,7 +371,7 @@ def _cover(part: Part, cache: ColumnCache) -> int:
         raise
 
 
-def _contiguous(rows: np.ndarray) -> bool:
+def _contiguous(rows: GlobalRows) -> bool:
     return int(rows[-1]) - int(rows[0]) + 1 == len(rows) and bool(np.all(np.diff(rows) == 1))
 
 

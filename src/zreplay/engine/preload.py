@@ -6,7 +6,7 @@ read back from disk here, newest block first, on a thread of its own, so opening
 not wait for them.  Until a row is back in RAM it is read from disk like any other
 committed row, so nothing a caller sees changes but speed.  Each block enters the tier
 under the writer's lock only if the tier is still the one it was read for and the rows
-are still visible and fit below the rows added since (``SegmentState.put_preloaded``).
+are still visible and fit below the rows added since (``WriterState.put_preloaded``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
+from ..index.coords import RowRange
+
 log = logging.getLogger("zreplay")
 
 BLOCK_BYTES = 32 << 20
@@ -23,7 +25,7 @@ BLOCK_BYTES = 32 << 20
 
 class TierPreload:
     """One background refill of a writer's RAM tier (see the module docstring): its
-    condition ``cond``, its ``state`` (a SegmentState) and its ``committer`` (which holds
+    condition ``cond``, its ``state`` (a WriterState) and its ``committer`` (which holds
     off shard deletion while a block is read)."""
 
     def __init__(self, cond, state, committer):
@@ -66,14 +68,14 @@ class TierPreload:
     def done(self) -> bool:
         return self.thread is None or not self.thread.is_alive()
 
-    def _run(self, tier, lo: int, hi: int) -> None:
+    def _run(self, tier, missing: RowRange) -> None:
         state = self._state
         seg, schema = state.segment, state.schema
         step = max(1, BLOCK_BYTES // max(1, schema.row_bytes))
-        stop = hi
+        stop = missing.stop
         try:
-            while stop > lo and not self._stop:
-                start = max(lo, stop - step)
+            while stop > missing.start and not self._stop:
+                start = max(missing.start, stop - step)
                 with self._cond:
                     if self._stop:
                         return
@@ -84,7 +86,8 @@ class TierPreload:
                 finally:
                     self._committer.end_disk_read()
                 with self._cond:
-                    if self._stop or not state.put_preloaded(tier, start, stop, rows):
+                    block = RowRange(start, stop)
+                    if self._stop or not state.put_preloaded(tier, block, rows):
                         return
                 stop = start
         except Exception as e:  # noqa: BLE001 - the rows stay readable from disk

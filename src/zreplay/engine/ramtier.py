@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..index.coords import GlobalRow, GlobalRows, TierSlots
 from ..numbers import as_int
 from ..schema import Schema
 
@@ -62,12 +63,12 @@ class RamTier:
         self._hi = 0  # one past the last row reserved (published or not)
 
     @property
-    def lo(self) -> int:
+    def lo(self) -> GlobalRow:
         """First row held."""
         return self._lo
 
     @property
-    def hi(self) -> int:
+    def hi(self) -> GlobalRow:
         """One past the last row reserved (written or being written)."""
         return self._hi
 
@@ -75,11 +76,11 @@ class RamTier:
     def nbytes(self) -> int:
         return self.capacity * self.schema.row_bytes
 
-    def reset(self, row: int) -> None:
+    def reset(self, row: GlobalRow) -> None:
         """Hold no rows; the next reservation starts at ``row``."""
         self._lo = self._hi = int(row)
 
-    def reserve(self, k: int, committed: int = 0) -> int:
+    def reserve(self, k: int, committed: GlobalRow = 0) -> GlobalRow:
         """Reserve rows ``[hi, hi + k)`` for an add (dropping the oldest rows the ring
         reuses, and committed rows ``< committed`` that fall out of the window);
         returns the first."""
@@ -89,21 +90,21 @@ class RamTier:
         self.release_committed(committed)
         return start
 
-    def release_committed(self, committed: int) -> None:
+    def release_committed(self, committed: GlobalRow) -> None:
         """Rows below ``committed`` are on disk: keep only those inside the window."""
         self.release_below(min(int(committed), self._hi - self.window))
 
-    def unreserve(self, start: int) -> None:
+    def unreserve(self, start: GlobalRow) -> None:
         """Take back the reservation that began at ``start`` (its add failed).  Rows the
         reservation pushed out of the ring stay out (their slots may be overwritten)."""
         self._hi = int(start)
         self._lo = min(self._lo, self._hi)
 
-    def room_below(self) -> int:
+    def room_below(self) -> GlobalRow:
         """First row :meth:`put_below` could still take (the window's first row)."""
         return self._hi - self.window
 
-    def put_below(self, start: int, rows: Mapping[str, np.ndarray]) -> None:
+    def put_below(self, start: GlobalRow, rows: Mapping[str, np.ndarray]) -> None:
         """Hold committed rows ``[start, lo)`` too (``rows``: every key's, env-major);
         ``start >= room_below()``."""
         stop = self._lo
@@ -113,12 +114,13 @@ class RamTier:
             self.put_rows(key, start, r)
         self._lo = int(start)
 
-    def release_below(self, row: int) -> None:
+    def release_below(self, row: GlobalRow) -> None:
         """Stop holding rows below ``row`` (evicted, or committed with the RAM tier off)."""
         self._lo = min(max(self._lo, int(row)), self._hi)
 
-    def _pieces(self, start: int, stop: int):
-        """Slot slices covering rows [start, stop): one, or two when the ring wraps."""
+    def _pieces(self, start: GlobalRow, stop: GlobalRow) -> list[tuple[GlobalRow, slice]]:
+        """``(first row, slot slice)`` pieces covering rows [start, stop): one, or two
+        when the ring wraps (row ``r`` is in slot ``r % capacity``)."""
         cap = self.capacity
         a, b = start % cap, (stop - 1) % cap + 1
         if stop - start <= 0:
@@ -128,7 +130,7 @@ class RamTier:
         return [(start, slice(a, cap)), (start + cap - a, slice(0, b))]
 
     def write_trajectory(
-        self, start: int, columns: Mapping[str, np.ndarray], T: int, B: int
+        self, start: GlobalRow, columns: Mapping[str, np.ndarray], T: int, B: int
     ) -> None:
         """Copy ``[T, B, ...]`` arrays into rows ``[start, start + T*B)`` in env-major order."""
         n = T * B
@@ -141,25 +143,27 @@ class RamTier:
                 flat = np.swapaxes(arr, 0, 1).reshape(n, *ring.shape[1:])  # copies: rare path
                 self.put_rows(path, start, flat)
 
-    def put_rows(self, key: str, start: int, rows: np.ndarray) -> None:
+    def put_rows(self, key: str, start: GlobalRow, rows: np.ndarray) -> None:
         """Copy flat rows (already env-major) into rows ``[start, start + len(rows))``."""
         ring = self.rings[key]
         for row0, sl in self._pieces(start, start + len(rows)):
             ring[sl] = rows[row0 - start : row0 - start + (sl.stop - sl.start)]
 
-    def read_range(self, key: str, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
-        """Views of rows [start, stop) of ``key`` as (first_row, array) pieces."""
+    def read_range(
+        self, key: str, start: GlobalRow, stop: GlobalRow
+    ) -> list[tuple[GlobalRow, np.ndarray]]:
+        """Views of rows [start, stop) of ``key`` as (first row, array) pieces."""
         ring = self.rings[key]
         return [(row0, ring[sl]) for row0, sl in self._pieces(start, stop)]
 
-    def slots(self, rows: np.ndarray, below: int | None = None) -> np.ndarray:
+    def slots(self, rows: GlobalRows, below: GlobalRow | None = None) -> TierSlots:
         """Ring slots of global rows (all within ``[lo, hi)``, and below ``below`` if
         given: rows below the capacity are their own slots, no arithmetic)."""
         if below is not None and below <= self.capacity:
             return rows
         return rows % self.capacity
 
-    def gather(self, key: str, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def gather(self, key: str, slots: TierSlots, out: np.ndarray | None = None) -> np.ndarray:
         """Rows at ``slots`` of ``key``, written into ``out`` if given (one fancy index)."""
         # mode="clip": slots are in range by construction, and the default "raise" makes
         # numpy buffer the result and copy it twice (measured 3x slower on image rows).

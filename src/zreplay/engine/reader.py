@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import CorruptBufferError, EmptyBufferError, FormatError, StaleViewError
 from ..forks import Origin
+from ..index.coords import positions_of
 from ..index.episodes import EpisodeView, concat_pieces
-from ..index.rowspace import RowSpace, SegmentRows
+from ..index.rowspace import RowSpace, VisibleRows
 from ..index.trajectories import TrajectoryIndex
 from ..store.commit import Commit, commit_stamp, read_commit, same_contents, view_low_traj
 from ..store.priority import saved_priorities
@@ -44,7 +45,10 @@ class _MovedOn(Exception):
     buffer started afresh): read again."""
 
 
-class _SegmentState:
+class _CommitView:
+    """What a reader holds of one segment as of its last refresh: its commit, the index
+    read under it, the rows' epoch and the segment's column cache."""
+
     def __init__(
         self, segment: Segment, commit: Commit, index: TrajectoryIndex, budget: int, before=None
     ):
@@ -100,7 +104,7 @@ def segment_commits(path, storage_options: dict | None = None) -> list[tuple[str
     return out
 
 
-def _continues(old: _SegmentState, new: _SegmentState) -> bool:
+def _continues(old: _CommitView, new: _CommitView) -> bool:
     same = same_contents(old.commit, new.commit)
     if same is not None:  # contents ids: never repeated, whatever rows and ids repeat
         return same
@@ -157,7 +161,7 @@ class BufferReader:
         self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
         self._origin = Origin()  # inherited by a forked child, which reopens (check_process)
-        self._segs: dict[str, _SegmentState] = {}
+        self._segs: dict[str, _CommitView] = {}
         self._seg_keys: dict[str, int] = {}  # writer id -> a number the sampler keys it by
         self.schema = None
         self._layouts = None
@@ -287,7 +291,7 @@ class BufferReader:
                     raise _MovedOn() from None
                 raise
             budget = self.column_cache_bytes
-            self._segs[wid] = _SegmentState(seg, commit, index, budget, before=st)
+            self._segs[wid] = _CommitView(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
         self._commits, self._stamps = seen, stamps
@@ -348,7 +352,7 @@ class BufferReader:
             parts = []
             for si, st in enumerate(self._order):
                 p = dict(st.index.pieces.visible())
-                p["start"] = p["start"] - st.index.low_row + self._cum_rows[si]
+                p["start"] = positions_of(p["start"], st.index.low_row, self._cum_rows[si])
                 parts.append(p)
             self._episodes = EpisodeView(concat_pieces(parts))
         return self._episodes
@@ -359,17 +363,17 @@ class BufferReader:
         if self._space is None:
             offs, segs = [], []
             for si, st in enumerate(self._order):
-                idx, pos0 = st.index, int(self._cum_rows[si])
-                offs.append(idx.offsets[idx.low : idx.n] - idx.low_row + pos0)
+                idx, first = st.index, int(self._cum_rows[si])
+                offs.append(positions_of(idx.offsets[idx.low : idx.n], idx.low_row, first))
                 segs.append(
-                    SegmentRows(
-                        self._seg_keys[st.segment.writer_id],
-                        st.epoch,
-                        idx.low_row,
-                        idx.n_rows,
-                        pos0,
-                        lambda st=st: saved_priorities(st.segment.dir, st.commit),
-                        idx,
+                    VisibleRows(
+                        key=self._seg_keys[st.segment.writer_id],
+                        epoch=st.epoch,
+                        low_row=idx.low_row,
+                        n_rows=idx.n_rows,
+                        first=first,
+                        persisted=lambda st=st: saved_priorities(st.segment.dir, st.commit),
+                        index=idx,
                     )
                 )
             offsets = np.concatenate([*offs, self._cum_rows[-1:]]).astype(np.int64)
@@ -406,11 +410,11 @@ class BufferReader:
         if self._snapshot is None:
             parts = [
                 Part(
-                    st.segment,
-                    st.index,
-                    st.index.low_row,
-                    st.index.n_rows,
-                    int(self._cum_rows[si]),
+                    segment=st.segment,
+                    index=st.index,
+                    low_row=st.index.low_row,
+                    n_rows=st.index.n_rows,
+                    first=int(self._cum_rows[si]),
                     reclaimed=st.gone,
                     live_from=st.live_from,
                     cache=st.cache,
@@ -487,5 +491,5 @@ class BufferReader:
                         f"rows of segment {writer_id!r} outside its visible rows "
                         f"[{idx.low_row}, {idx.n_rows}) (evicted, or refresh() first)"
                     )
-                return self._cum_rows[si] + (rows - idx.low_row)
+                return positions_of(rows, idx.low_row, self._cum_rows[si])
         raise IndexError(f"{self.path} has no visible segment {writer_id!r}")

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class OpenedSegment:
-    """A writer's segment as its last commit left it."""
+class Recovered:
+    """A writer's segment as its last commit left it: what opening it after a crash (or
+    a clean close) recovers, and what a clear or a load starts its writer from again."""
 
     commit: Commit
     schema: Schema | None
@@ -40,6 +41,25 @@ class OpenedSegment:
     next_trajectory_id: int
     next_episode: int
     largest_trajectory: int  # rows of the largest visible trajectory (sizes the RAM tier)
+
+    @classmethod
+    def empty(
+        cls, commit: Commit, schema: Schema | None, layouts: dict | None, next_trajectory_id: int
+    ) -> Recovered:
+        """Nothing read yet (no arrays, an empty index whose rows start at the commit's
+        ``n_rows``), ids going on from ``next_trajectory_id`` and the commit's next
+        episode."""
+        return cls(
+            commit=commit,
+            schema=schema,
+            layouts=layouts,
+            segment=None,
+            index=TrajectoryIndex(first_row=commit.n_rows),
+            lanes=None,
+            next_trajectory_id=next_trajectory_id,
+            next_episode=commit.next_episode,
+            largest_trajectory=1,
+        )
 
 
 def open_arrays(seg_dir, schema: Schema, layouts: dict, durable: bool) -> Segment:
@@ -65,7 +85,7 @@ def fix_schema(root: BufferRoot, seg_dir, schema: Schema, overrides, durable: bo
         ) from e
 
 
-def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> OpenedSegment:
+def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Recovered:
     """Finish a replacement a crash interrupted, read the commit, remove a killed
     writer's temp files and open (creating if needed) the arrays, in the recorded layout;
     the segment is None while no schema is fixed."""
@@ -82,17 +102,7 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Op
     }
     remove_orphans(seg_dir, committed)
     next_id = max(commit.next_trajectory_id, commit.writer_number << ID_BITS)
-    opened = OpenedSegment(
-        commit,
-        schema,
-        layouts,
-        None,
-        TrajectoryIndex(first_row=commit.n_rows),
-        None,
-        next_id,
-        commit.next_episode,
-        1,
-    )
+    opened = Recovered.empty(commit, schema, layouts, next_id)
     if schema is None:
         return opened
     missing = Segment.missing_arrays(seg_dir, schema.specs)
@@ -107,7 +117,7 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Op
     return opened
 
 
-def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> OpenedSegment:
+def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> Recovered:
     """Recover and read segment ``writer_id`` of ``root`` (the caller holds its lock)."""
     seg_dir = root.segment_dir(writer_id)
     # A load that changes the recorded layout cannot land between reading it and

@@ -1,6 +1,6 @@
 """What a writer's segment holds at one instant, and the one place it changes.
 
-:class:`SegmentState` owns the commit record, the in-RAM index, the next trajectory and
+:class:`WriterState` owns the commit record, the in-RAM index, the next trajectory and
 episode ids, the lanes left open by the last trajectory and the RAM tier.  Every change
 goes through one of its methods; its writer calls them with its lock held and does the
 waiting and the I/O around them.
@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from ..errors import CapacityError
-from ..index.rowspace import RowSpace, SegmentRows
+from ..index.coords import RowRange
+from ..index.rowspace import RowSpace, VisibleRows
 from ..index.split import split_pieces
-from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import INT64_MAX, Commit, new_contents
 from ..store.segment import Segment
@@ -24,11 +24,11 @@ from .committer import Job, StateSource, build_job, sampler_state
 from .gather import Part, Snapshot, gather
 from .prepared import Prepared
 from .ramtier import RamPolicy, RamTier, default_staging_bytes
-from .recovery import OpenedSegment
+from .recovery import Recovered
 
 
-class SegmentState:
-    """The state of one writer's segment.
+class WriterState:
+    """The state of one writer's segment (``SegmentState`` is its older name).
 
     Invariants: ``commit.n_rows <= index.n_rows``; with a tier, ``tier.hi ==
     index.n_rows`` between adds (an add reserves tier rows first and publishes them to the
@@ -42,7 +42,7 @@ class SegmentState:
     def __init__(
         self,
         writer_id: str,
-        opened: OpenedSegment,
+        opened: Recovered,
         ram: RamPolicy,
         capacity,
         staging_bytes: int | None = None,
@@ -55,7 +55,7 @@ class SegmentState:
             raise ValueError(f"staging_bytes must be >= 0, got {staging_bytes}")
         self.reopen(opened)
 
-    def reopen(self, o: OpenedSegment) -> None:
+    def reopen(self, o: Recovered) -> None:
         """Take the segment as opened from disk (open, clear, adopt)."""
         old = getattr(self, "columns", None)
         old_id = self._cache_id() if old is not None and self.segment is not None else None
@@ -81,13 +81,7 @@ class SegmentState:
     def empty_to(self, commit: Commit) -> None:
         """Take ``commit`` (of a clear: nothing visible) as the segment's state, before its
         arrays are opened again (a failure in between leaves no stale index behind)."""
-        index = TrajectoryIndex(first_row=commit.n_rows)
-        self.reopen(
-            OpenedSegment(
-                commit, self.schema, self.layouts, None, index, None,
-                commit.next_trajectory_id, commit.next_episode, 1,
-            )
-        )  # fmt: skip
+        self.reopen(Recovered.empty(commit, self.schema, self.layouts, commit.next_trajectory_id))
 
     def set_schema(self, schema: Schema | None, layouts, segment: Segment | None) -> None:
         self.schema, self.layouts, self.segment = schema, layouts, segment
@@ -186,28 +180,29 @@ class SegmentState:
             self.tier = RamTier(self.schema, self.tier.capacity, self.tier.window)
             self.tier.reset(self.index.n_rows)
 
-    def preload_rows(self) -> tuple[RamTier, int, int] | None:
-        """``(tier, lo, hi)``: committed rows ``[lo, hi)`` the RAM tier should hold but
-        does not (right after a reopen: the newest rows that fit), or None."""
+    def preload_rows(self) -> tuple[RamTier, RowRange] | None:
+        """``(tier, rows)``: committed rows the RAM tier should hold but does not (right
+        after a reopen: the newest rows that fit), or None."""
         tier = self.tier
         if not self.ram.enabled or tier is None:
             return None
         lo = max(self.index.low_row, tier.room_below())
         hi = min(tier.lo, self.commit.n_rows)
-        return (tier, lo, hi) if lo < hi else None
+        return (tier, RowRange(lo, hi)) if lo < hi else None
 
-    def put_preloaded(self, tier: RamTier, start: int, stop: int, rows: dict) -> bool:
-        """Rows ``[start, stop)`` read back from disk enter the tier (``stop`` must be
-        its first row), as far as they are still visible and fit; False once nothing
-        more can go in (the tier was replaced or moved on, or has no room below)."""
-        if tier is not self.tier or not self.ram.enabled or tier.lo != stop:
+    def put_preloaded(self, tier: RamTier, block: RowRange, rows: dict) -> bool:
+        """The rows of ``block`` read back from disk (``rows``: every key's, env-major)
+        enter the tier (``block.stop`` must be its first row), as far as they are still
+        visible and fit; False once nothing more can go in (the tier was replaced or
+        moved on, or has no room below)."""
+        if tier is not self.tier or not self.ram.enabled or tier.lo != block.stop:
             return False
-        lo = max(start, self.index.low_row, tier.room_below())
+        lo = max(block.start, self.index.low_row, tier.room_below())
         n = tier.lo - lo
         if n <= 0:
             return False
         tier.put_below(lo, {k: r[len(r) - n :] for k, r in rows.items()})
-        return lo == start
+        return lo == block.start
 
     # -- adding ---------------------------------------------------------------------
 
@@ -327,12 +322,24 @@ class SegmentState:
         idx, tier = self.index, self.tier
         lo, hi = idx.low_row, idx.n_rows
         tier_lo = tier.lo if tier is not None else hi
-        part = Part(self.segment, idx, lo, hi, lo, tier, tier_lo, cache=self.columns)
-        part.cache_id = self._cache_id()
-        part.cache_hi = min(self.commit.n_rows, tier_lo)  # uncommitted rows: the tier's
+        part = Part(
+            segment=self.segment,
+            index=idx,
+            low_row=lo,
+            n_rows=hi,
+            first=lo,  # a writer's positions are its global rows
+            tier=tier,
+            tier_lo=tier_lo,
+            cache=self.columns,
+            cache_hi=min(self.commit.n_rows, tier_lo),  # uncommitted rows: the tier's
+            cache_id=self._cache_id(),
+        )
 
         def space() -> RowSpace:
-            seg = SegmentRows(0, idx, lo, hi, lo, persisted, idx)
+            # The index stands for its rows' epoch: a clear or a load makes a new one.
+            seg = VisibleRows(
+                key=0, epoch=idx, low_row=lo, n_rows=hi, first=lo, persisted=persisted, index=idx
+            )
             return RowSpace.of_index(
                 idx, seg, lambda key, pos: gather(snap, {key: (key, pos)})[key]
             )
@@ -355,3 +362,6 @@ class SegmentState:
             "committed_trajectories": commit.n_traj - commit.low_traj,
             "pending_trajectories": idx.n - commit.n_traj,
         }
+
+
+SegmentState = WriterState  # its name until issue 34 (tests patch it by that name)

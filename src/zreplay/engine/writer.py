@@ -49,7 +49,7 @@ from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import fix_schema, open_segment, remove_for_overwrite
 from .replace import clear as clear_segment
-from .state import SegmentState
+from .state import WriterState
 
 log = logging.getLogger("zreplay")
 
@@ -76,7 +76,7 @@ def _remove_store(path: str, owner: Origin) -> None:
 class SegmentWriter:
     """A writable buffer segment with in-process readers. Thread-safe.
 
-    Its :class:`~zreplay.engine.state.SegmentState` (``state``: commit, index, ids, RAM
+    Its :class:`~zreplay.engine.state.WriterState` (``state``: commit, index, ids, RAM
     tier) changes only under ``cond``, through the state's methods, called from here and
     from the committer's hand-offs (``next_job``, ``committed``).  Adds are serialised by
     a second lock; the copy into the RAM tier runs outside ``cond`` so sampling goes on.
@@ -136,7 +136,7 @@ class SegmentWriter:
             opened = open_segment(self.root, writer_id, durable)
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
-            self.state = SegmentState(writer_id, opened, self.ram, capacity, staging_bytes)
+            self.state = WriterState(writer_id, opened, self.ram, capacity, staging_bytes)
             # Reopened with a smaller capacity: rows beyond it leave at once (committed
             # with the first commit), not with the next add.
             over = capacity is not None and self.state.index.visible_rows > capacity
@@ -266,7 +266,7 @@ class SegmentWriter:
                     if need <= st.commit.n_rows:
                         break
                     # The wait lets the committer run, and a commit may give a grown ring
-                    # back (SegmentState._give_back): take the ring afresh after it.
+                    # back (WriterState._give_back): take the ring afresh after it.
                     self._committer.wait_committed(need)
                 with deferred_interrupts():
                     start = tier.reserve(total, st.commit.n_rows)
@@ -375,7 +375,7 @@ class SegmentWriter:
             return fn(self.snapshot())
 
     def stats(self) -> dict:
-        """See :meth:`SegmentState.stats`; plus the buffer's ``path``."""
+        """See :meth:`WriterState.stats`; plus the buffer's ``path``."""
         with self.cond:
             return {**self.state.stats(), "path": None if self.temporary else str(self.path)}
 

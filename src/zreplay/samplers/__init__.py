@@ -10,10 +10,12 @@
 * any callable ``fn(step, buffer, batch_size, history_len) -> indices``.
 
 Writing a sampler of your own: subclass :class:`zreplay.samplers.base.Sampler` (the types
-a sampler author needs live in :mod:`zreplay.samplers.base`).
+a sampler author needs live in :mod:`zreplay.samplers.base`; the contract is documented
+in :mod:`zreplay.samplers.contract`).  A new way of sampling is a new sampler (one file
+here), never a new buffer class.  This package is the sampling layer's: the buffer core
+binds a sampler, the engine never sees one.  ``zreplay.sampling.samplers`` is its older
+path.
 """
-
-from ..sampling.samplers import Prioritized, PrioritizedClips, Recency, Staleness, Uniform, Window
 
 # Sampler-author names stay importable from here (older code did so); they are documented
 # in zreplay.samplers.base.
@@ -24,6 +26,11 @@ from .base import RowSpace as RowSpace
 from .base import Sampler as Sampler
 from .base import SegmentRows as SegmentRows
 from .base import Units as Units
+from .base import VisibleRows as VisibleRows
 from .base import as_sampler as as_sampler
+from .prioritized import Prioritized, PrioritizedClips
+from .recency import Recency
+from .staleness import Staleness
+from .uniform import Uniform, Window
 
 __all__ = ["Prioritized", "PrioritizedClips", "Recency", "Staleness", "Uniform", "Window"]

@@ -29,7 +29,7 @@ from typing import Any
 from ..forks import at_fork, forked, on_fork
 from .arrays import ZarrArray
 from .backend import ObjectBackend, ObjectLocation
-from .objectarray import SegmentCache
+from .objectarray import ShardCache
 from .objectio import ObjectClient, Request
 
 _BACKENDS: dict[tuple, S3Backend] = {}
@@ -204,8 +204,8 @@ class S3Backend(ObjectBackend):
 
         return BackendStore(loc, read_only=read_only)
 
-    def array_context(self, durable: bool, cache_bytes: int = 0) -> SegmentCache:
-        return SegmentCache(cache_bytes)  # shard indexes; decoded chunks up to cache_bytes
+    def array_context(self, durable: bool, cache_bytes: int = 0) -> ShardCache:
+        return ShardCache(cache_bytes)  # shard indexes; decoded chunks up to cache_bytes
 
     def open_array(self, loc, writable: bool, context) -> tuple[object, bool]:
         from .objectarray import ObjectArray

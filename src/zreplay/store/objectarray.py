@@ -7,7 +7,7 @@ backend's ``get``/``put`` (see :mod:`zreplay.store.objectio`).
 
 Reading sorted rows of a sharded array costs at most two rounds of concurrent requests:
 
-1. the index of every touched shard that :class:`SegmentCache` cannot vouch for (one
+1. the index of every touched shard that :class:`ShardCache` cannot vouch for (one
    suffix GET of ``16 * chunks + 4`` bytes each); a shard the merged ranges would span
    for the most part anyway (a small one; wanted chunks spread over half of it or more
    at most ``GAP`` bytes apart on average, as random rows are) is fetched whole instead,
@@ -50,7 +50,7 @@ GAP = 1 << 20
 RETRIES = 4
 
 
-class SegmentCache:
+class ShardCache:
     """What the readers and the writer of one segment's arrays share (the backend's
     array context): cached shard indexes, the rows known to be committed, and the
     writer's open shards.
@@ -165,6 +165,9 @@ class SegmentCache:
                 self._indexes.pop((array, int(s)), None)
 
 
+SegmentCache = ShardCache  # its name until issue 34 (tests and older code import it)
+
+
 def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int) -> bool:
     """Would the ranges of the wanted ``chunks`` (sorted, of one shard of ``stored`` bytes,
     ``chunk_nbytes`` each; sizes before compression) span most of the shard once merged
@@ -222,7 +225,7 @@ class _Selection:
 class ObjectArray:
     """One Zarr array under ``key`` of the backend's bucket (see the module docstring)."""
 
-    def __init__(self, backend, key: str, meta: ArrayMeta, writable: bool, cache: SegmentCache):
+    def __init__(self, backend, key: str, meta: ArrayMeta, writable: bool, cache: ShardCache):
         self.backend, self.key, self.meta = backend, key, meta
         self.writable, self.cache = writable, cache
         self.shape, self.dtype = meta.shape, meta.dtype

@@ -1,43 +1,31 @@
-"""Samplers: which rows, clips or n-step transitions a batch reads.
+"""The samplers' older import path: their modules moved to :mod:`zreplay.samplers` (one
+sampler package).  ``zreplay.sampling.samplers.<module>`` names the same module object as
+``zreplay.samplers.<module>`` (``base`` is ``zreplay.samplers.contract``, where the
+contract it held now lives), so code importing from here, or patching a module found
+here, keeps working."""
 
-Pass one as ``sampler=`` to :class:`~zreplay.TrajectoryReplayBuffer`,
-:class:`~zreplay.ReplayBuffer` or :func:`zreplay.open`; a new way of sampling is a new
-sampler, never a new buffer class.  Built-ins:
+import sys
 
-* :class:`Uniform`: every row (clip, transition) equally likely;
-* :class:`Window`: uniform over the last ``size`` trajectories (RLinf's ``sample_window_size``);
-* :class:`Recency`: weight halves every ``half_life`` trajectories of age;
-* :class:`Prioritized`: proportional prioritized replay (batches carry ``index``/``weight``;
-  feed ``update_priorities``); priorities are saved with the buffer;
-* :class:`PrioritizedClips`: the same over clip start positions (sequence replay);
-* :class:`Staleness`: drops or down-weights rows whose policy version lags the current one;
-* any callable ``fn(step, buffer, batch_size, history_len) -> indices`` (:class:`Hook`).
+from ...samplers import contract, hook, prioritized, recency, staleness, uniform
+from ...samplers.contract import Context, RowSpace, Sampler, SegmentRows, Units, VisibleRows
+from ...samplers.hook import Hook, as_sampler
+from ...samplers.prioritized import Prioritized, PrioritizedClips
+from ...samplers.recency import Recency
+from ...samplers.staleness import Staleness
+from ...samplers.uniform import Uniform, Window
 
-The contract a sampler implements is in :mod:`zreplay.sampling.samplers.base`; the public
-names are re-exported as :mod:`zreplay.samplers`.
-"""
-
-from __future__ import annotations
-
-from .base import Context, RowSpace, Sampler, SegmentRows, Units
-from .hook import Hook
-from .prioritized import Prioritized, PrioritizedClips
-from .recency import Recency
-from .staleness import Staleness
-from .uniform import Uniform, Window
-
-
-def as_sampler(sampler, default: Sampler | None = None) -> Sampler:
-    """A :class:`Sampler` for what a buffer was given: a sampler as is, a callable wrapped
-    in :class:`Hook`, ``None`` as ``default`` (:class:`Uniform` if not given)."""
-    if sampler is None:
-        return default if default is not None else Uniform()
-    if isinstance(sampler, Sampler):
-        return sampler
-    if isinstance(sampler, type) and issubclass(sampler, Sampler):
-        raise TypeError(f"pass a sampler instance, e.g. sampler={sampler.__name__}(...)")
-    return Hook(sampler)
-
+# The submodules' old names: an import machinery lookup of "zreplay.sampling.samplers.x"
+# finds these once this package is imported (which importing the name does first).
+for _name, _module in {
+    "base": contract,
+    "hook": hook,
+    "prioritized": prioritized,
+    "recency": recency,
+    "staleness": staleness,
+    "uniform": uniform,
+}.items():
+    sys.modules[f"{__name__}.{_name}"] = _module
+    globals()[_name] = _module
 
 __all__ = [
     "Context",
@@ -51,6 +39,7 @@ __all__ = [
     "Staleness",
     "Uniform",
     "Units",
+    "VisibleRows",
     "Window",
     "as_sampler",
 ]

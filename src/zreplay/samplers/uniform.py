@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...numbers import as_int
-from .base import (
+from ..numbers import as_int
+from .contract import (
     Context,
     Drawn,
     Sampler,

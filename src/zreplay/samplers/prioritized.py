@@ -9,7 +9,7 @@ evicted rows drop out, and ``update_priorities`` for a row evicted since it was 
 ignored.  Rows are drawn with ``P(r) = leaf_r / sum(leaves)``.
 
 Clips and n-step transitions are keyed by the row they start at (see
-:class:`~zreplay.sampling.samplers.base.Units`): draws are rows by priority, kept when the row
+:class:`~zreplay.samplers.contract.Units`): draws are rows by priority, kept when the row
 starts a valid unit and redrawn otherwise (rejection, exact; after 8 rounds the rest
 are drawn from the valid start rows directly).  So a unit's probability is its start
 row's leaf over the leaves of all valid start rows.  With padding (``pad=``) the clips
@@ -40,16 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import CorruptBufferError, EmptyBufferError, warn_caller
-from ..clips import ClipSpec
-from ..prioritized_state import PrioritizedState
-from .base import Context, Drawn, PrioritySampler, RowSpace, SegmentRows, Units, draw_weighted
+from ..errors import CorruptBufferError, EmptyBufferError, warn_caller
+from ..index.coords import SEGMENT_SHIFT, GlobalRow, TaggedRows, tag_rows, untag_rows
+from ..sampling.clips import ClipSpec
+from ..sampling.prioritized_state import PrioritizedState
+from .contract import Context, Drawn, PrioritySampler, RowSpace, Units, VisibleRows, draw_weighted
 
-SEGMENT_SHIFT = 40
-_ROW_MASK = (1 << SEGMENT_SHIFT) - 1
-# Bits 56-62 of an index: which contents of its segment it was drawn from (see _Segment).
-CONTENTS_SHIFT = 56
-_SEGMENT_MASK = (1 << (CONTENTS_SHIFT - SEGMENT_SHIFT)) - 1
+# A batch's index is a TaggedRow (zreplay.index.coords): bits 40-55 the segment's key,
+# bits 56-62 which contents of its segment it was drawn from (see _Tree).
 _TAGS = 127
 _MIN_CAPACITY = 4096
 _REJECTION_ROUNDS = 8
@@ -63,7 +61,7 @@ def _capacity_for(rows: int, current: int = 0) -> int:
 
 
 @dataclass
-class _Segment:
+class _Tree:
     """One segment's tree.  ``tag`` names which contents of the segment it holds: it
     starts at 0 and moves on (1..127, round) when the contents are replaced (a clear, a
     loaded checkpoint) after indices were drawn from them (``drawn``), so an index drawn
@@ -112,7 +110,7 @@ class Prioritized(PrioritySampler):
         self.initial_priority = float(initial_priority)
         self.stratified = bool(stratified)
         self.save_every_s = float(save_every_s)
-        self._segs: dict[int, _Segment] = {}
+        self._segs: dict[int, _Tree] = {}
 
     def config(self) -> dict:
         return {
@@ -141,13 +139,13 @@ class Prioritized(PrioritySampler):
         """Make each segment's tree hold exactly its visible rows: rows added since the
         last call enter at the running max priority, evicted rows leave."""
         for seg in space.segments:
-            self._sync_segment(seg)
+            self._sync_tree(seg)
 
-    def _sync_segment(self, seg: SegmentRows) -> _Segment:
+    def _sync_tree(self, seg: VisibleRows) -> _Tree:
         cur = self._segs.get(seg.key)
         if cur is None or cur.epoch is not seg.epoch:
             tag = 0 if cur is None else (cur.tag % _TAGS + 1 if cur.drawn else cur.tag)
-            cur = self._segs[seg.key] = _Segment(self._restore(seg), seg.epoch, tag=tag)
+            cur = self._segs[seg.key] = _Tree(self._restore(seg), seg.epoch, tag=tag)
         st = cur.state
         if seg.low_row > st.low:
             st.evict_below(min(seg.low_row, st.high))
@@ -173,7 +171,7 @@ class Prioritized(PrioritySampler):
             start_row=start_row,
         )
 
-    def _restore(self, seg: SegmentRows) -> PrioritizedState:
+    def _restore(self, seg: VisibleRows) -> PrioritizedState:
         """A tree for a segment first seen: its saved leaves where it has them.  Saved
         leaves that cannot be read (a damaged copy: ``zreplay.verify`` reports it) are
         not the rows' data: the rows start afresh at ``initial_priority``, with a warning,
@@ -207,12 +205,12 @@ class Prioritized(PrioritySampler):
 
     # -- drawing --------------------------------------------------------------------
 
-    def _live(self, space: RowSpace) -> list[tuple[SegmentRows, PrioritizedState, int]]:
+    def _live(self, space: RowSpace) -> list[tuple[VisibleRows, PrioritizedState, int]]:
         """``(segment, tree, contents tag)`` of every segment with rows to draw; their
-        indices are handed out from now on (``_Segment.drawn``)."""
+        indices are handed out from now on (``_Tree.drawn``)."""
         out = []
         for seg in space.segments:
-            cur = self._sync_segment(seg)
+            cur = self._sync_tree(seg)
             st = cur.state
             if st.size and st.tree.total > 0.0:
                 cur.drawn = True
@@ -230,7 +228,7 @@ class Prioritized(PrioritySampler):
         if len(live) == 1:
             seg, st, tag = live[0]
             rows, w = st.sample(ctx.rng, n, self.stratified, beta=beta)
-            return seg.positions(rows), _index(seg.key, rows, tag), w
+            return seg.positions(rows), tag_rows(rows, seg.key, tag), w
         gmin = min(st.tree.min for _, st, _ in live)
         which = draw_weighted(ctx.rng, np.array([st.tree.total for _, st, _ in live]), n)
         pos, index, weight = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n))
@@ -238,7 +236,7 @@ class Prioritized(PrioritySampler):
             sel = np.flatnonzero(which == i)
             if sel.size:
                 rows, w = st.sample(ctx.rng, sel.size, self.stratified, beta=beta)
-                pos[sel], index[sel] = seg.positions(rows), _index(seg.key, rows, tag)
+                pos[sel], index[sel] = seg.positions(rows), tag_rows(rows, seg.key, tag)
                 weight[sel] = w * (gmin / st.tree.min) ** beta
         return pos, index, weight
 
@@ -270,10 +268,10 @@ class Prioritized(PrioritySampler):
         pos = units.key_rows()
         leaf, index = np.zeros(len(pos)), np.zeros(len(pos), np.int64)
         for seg, st, tag in live:
-            sel = np.flatnonzero((pos >= seg.pos0) & (pos < seg.pos0 + st.size))
-            rows = pos[sel] - seg.pos0 + seg.low_row
+            sel = np.flatnonzero((pos >= seg.first) & (pos < seg.first + st.size))
+            rows = seg.rows_at(pos[sel])
             leaf[sel] = st.tree.get(rows % st.capacity)
-            index[sel] = _index(seg.key, rows, tag)
+            index[sel] = tag_rows(rows, seg.key, tag)
         j = draw_weighted(ctx.rng, leaf, n)
         gmin = min(st.tree.min for _, st, _ in live)
         weight = (leaf[j] / gmin) ** -self.beta_at(ctx.step)
@@ -281,7 +279,7 @@ class Prioritized(PrioritySampler):
 
     # -- priorities -----------------------------------------------------------------
 
-    def update_priorities(self, space: RowSpace, index, priorities) -> int:
+    def update_priorities(self, space: RowSpace, index: TaggedRows, priorities) -> int:
         """Set the priorities of ``index`` (int64[k], from a batch) to ``priorities``
         (float[k] or a scalar); returns how many were applied (rows evicted since they
         were drawn are skipped).  ``ValueError`` for NaN, infinite or negative values."""
@@ -304,38 +302,38 @@ class Prioritized(PrioritySampler):
                 return 0  # drawn before its contents were replaced: they do not apply
             cur.changed = True
             return cur.state.update(idx, p)
-        keys, tags = _split(idx)
+        keys, tags, rows = untag_rows(idx)
         applied = 0
         for key in np.unique(keys):
             cur = self._segs.get(int(key))
             if cur is None:
                 continue
             sel = (keys == key) & (tags == cur.tag)  # drawn from the contents it holds
-            applied += cur.state.update(idx[sel] & _ROW_MASK, p[sel])
+            applied += cur.state.update(rows[sel], p[sel])
             cur.changed = True
         return applied
 
-    def priorities(self, space: RowSpace, index) -> np.ndarray:
+    def priorities(self, space: RowSpace, index: TaggedRows) -> np.ndarray:
         """Leaves ``(p + eps) ** alpha`` (float64) of live rows ``index``; 0 for rows no
         longer (or not yet) visible."""
         self.sync(space)
         idx = np.asarray(index, np.int64).reshape(-1)
         out = np.zeros(idx.size)
-        keys, tags = _split(idx)
+        keys, tags, all_rows = untag_rows(idx)
         for key in np.unique(keys):
             cur = self._segs.get(int(key))
             if cur is None:
                 continue
             st = cur.state
             sel = np.flatnonzero((keys == key) & (tags == cur.tag))
-            rows = idx[sel] & _ROW_MASK
+            rows = all_rows[sel]
             live = (rows >= st.low) & (rows < st.high)
             out[sel[live]] = st.tree.get(rows[live] % st.capacity)
         return out
 
     # -- persistence ----------------------------------------------------------------
 
-    def snapshot(self, key: int, stop_row: int) -> tuple[dict, np.ndarray] | None:
+    def snapshot(self, key: int, stop_row: GlobalRow) -> tuple[dict, np.ndarray] | None:
         """What to save for segment ``key``: metadata and the leaves of live rows below
         ``stop_row`` (``None`` if unchanged since the last snapshot); marks it saved."""
         cur = self._segs.get(key)
@@ -370,8 +368,8 @@ class Prioritized(PrioritySampler):
         for seg in space.segments:
             got = state.get(seg.key, state.get(str(seg.key)))
             if got is not None:
-                self._segs[seg.key] = _Segment(PrioritizedState.from_state_dict(got), seg.epoch)
-                self._sync_segment(seg)
+                self._segs[seg.key] = _Tree(PrioritizedState.from_state_dict(got), seg.epoch)
+                self._sync_tree(seg)
 
 
 class PrioritizedClips(Prioritized):
@@ -400,15 +398,3 @@ class PrioritizedClips(Prioritized):
         c = self.clips
         clip = {"history_len": c.history_len, "frameskip": c.frameskip, "pad": c.pad}
         return {**clip, "action_keys": list(c.action_keys), **super().config()}
-
-
-def _index(key: int, rows: np.ndarray, tag: int = 0) -> np.ndarray:
-    """A batch's ``index``: global rows, plus the segment's number (views) and the tag of
-    the contents they were drawn from (after a replace) in the high bits."""
-    high = (int(key) << SEGMENT_SHIFT) | (int(tag) << CONTENTS_SHIFT)
-    return rows if high == 0 else rows + high
-
-
-def _split(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(segment keys, contents tags)`` of batch indices."""
-    return (idx >> SEGMENT_SHIFT) & _SEGMENT_MASK, idx >> CONTENTS_SHIFT

@@ -1,5 +1,6 @@
 """Any callable ``fn(step, buffer, batch_size, history_len) -> indices`` as a sampler
-(stable-worldmodel's sampler hook)."""
+(stable-worldmodel's sampler hook), and :func:`as_sampler`: what a buffer's ``sampler=``
+argument becomes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .base import Context, Drawn, Sampler, Units, require_rows
+from .contract import Context, Drawn, Sampler, Units, require_rows
+from .uniform import Uniform
 
 
 class Hook(Sampler):
@@ -47,3 +49,15 @@ class Hook(Sampler):
         if len(idx) and (idx.min() < 0 or idx.max() >= units.total):
             raise IndexError(f"{units.name} index out of range [0, {units.total})")
         return idx, {}
+
+
+def as_sampler(sampler, default: Sampler | None = None) -> Sampler:
+    """A :class:`Sampler` for what a buffer was given: a sampler as is, a callable wrapped
+    in :class:`Hook`, ``None`` as ``default`` (:class:`Uniform` if not given)."""
+    if sampler is None:
+        return default if default is not None else Uniform()
+    if isinstance(sampler, Sampler):
+        return sampler
+    if isinstance(sampler, type) and issubclass(sampler, Sampler):
+        raise TypeError(f"pass a sampler instance, e.g. sampler={sampler.__name__}(...)")
+    return Hook(sampler)

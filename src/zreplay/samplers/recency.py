@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .base import (
+from .contract import (
     Context,
     Drawn,
     Sampler,

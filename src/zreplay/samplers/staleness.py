@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import EmptyBufferError
-from ...numbers import as_float, as_int, as_optional_float
-from .base import (
+from ..errors import EmptyBufferError
+from ..numbers import as_float, as_int, as_optional_float
+from .contract import (
     Context,
     Drawn,
     RowSpace,
     Sampler,
-    SegmentRows,
     Units,
+    VisibleRows,
     draw_weighted,
     uniform_within,
 )
@@ -176,7 +176,7 @@ class Staleness(Sampler):
 
     # -- versions -------------------------------------------------------------------
 
-    def _row_versions(self, space: RowSpace, seg: SegmentRows, lo: int, hi: int) -> np.ndarray:
+    def _row_versions(self, space: RowSpace, seg: VisibleRows, lo: int, hi: int) -> np.ndarray:
         if space.read is None:
             raise TypeError("Staleness needs a buffer that can read its rows")
         try:
@@ -189,7 +189,7 @@ class Staleness(Sampler):
         got = np.asarray(got, np.float64)
         return got.reshape(len(got), -1).min(axis=1) if got.ndim > 1 else got
 
-    def _sync(self, space: RowSpace, seg: SegmentRows) -> _Runs:
+    def _sync(self, space: RowSpace, seg: VisibleRows) -> _Runs:
         cur = self._segs.get(seg.key)
         if cur is None or cur.epoch is not seg.epoch or seg.low_row > cur.high:
             cur = self._segs[seg.key] = _Runs(seg.epoch, seg.low_row)

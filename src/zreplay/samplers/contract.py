@@ -16,7 +16,8 @@ buffer calls its sampler under its lock (writable buffers) or on one refreshed s
 
 Row positions: a writable buffer's positions are its global row ids (``[low_row,
 n_rows)``); a view's are ``[0, num_rows)`` over its segments in name order.  Each segment's
-visible trajectories are contiguous there, oldest first.
+visible trajectories are contiguous there, oldest first.  (The coordinates and how they
+convert: :mod:`zreplay.index.coords`.)
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EmptyBufferError
-from ...index.episodes import EpisodeView
-from ...index.rowspace import RowSpace, SegmentRows
+from ..errors import EmptyBufferError
+from ..index.coords import GlobalRow, Positions, TaggedRows, UnitIndices
+from ..index.episodes import EpisodeView
+from ..index.rowspace import RowSpace, SegmentRows, VisibleRows
 
 Extra = dict[str, np.ndarray]
-Drawn = tuple[np.ndarray, Extra]
+# What a draw returns: row positions (draw_rows) or unit indices (draw_units), int64[n].
+Drawn = tuple[Positions | UnitIndices, Extra]
 
 __all__ = [
     "Context",
@@ -43,6 +46,7 @@ __all__ = [
     "Sampler",
     "SegmentRows",
     "Units",
+    "VisibleRows",
 ]
 
 
@@ -71,12 +75,12 @@ class Units:
     def _keys_per_episode(self) -> np.ndarray:
         return np.where(self.counts > 0, np.maximum(self.counts - self.offset, 1), 0)
 
-    def last_rows(self) -> np.ndarray:
+    def last_rows(self) -> Positions:
         """The newest row of each episode, int64[E]."""
         v = self.view
         return v.rows(np.arange(len(v)), v.length - 1)
 
-    def from_rows(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def from_rows(self, rows: Positions, rng: np.random.Generator) -> UnitIndices:
         """Flat index of the unit each row keys (int64, -1 where it keys none); a row that
         keys several units (step 0 under padding) picks one of them uniformly."""
         ep, step = self.view.locate_rows(rows)
@@ -92,7 +96,7 @@ class Units:
         base = np.where(e > 0, self.cum[np.maximum(e - 1, 0)], 0) if len(keys) else 0
         return np.where(ok, base + k, -1)
 
-    def key_rows(self) -> np.ndarray:
+    def key_rows(self) -> Positions:
         """Every row that keys a unit, int64[K] (O(K): the exact path when rejection
         sampling keeps missing)."""
         keys = self._keys_per_episode()
@@ -136,13 +140,13 @@ class Sampler:
     def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
         raise NotImplementedError
 
-    def update_priorities(self, space: RowSpace, index, priorities) -> int:
+    def update_priorities(self, space: RowSpace, index: TaggedRows, priorities) -> int:
         raise TypeError(
             f"{type(self).__name__} has no priorities; construct the buffer with "
             "sampler=zreplay.samplers.Prioritized() to use update_priorities"
         )
 
-    def priorities(self, space: RowSpace, index) -> np.ndarray:
+    def priorities(self, space: RowSpace, index: TaggedRows) -> np.ndarray:
         raise TypeError(
             f"{type(self).__name__} has no priorities; construct the buffer with "
             "sampler=zreplay.samplers.Prioritized() to read them"
@@ -223,13 +227,13 @@ class PrioritySampler(Sampler):
     def sync(self, space: RowSpace) -> None:
         raise NotImplementedError
 
-    def priorities(self, space: RowSpace, index) -> np.ndarray:
+    def priorities(self, space: RowSpace, index: TaggedRows) -> np.ndarray:
         raise NotImplementedError
 
-    def update_priorities(self, space: RowSpace, index, priorities) -> int:
+    def update_priorities(self, space: RowSpace, index: TaggedRows, priorities) -> int:
         raise NotImplementedError
 
-    def snapshot(self, key: int, stop_row: int) -> tuple[dict, np.ndarray] | None:
+    def snapshot(self, key: int, stop_row: GlobalRow) -> tuple[dict, np.ndarray] | None:
         raise NotImplementedError
 
     def mark_changed(self, key: int) -> None:
