@@ -16,7 +16,13 @@ asserts on timings.
     python benchmarks/bench_scale.py --quick                      # 100k and 1M rows (~30 s)
     python benchmarks/bench_scale.py --sizes 1M,10M --keep --tmpdir /data/scale
     python benchmarks/bench_scale.py --reuse /data/scale/zreplay-scale-XXXX   # re-measure only
+    python benchmarks/bench_scale.py --sizes 1M,30M --runs 4      # the same check 4 times
     python benchmarks/bench_scale.py                              # 1M, 30M, 300M (~25 GB!)
+
+``--runs N`` measures each size N times, each run in fresh processes with the column
+cache file emptied (the same check again), and prints every run's ``sample(256)`` and
+clips medians, ratio to TorchRL and growth over the smallest size: the spread between
+runs is reported, never a best-of.
 
 Building (the figures are per system and size; ``build wall`` is the write loop and the
 call that finishes it, from the first write on):
@@ -193,6 +199,22 @@ def mem_mb() -> dict:
             k, _, v = line.partition(":")
             if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
                 out[k] = int(v.split()[0]) / 1024
+    return out
+
+
+def huge_mb() -> dict:
+    """Memory this process maps with 2 MiB pages, in MB (``/proc/self/smaps_rollup``):
+    file pages (a memmap, the column cache file) and anonymous ones.  Random rows of a
+    large mapping cost a TLB miss each where its pages are 4 KiB."""
+    out = {}
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("FilePmdMapped", "AnonHugePages"):
+                    out[k] = int(v.split()[0]) / 1024
+    except OSError:
+        pass
     return out
 
 
@@ -399,6 +421,7 @@ def measure_zreplay(job) -> dict:
     res["sample"] = repeat(sample, cfg["repeats"], cfg["warmup"])
     res["clips"] = repeat(clips, cfg["repeats"], cfg["warmup"])
     res["rss_after_sampling"] = mem_mb()
+    res["huge_pages_after_sampling"] = huge_mb()
     # The store's pages were read twice (the parent's warm-up, the fill) and so compete
     # with the column cache file for the page cache; a run without the warm-up reads
     # them once.  The same draws again once they are dropped (the file stays).
@@ -464,6 +487,7 @@ def measure_torchrl(job) -> dict:
         best = min(variants, key=lambda n, fig=fig: res["by_threads"][n][fig]["median_s"])
         res[fig] = {**res["by_threads"][best][fig], "torch_threads": best}
     res["rss_after_sampling"] = mem_mb()
+    res["huge_pages_after_sampling"] = huge_mb()
     return res
 
 
@@ -538,8 +562,11 @@ def build_size(rows: int, size_dir: Path, args, sections: dict) -> dict:
     return builds
 
 
-def measure_size(rows: int, size_dir: Path, cfg: dict, args, sections: dict) -> dict:
+def measure_size(rows: int, size_dir: Path, cfg: dict, args, sections: dict, run=1) -> dict:
+    """Measure each system once in a fresh process (run ``run``): every run is the same
+    check, the column cache file emptied first, so runs differ only by the machine."""
     out = {}
+    tag = "" if args.runs == 1 else f"#{run}"
     for system in SYSTEMS:
         sdir = system_dir(size_dir, system)
         prep = CpuMeter().start()
@@ -566,10 +593,10 @@ def measure_size(rows: int, size_dir: Path, cfg: dict, args, sections: dict) -> 
         res.update(cache, section=sec, idle_check=idle, disk_bytes=dir_bytes(sdir))
         if system == "zreplay":
             res["colcache_disk_bytes"] = allocated_bytes(colcache_dir(size_dir))
-        sections[f"{label(rows)}/measure_{system}"] = sec
+        sections[f"{label(rows)}/measure_{system}{tag}"] = sec
         if "error" not in res:
             print(
-                f"  measure {system:<8} {sec['wall_s']:5.1f}s  sample(256) "
+                f"  measure{tag} {system:<8} {sec['wall_s']:5.1f}s  sample(256) "
                 f"{fmt_time(res['sample']['median_s'])}, clips {fmt_time(res['clips']['median_s'])}"
                 + (
                     f" (torch threads {res['sample']['torch_threads']} / "
@@ -769,6 +796,52 @@ def ratio_table(vals: dict, labels: list[str]) -> tuple[str, dict]:
     return "\n".join(lines), out
 
 
+def runs_table(R: dict, labels: list[str]) -> tuple[str, dict]:
+    """Every run's ``sample(256)`` and clips medians, zreplay / TorchRL and zreplay's
+    growth over its own figure at the smallest size in the same run (not a best-of: the
+    spread between runs is the point), with zreplay's page faults per call."""
+    head = (
+        f"{'size':<6}{'run':>4}{'zreplay':>10}{'TorchRL':>10}{'ratio':>8}{'growth':>8}"
+        f"{'minflt':>8}{'majflt':>8}{'2M-mapped':>11}{'clips ratio':>13}"
+    )
+    lines = [
+        "=== sample(256) median in every run (ratio: zreplay / TorchRL; growth: zreplay / "
+        f"its own at {labels[0]} in the same run; page faults: zreplay's per call; 2M-mapped: "
+        "file memory zreplay's process maps with 2 MiB pages)",
+        head,
+        "-" * len(head),
+    ]
+    out = {"sample_median": {}, "clips_median": {}, "sample_growth": {}}
+    for lab in labels:
+        for key in out:
+            out[key][lab] = []
+        for i, m in enumerate(R[lab]["runs"]):
+            z, t = m.get("zreplay") or {}, m.get("torchrl") or {}
+            zs, ts = _g(z, "sample", "median_s"), _g(t, "sample", "median_s")
+            base = R[labels[0]]["runs"][min(i, len(R[labels[0]]["runs"]) - 1)]
+            z0 = _g(base.get("zreplay"), "sample", "median_s")
+            r, g = ratio(zs, ts), ratio(zs, z0)
+            rc = ratio(_g(z, "clips", "median_s"), _g(t, "clips", "median_s"))
+            out["sample_median"][lab].append(r)
+            out["clips_median"][lab].append(rc)
+            out["sample_growth"][lab].append(g)
+
+            def x(v):
+                return "n/a" if v is None else f"{v:.2f}x"
+
+            def n(v):
+                return "n/a" if v is None else f"{v:.1f}"
+
+            lines.append(
+                f"{lab:<6}{i + 1:>4}{fmt_value('t', zs):>10}{fmt_value('t', ts):>10}"
+                f"{x(r):>8}{x(g):>8}{n(_g(z, 'sample', 'minflt_per_call')):>8}"
+                f"{n(_g(z, 'sample', 'majflt_per_call')):>8}"
+                f"{fmt_value('mb', _g(z, 'huge_pages_after_sampling', 'FilePmdMapped')):>11}"
+                f"{x(rc):>13}"
+            )
+    return "\n".join(lines), out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -812,6 +885,13 @@ def main(argv=None) -> int:
         "--torch-threads", type=int, default=None, help="torch.set_num_threads in the children"
     )
     ap.add_argument("--repeats", type=int, default=None, help="timed calls per figure")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="measure each size this many times (fresh processes, the column cache file "
+        "emptied each time) and report every run; the tables of figures show the first",
+    )
     ap.add_argument(
         "--wait-idle",
         type=float,
@@ -860,9 +940,19 @@ def main(argv=None) -> int:
             size_dir = root / f"rows_{lab}"
             print(f"\n=== {lab}: {rows:,} rows ===", flush=True)
             builds = build_size(rows, size_dir, args, sections)
-            measures = measure_size(rows, size_dir, cfg, args, sections)
-            R[lab] = {"rows": rows, "dir": str(size_dir), "build": builds, "measure": measures}
-            for phase, d in (("build", builds), ("measure", measures)):
+            runs = [
+                measure_size(rows, size_dir, cfg, args, sections, run)
+                for run in range(1, args.runs + 1)
+            ]
+            measures = runs[0]
+            R[lab] = {
+                "rows": rows,
+                "dir": str(size_dir),
+                "build": builds,
+                "measure": measures,
+                "runs": runs,
+            }
+            for phase, d in [("build", builds), *(("measure", m) for m in runs)]:
                 for s, r in d.items():
                     if "error" in r:
                         print(f"  {phase} {s}: ERROR {r['error']}\n{r.get('traceback', '')}")
@@ -878,6 +968,8 @@ def main(argv=None) -> int:
     texts.append(growth_table(vals, labels, gr))
     rtext, ratios = ratio_table(vals, labels)
     texts.append(rtext)
+    run_text, by_run = runs_table(R, labels)
+    texts.append(run_text)
     print()
     print("\n\n".join(texts))
     total = time.perf_counter() - t_start
@@ -915,10 +1007,15 @@ def main(argv=None) -> int:
         },
         "growth": gr,
         "ratios_zreplay_over_torchrl": ratios,
+        "runs": args.runs,
+        "by_run": by_run,
         "definitions": {
             "growth": "figure at a size / the same figure at the smallest size; RSS figures "
             "use VmRSS after the event minus VmRSS right before the open",
-            "ratio": "zreplay figure / TorchRL figure at the same size",
+            "ratio": "zreplay figure / TorchRL figure at the same size (first run)",
+            "by_run": "per run: sample_median and clips_median are zreplay / TorchRL, "
+            "sample_growth is zreplay's sample(256) median / its own at the smallest size "
+            "in the same run",
             "rows_per_s": "rows / (build wall - row generation), finishing call included",
             "rows_per_s_synced": "rows / (write_s + the os.sync() after the build)",
         },

@@ -90,18 +90,28 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def major_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
 def repeat(fn, repeats: int, warmup: int = 2) -> dict:
     """Stats of ``fn()`` over ``repeats`` calls after ``warmup`` untimed calls,
-    plus the minor page faults per call (fresh pages touched: on this VM ~2 us each)."""
+    plus the minor page faults per call (fresh pages touched: on this VM ~2 us each)
+    and the major ones (pages read back from disk: what makes a mapped read slow when
+    the page cache dropped its file)."""
     for _ in range(warmup):
         fn()
     out = []
-    f0 = minor_faults()
+    f0, m0 = minor_faults(), major_faults()
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
-    return {**stats(out), "minflt_per_call": (minor_faults() - f0) / repeats}
+    return {
+        **stats(out),
+        "minflt_per_call": (minor_faults() - f0) / repeats,
+        "majflt_per_call": (major_faults() - m0) / repeats,
+    }
 
 
 def files_under(paths) -> list[str]:

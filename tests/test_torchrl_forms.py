@@ -387,6 +387,9 @@ def _collector(path: str, i: int) -> None:
     rb.storage.close()
 
 
+# A multi-process run (python -m pytest -m slow) of what one process checks quickly:
+# test_torchrl.py::test_a_view_never_shows_a_row_the_ring_overwrote (collectors' rings).
+@pytest.mark.slow
 def test_collector_processes_each_write_a_storage_and_a_learner_reads_them_all(tmp_path):
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_collector, args=(str(tmp_path / "b"), i)) for i in range(2)]
