@@ -47,12 +47,13 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
 from ..schema import flatten, unflatten
+from .facade import WritableFacade
 from .view import BufferView
 
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
 
-class ReplayBuffer(torch.utils.data.Dataset):
+class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
     """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
 
     Args (stable-worldmodel's):
@@ -158,21 +159,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
         are dropped)."""
         self.core.load_full_state(state)
 
-    def update_priorities(self, indices, priorities) -> int:
-        """Set the priorities of what a batch drew (``batch["index"]``: each clip's start
-        row) to ``priorities`` (one per index, or a scalar; numpy or torch); returns how
-        many were applied (rows evicted since are skipped).  Needs a prioritized
-        sampler (``TypeError`` otherwise)."""
-        return self.core.update_priorities(indices, priorities)
-
-    def priorities(self, indices) -> np.ndarray:
-        """Tree leaves ``(p + eps) ** alpha`` (float64) of rows ``indices``."""
-        return self.core.priorities(indices)
-
     # -- Writer protocol --------------------------------------------------------------
-
-    def __enter__(self) -> ReplayBuffer:
-        return self
 
     def __exit__(self, exc_type, *exc) -> None:
         """Commit what was written and stay open: stable-worldmodel's ``World.collect``
@@ -214,26 +201,9 @@ class ReplayBuffer(torch.utils.data.Dataset):
             self._order = self.core.facade_state["columns"] = list(cols)
         self.core.add([as_trajectory(cols, n)])
 
-    def flush(self) -> None:
-        """Wait until every written episode is committed to the store."""
-        self.core.flush()
-
-    def close(self) -> None:
-        """Commit, save the step counter and release the writer lock (idempotent)."""
-        self.core.close()
-
     @property
     def num_steps_stored(self) -> int:
         return self.core.num_rows
-
-    @property
-    def num_episodes(self) -> int:
-        """Episodes (whole or partly) in the visible data."""
-        return self.core.num_episodes
-
-    def episode_table(self) -> dict[str, np.ndarray]:
-        """Per-episode columns (id, length, first_step, terminated, truncated)."""
-        return self.core.episode_table()
 
     @property
     def lengths(self) -> np.ndarray:
@@ -317,11 +287,6 @@ class ReplayBuffer(torch.utils.data.Dataset):
         for e in range(self.num_episodes):
             got = self.core.episode(e)
             yield self._ordered({k: list(v) for k, v in got.items()})
-
-    def clear(self) -> None:
-        """Drop every episode (on disk too); the schema stays locked, the step counter
-        and random stream go on."""
-        self.core.clear()
 
     def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite", **kw) -> None:
         """Write the stored episodes to ``path`` as ``"hdf5"`` (one file in
