@@ -72,3 +72,96 @@ def test_the_facades_share_one_lifecycle_and_read_base(stored, tmp_path):
     assert rl.closed and not swm.closed  # swm's ``with`` only commits (its Writer protocol)
     swm.close()
     assert swm.closed
+
+
+def _count_as_int(monkeypatch) -> list[str]:
+    """Every call of ``zreplay.numbers.as_int``, wherever a module imported it: the names
+    of the arguments it checked."""
+    import sys
+
+    import zreplay.numbers
+
+    real, seen = zreplay.numbers.as_int, []
+
+    def counting(value, name, *a, **k):
+        seen.append(name)
+        return real(value, name, *a, **k)
+
+    for mod in list(sys.modules.values()):
+        if (
+            getattr(mod, "__name__", "").startswith("zreplay")
+            and getattr(mod, "as_int", None) is real
+        ):
+            monkeypatch.setattr(mod, "as_int", counting)
+    return seen
+
+
+SPEC_FIELDS = {"history_len", "frameskip", "n", "frame_stack"}  # what a ClipSpec / NStepSpec checks
+
+
+def test_each_sample_argument_is_checked_once_at_the_facade(stored, tmp_path, monkeypatch):
+    rl = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(stored), seed=0)
+    view = zreplay.open(stored)
+    swm = zreplay.ReplayBuffer(max_steps=100, history_len=2, path=tmp_path / "s")
+    z = np.zeros
+    swm.write_episode(
+        {"obs": z((6, 3), np.float32), "action": z((6, 2), np.float32), "reward": z(6)}
+    )
+    seen = _count_as_int(monkeypatch)
+    calls = [
+        (lambda: rl.sample(np.int64(8)), ["num_chunks"]),
+        (lambda: rl.sample_clips(np.int64(4), 2), ["num_clips"]),
+        (lambda: view.sample(np.int64(8)), ["n"]),
+        (lambda: view.sample_clips(np.int64(4), 2), ["batch_size"]),
+        (lambda: swm.sample(np.int64(4)), ["batch_size"]),
+        (lambda: swm.sample(np.int64(4), step=np.int64(3)), ["batch_size", "step"]),
+        (lambda: swm.sample_nstep(np.int64(4), n=2), ["batch_size"]),
+    ]
+    for call, names in calls:
+        seen.clear()
+        call()
+        # Each argument once (a clip or n-step spec checks its own), the count in the
+        # facade's words, and nothing below the facade checks it again.
+        assert len(seen) == len(set(seen)) and set(names) <= set(seen), (names, seen)
+        assert set(seen) - set(names) <= SPEC_FIELDS, (names, seen)
+    rl.close(), swm.close()
+
+
+def test_a_bad_count_names_the_facades_own_argument(stored, tmp_path):
+    rl = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(stored))
+    view = zreplay.open(stored)
+    swm = zreplay.ReplayBuffer(max_steps=100, path=tmp_path / "s")
+    for call, name in [
+        (lambda: rl.sample(2.5), "num_chunks"),
+        (lambda: rl.sample_clips(0, 2), "num_clips"),
+        (lambda: view.sample(2.5), "n"),
+        (lambda: view.sample_clips(0, 2), "batch_size"),
+        (lambda: view.sample_nstep(2.5), "batch_size"),
+        (lambda: swm.sample(2.5), "batch_size"),
+        (lambda: swm.sample(0), "batch_size"),
+    ]:
+        with pytest.raises((TypeError, ValueError), match=f"^{name} must be"):
+            call()
+    assert rl.core.stream.step == 0 and view.core.stream.step == 0  # nothing was drawn
+    rl.close(), swm.close()
+
+
+def test_a_rate_limited_sample_passes_the_gate_once(stored, monkeypatch):
+    from zreplay.core.rate import RateGate
+
+    view = zreplay.open(stored, rate_limiter=zreplay.MinSize(1), learner_id="l")
+    entered = []
+    for name in ("sample", "before_sample", "sampled"):
+        real = getattr(RateGate, name)
+
+        def spy(self, *a, _name=name, _real=real, **k):
+            entered.append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(RateGate, name, spy)
+    view.sample(4)
+    assert entered[0] == "sample" and entered.count("sample") == 1
+    entered.clear()
+    view.sample_clips(4, 2)
+    assert entered[0] == "sample" and entered.count("sample") == 1
+    view.close()

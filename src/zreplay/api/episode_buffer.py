@@ -43,6 +43,7 @@ from ..compat.swm_episode import (
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import CorruptBufferError, EmptyBufferError
+from ..numbers import as_int, as_optional_float
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler
@@ -260,12 +261,15 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
         A prioritized sampler adds ``index`` (int64 ``[batch]``: each clip's start row)
         and ``weight`` (float32 ``[batch]`` importance weights); ``version``: the policy
         version being trained (for ``Staleness``)."""
-        positive("batch_size", batch_size)
+        positive("batch_size", batch_size)  # stable-worldmodel's check, then the type
+        n = as_int(batch_size, "batch_size")
         h = self.history_len if history_len is None else history_len
         positive("history_len", h)
         spec = self._clip_spec(int(h))
+        step = None if step is None else as_int(step, "step")
+        version = as_optional_float(version, "version")
         try:
-            got = self.core.sample_clips(spec, int(batch_size), step=step, version=version)
+            got = self.core.sample_clips(spec, n, step=step, version=version)
         except (EmptyBufferError, ValueError, IndexError) as e:
             sample_error(e, self, spec.history_len)
             raise
@@ -275,10 +279,11 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
         """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
         ``t``, ``next_obs`` up to ``n`` steps ahead, ``return``, ``discount``,
         ``n_steps``, ``terminated_n``."""
-        keys, version = kw.pop("keys", None), kw.pop("version", None)
+        keys = kw.pop("keys", None)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec = NStepSpec(n, gamma, **kw)
         positive("batch_size", batch_size)
-        got = self.core.sample_nstep(spec, int(batch_size), keys, version=version)
+        got = self.core.sample_nstep(spec, as_int(batch_size, "batch_size"), keys, version=version)
         return self._ordered(got)
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:

@@ -26,7 +26,7 @@ from ..compat.rlinf_trajectory import prepare_all
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import DeviceUnavailableError
-from ..numbers import as_int
+from ..numbers import as_int, as_optional_float
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
@@ -181,6 +181,7 @@ class TrajectoryReplayBuffer(WritableFacade):
         num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
         if problem := device_problem(device):
             raise DeviceUnavailableError(problem)
+        version = as_optional_float(version, "version")
         kw = {"device": device, "pin_memory": pin_memory, "version": version}
         return sample_tensors(self.core, num_chunks, **kw)
 
@@ -307,6 +308,8 @@ class TrajectoryReplayBuffer(WritableFacade):
         """Clips ``[num_clips, history_len, ...]`` (tensors) drawn by the sampler over
         every valid window of every episode (uniformly by default); never across an
         episode boundary."""
+        num_clips = as_int(num_clips, "num_clips", minimum=1)
+        version = as_optional_float(version, "version")
         spec = ClipSpec(history_len, frameskip, pad, action_keys)
         return nested_tensors(self.core.sample_clips(spec, num_clips, version=version))
 
@@ -315,7 +318,8 @@ class TrajectoryReplayBuffer(WritableFacade):
         stored ``next_obs`` (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
         has_obs = "curr_obs" in {k.split("/")[0] for k in self.core.keys}
         kw.setdefault("obs_key", "curr_obs" if has_obs else None)
-        version = kw.pop("version", None)
+        num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec = NStepSpec(n, gamma, **kw)
         return nested_tensors(self.core.sample_nstep(spec, num_chunks, version=version))
 
@@ -335,4 +339,4 @@ class TrajectoryReplayBuffer(WritableFacade):
         """Visible trajectory ``i`` (0 = oldest kept, negative from the newest; an integer,
         ``TypeError`` otherwise) as nested ``[T, B, ...]`` numpy arrays, plus
         ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
-        return trajectory_dict(self.core.trajectory(i))
+        return trajectory_dict(self.core.trajectory(as_int(i, "trajectory")))

@@ -22,7 +22,7 @@ from ..conventions import ACTION_KEYS
 from ..core import BufferCore
 from ..core.options import ReaderOptions, reader_options
 from ..index.episodes import EpisodeView
-from ..numbers import as_int
+from ..numbers import as_int, as_optional_float
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import unflatten
@@ -143,9 +143,10 @@ class BufferView(Facade):
         valid clips (uniformly by default); never across an episode boundary.  ``kw``:
         ``frameskip``, ``pad``, ``keys``, ``action_keys`` (see :meth:`clips`), ``version``
         (the policy version being trained, for ``Staleness``)."""
-        version = kw.pop("version", None)
+        n = as_int(batch_size, "batch_size", minimum=1)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec, keys = _clip_args(history_len, **kw)
-        return unflatten(self.core.sample_clips(spec, batch_size, keys, version=version))
+        return unflatten(self.core.sample_clips(spec, n, keys, version=version))
 
     def clips(self, indices, history_len: int = 1, **kw) -> dict[str, Any]:
         """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first.
@@ -159,13 +160,15 @@ class BufferView(Facade):
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """n-step transitions (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
-        keys, version = kw.pop("keys", None), kw.pop("version", None)
+        batch_size = as_int(batch_size, "batch_size", minimum=1)
+        keys = kw.pop("keys", None)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec = NStepSpec(n, gamma, **kw)
         return unflatten(self.core.sample_nstep(spec, batch_size, keys, version=version))
 
     def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
         """Visible steps of episode ``e`` (oldest first) as nested ``[L, ...]`` arrays."""
-        return unflatten(self.core.episode(e, keys))
+        return unflatten(self.core.episode(as_int(e, "episode"), keys))
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, Any]:
         """Rows at visible positions ``[0, num_rows)`` as a nested dict of ``[len, ...]``
@@ -182,6 +185,7 @@ class BufferView(Facade):
         and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips.
         ``version``: the policy version being trained (``Staleness`` weighs rows by it)."""
         n = as_int(n, "n", minimum=1)
+        version = as_optional_float(version, "version")
         return unflatten(self.core.sample(n, keys, version=version))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -202,7 +206,7 @@ class BufferView(Facade):
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""
-        return trajectory_dict(self.core.trajectory(i))
+        return trajectory_dict(self.core.trajectory(as_int(i, "trajectory")))
 
 
 def _clip_args(

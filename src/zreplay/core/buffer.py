@@ -37,7 +37,6 @@ from ..engine.prepared import Prepared
 from ..engine.protocol import Engine
 from ..errors import EmptyBufferError
 from ..index.episodes import EpisodeView
-from ..numbers import as_int, as_optional_float
 from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
@@ -226,37 +225,30 @@ class BufferCore:
     def _read_fixed(self, fn) -> dict:
         return self._read_at(fn)[1]
 
-    def pick(self, n: int, step: int | None = None, version=None):
+    def pick(self, n: int, step: int | None = None, version: float | None = None):
         """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
         taken now unless ``step`` is given); ``version``: the caller's policy version."""
-        n = as_int(n, "the number of samples", minimum=1)
-        version = as_optional_float(version, "version")
-        step = None if step is None else as_int(step, "step")
-        if self.rate is not None:  # a rate-limited learner waits (and counts them once read)
-            self.rate.before_sample(n)
         step = self.stream.take_step(step)
         return self._bound.pick(self.stream.rng, n, step, version)
 
-    def _counted(self, n: int, out: dict) -> dict:
-        """A rate-limited learner counts ``n`` units once they were read."""
-        if self.rate is not None:
-            self.rate.sampled(n)
-        return out
-
     def sample(
-        self, n: int, keys: list[str] | None = None, alloc=None, version=None
+        self, n: int, keys: list[str] | None = None, alloc=None, version: float | None = None
     ) -> dict[str, np.ndarray]:
         """``n`` rows drawn by the sampler (flat dict; ``index``/``weight`` beside the data
         for a prioritized sampler), or ``n`` clips for a sampler with a clip shape.
         ``alloc(name, shape, dtype)`` provides each data output (rows only); ``version``:
-        the policy version now trained (``Staleness`` weighs rows by it)."""
-        n = as_int(n, "the number of samples", minimum=1)
-        version = as_optional_float(version, "version")
+        the policy version now trained (``Staleness`` weighs rows by it).  ``n`` (an int
+        >= 1) and ``version`` (a float or None) come checked by the facade the user
+        called, in its own words; a rate-limited sample passes the gate once."""
+        self._check_process()
         clips = self._bound.sampler.clips
         if clips is not None:
             return self.sample_clips(clips, n, keys, version=version)
         if self.rate is not None:
-            self.rate.before_sample(n)
+            return self.rate.sample(n, lambda: self._sample_rows(n, keys, alloc, version))
+        return self._sample_rows(n, keys, alloc, version)
+
+    def _sample_rows(self, n: int, keys, alloc, version) -> dict[str, np.ndarray]:
         extra: dict = {}
         box: dict = {}
 
@@ -270,17 +262,24 @@ class BufferCore:
             extra.update(got)
             return rows if keys is None else {k: (k, rows) for k in keys}
 
-        _, out = self.read(draw, alloc)  # a retried read draws again: counted once, after
+        _, out = self.engine.read(draw, alloc)  # a retried read draws again: counted once
         self.stream.num_sampled += n
-        return self._counted(n, plans.add_extra(out, extra))
+        return plans.add_extra(out, extra)
+
+    def _sampled(self, n: int, read: Callable[[], dict]) -> dict:
+        """``read()`` of ``n`` units, through the rate gate when there is one."""
+        return read() if self.rate is None else self.rate.sample(n, read)
 
     def sample_clips(
         self, spec: ClipSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
         """``n`` clips ``{key: [n, history_len, ...]}`` drawn by the sampler over every
-        valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized)."""
-        pick = self.pick(n, step, version)
-        return self._counted(n, plans.gather_clips(self._read, spec, keys or self.keys, pick))
+        valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized);
+        ``n``, ``step`` and ``version`` as the facade checked them."""
+        keys = keys or self.keys
+        return self._sampled(
+            n, lambda: plans.gather_clips(self._read, spec, keys, self.pick(n, step, version))
+        )
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
@@ -292,14 +291,18 @@ class BufferCore:
     def sample_nstep(
         self, spec: NStepSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
-        """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`)."""
-        pick = self.pick(n, step, version)
-        return self._counted(n, plans.gather_nstep(self._read, spec, self.keys, pick, keys))
+        """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`);
+        ``n``, ``step`` and ``version`` as the facade checked them."""
+        return self._sampled(
+            n,
+            lambda: plans.gather_nstep(
+                self._read, spec, self.keys, self.pick(n, step, version), keys
+            ),
+        )
 
     def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
-        """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays."""
-        e, start = as_int(e, "episode"), as_int(start, "start")
-        stop = None if stop is None else as_int(stop, "stop")
+        """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays (ints,
+        as the facade checked them)."""
         return plans.gather_episode(self._read_fixed, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -308,8 +311,8 @@ class BufferCore:
         return read_rows(self._read_at, self.keys if keys is None else list(keys), positions)
 
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:
-        """Visible trajectory ``i`` (0 = oldest kept; negative from the newest)."""
-        i = as_int(i, "trajectory")
+        """Visible trajectory ``i`` (an int the facade checked: 0 = oldest kept; negative
+        from the newest)."""
         keys = self.keys if keys is None else list(keys)
         return next(read_trajectories(self._read_at, self.schema, keys, i, i + 1, 0))
 

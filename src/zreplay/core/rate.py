@@ -41,6 +41,8 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import BufferClosedError, RateLimitTimeout
 from ..numbers import as_float, as_int, as_optional_float
@@ -53,6 +55,8 @@ from ..store.progress import (
     read_progress,
 )
 from .waits import Interrupted, pause
+
+T = TypeVar("T")
 
 log = logging.getLogger("zreplay")
 
@@ -297,6 +301,14 @@ class RateGate:
         if self._sample_blocker(n, refresh=False) is None:
             return
         self._wait(lambda: self._sample_blocker(n, refresh=True), f"sample({n})", self.publish)
+
+    def sample(self, n: int, read: Callable[[], T]) -> T:
+        """A rate-limited sample of ``n`` units: wait until they are allowed, ``read()``
+        them, and count them once read (a read that raises counts nothing)."""
+        self.before_sample(n)
+        out = read()
+        self.sampled(n)
+        return out
 
     def sampled(self, n: int) -> None:
         if self.me is not None:

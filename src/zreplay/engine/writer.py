@@ -408,8 +408,8 @@ class SegmentWriter:
                 raise self._abandoned_as(self._abandoned)
             why = f"stopped after an error ({self._abandoned})" if self._abandoned else "closed"
             raise BufferClosedError(
-                f"this buffer was {why}; what was committed is safe: create a new "
-                "TrajectoryReplayBuffer on the same path (or zreplay.open(path)) to go on"
+                f"this buffer was {why}; what was committed is safe: make the buffer "
+                "again on the same path (or zreplay.open(path) to read it) to go on"
             )
 
     def clear(self) -> None:
