@@ -151,7 +151,7 @@ def test_a_rate_limited_sample_passes_the_gate_once(stored, monkeypatch):
 
     view = zreplay.open(stored, rate_limiter=zreplay.MinSize(1), learner_id="l")
     entered = []
-    for name in ("sample", "before_sample", "sampled"):
+    for name in ("sampling", "before_sample", "sampled"):
         real = getattr(RateGate, name)
 
         def spy(self, *a, _name=name, _real=real, **k):
@@ -160,8 +160,10 @@ def test_a_rate_limited_sample_passes_the_gate_once(stored, monkeypatch):
 
         monkeypatch.setattr(RateGate, name, spy)
     view.sample(4)
-    assert entered[0] == "sample" and entered.count("sample") == 1
+    assert entered[0] == "sampling" and entered.count("sampling") == 1
+    assert entered.count("before_sample") == entered.count("sampled") == 1
     entered.clear()
     view.sample_clips(4, 2)
-    assert entered[0] == "sample" and entered.count("sample") == 1
+    assert entered[0] == "sampling" and entered.count("sampling") == 1
+    assert entered.count("before_sample") == entered.count("sampled") == 1
     view.close()

@@ -31,7 +31,7 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..sampling.samplers import Sampler, Window
 from ..store.location import locate
-from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
+from .batches import as_tensors, device_problem, nested_tensors, tensor_alloc, trajectory_dict
 from .facade import WritableFacade
 from .prefetch import Prefetcher
 from .view import BufferView
@@ -182,8 +182,9 @@ class TrajectoryReplayBuffer(WritableFacade):
         if problem := device_problem(device):
             raise DeviceUnavailableError(problem)
         version = as_optional_float(version, "version")
-        kw = {"device": device, "pin_memory": pin_memory, "version": version}
-        return sample_tensors(self.core, num_chunks, **kw)
+        alloc, tensors = tensor_alloc(pin_memory)
+        got = self.core.sample(num_chunks, alloc=alloc, version=version)
+        return as_tensors(got, tensors, device)
 
     def sample_chunks(self, num_chunks: int, **kw) -> dict[str, Any]:
         """RLinf's name for :meth:`sample` (same keywords)."""

@@ -24,6 +24,7 @@ CONTRIBUTING.md ("A facade").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -49,6 +50,7 @@ from .stream import RandomStream
 __all__ = ["BufferCore", "Handoff", "Prepared", "TrajectoryRecord"]
 
 log = logging.getLogger("zreplay")
+_NO_GATE = contextlib.nullcontext()
 
 
 class BufferCore:
@@ -215,7 +217,9 @@ class BufferCore:
         return self.engine.read(draw, alloc, redraw)
 
     def _read(self, fn) -> dict:
-        return self.read(fn)[1]
+        # A random draw (the caller checked the process first): drawn again on a
+        # refreshed snapshot if its rows went.
+        return self.engine.read(fn)[1]
 
     def _read_at(self, draw, alloc=None) -> tuple[object, dict]:
         # Positions the caller chose (an index, an episode, a trajectory) mean rows of
@@ -231,6 +235,10 @@ class BufferCore:
         step = self.stream.take_step(step)
         return self._bound.pick(self.stream.rng, n, step, version)
 
+    def _gate(self, n: int) -> contextlib.AbstractContextManager:
+        """The rate gate a sample of ``n`` units passes once (none without a limiter)."""
+        return _NO_GATE if self.rate is None else self.rate.sampling(n)
+
     def sample(
         self, n: int, keys: list[str] | None = None, alloc=None, version: float | None = None
     ) -> dict[str, np.ndarray]:
@@ -244,11 +252,6 @@ class BufferCore:
         clips = self._bound.sampler.clips
         if clips is not None:
             return self.sample_clips(clips, n, keys, version=version)
-        if self.rate is not None:
-            return self.rate.sample(n, lambda: self._sample_rows(n, keys, alloc, version))
-        return self._sample_rows(n, keys, alloc, version)
-
-    def _sample_rows(self, n: int, keys, alloc, version) -> dict[str, np.ndarray]:
         extra: dict = {}
         box: dict = {}
 
@@ -262,13 +265,10 @@ class BufferCore:
             extra.update(got)
             return rows if keys is None else {k: (k, rows) for k in keys}
 
-        _, out = self.engine.read(draw, alloc)  # a retried read draws again: counted once
-        self.stream.num_sampled += n
+        with self._gate(n):
+            _, out = self.engine.read(draw, alloc)  # a retried read draws again: counted once
+            self.stream.num_sampled += n
         return plans.add_extra(out, extra)
-
-    def _sampled(self, n: int, read: Callable[[], dict]) -> dict:
-        """``read()`` of ``n`` units, through the rate gate when there is one."""
-        return read() if self.rate is None else self.rate.sample(n, read)
 
     def sample_clips(
         self, spec: ClipSpec, n: int, keys: list[str] | None = None, step=None, version=None
@@ -276,10 +276,10 @@ class BufferCore:
         """``n`` clips ``{key: [n, history_len, ...]}`` drawn by the sampler over every
         valid clip (``is_pad`` with padding; ``index``/``weight`` when prioritized);
         ``n``, ``step`` and ``version`` as the facade checked them."""
-        keys = keys or self.keys
-        return self._sampled(
-            n, lambda: plans.gather_clips(self._read, spec, keys, self.pick(n, step, version))
-        )
+        self._check_process()
+        with self._gate(n):
+            pick = self.pick(n, step, version)
+            return plans.gather_clips(self._read, spec, keys or self.keys, pick)
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
@@ -293,12 +293,10 @@ class BufferCore:
     ) -> dict[str, np.ndarray]:
         """``n`` n-step transitions (see :func:`zreplay.sampling.plans.gather_nstep`);
         ``n``, ``step`` and ``version`` as the facade checked them."""
-        return self._sampled(
-            n,
-            lambda: plans.gather_nstep(
-                self._read, spec, self.keys, self.pick(n, step, version), keys
-            ),
-        )
+        self._check_process()
+        with self._gate(n):
+            pick = self.pick(n, step, version)
+            return plans.gather_nstep(self._read, spec, self.keys, pick, keys)
 
     def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
         """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays (ints,

@@ -35,14 +35,14 @@ it has not closed.  Its count survives restarts: a learner reopened with the sam
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Iterator
 
 from ..errors import BufferClosedError, RateLimitTimeout
 from ..numbers import as_float, as_int, as_optional_float
@@ -55,8 +55,6 @@ from ..store.progress import (
     read_progress,
 )
 from .waits import Interrupted, pause
-
-T = TypeVar("T")
 
 log = logging.getLogger("zreplay")
 
@@ -302,13 +300,13 @@ class RateGate:
             return
         self._wait(lambda: self._sample_blocker(n, refresh=True), f"sample({n})", self.publish)
 
-    def sample(self, n: int, read: Callable[[], T]) -> T:
-        """A rate-limited sample of ``n`` units: wait until they are allowed, ``read()``
-        them, and count them once read (a read that raises counts nothing)."""
+    @contextlib.contextmanager
+    def sampling(self, n: int) -> Iterator[None]:
+        """A rate-limited sample of ``n`` units is the block: it starts once they are
+        allowed, and they are counted when it ends (a block that raises counts nothing)."""
         self.before_sample(n)
-        out = read()
+        yield
         self.sampled(n)
-        return out
 
     def sampled(self, n: int) -> None:
         if self.me is not None:
