@@ -12,7 +12,6 @@ from conftest import check_rows, make_traj
 import zreplay
 from zreplay.compat.rlinf_trajectory import prepare
 from zreplay.core import BufferCore, Prepared, RamPolicy, RandomStream
-from zreplay.errors import ReadOnlyError
 from zreplay.samplers import Prioritized
 from zreplay.sampling.clips import ClipSpec
 
@@ -75,8 +74,7 @@ def test_reader_core_sees_every_segment_and_refuses_writes(tmp_path):
     view = BufferCore.reader(path, seed=0)
     assert [wid for wid, _ in view.segments()] == ["a", "b"]
     assert view.num_rows == 36 and not view.writable
-    with pytest.raises(ReadOnlyError, match="read-only"):
-        view.add([prepare(make_traj(5))])
+    assert not hasattr(view, "add")  # a view's core has no writes, by its type
     writers[0].add([prepare(make_traj(1))])
     writers[0].flush()
     assert view.num_rows == 36 and view.refresh() and view.num_rows == 54

@@ -81,25 +81,33 @@ def index_tree(tree: Any, i: int) -> Any:
     return tree[i]
 
 
-def sample_tensors(core, n: int, *, device=None, pin_memory: bool = False, version=None) -> dict:
-    """``core.sample(n)`` as a nested dict of tensors sharing the arrays' memory (rows
-    read from disk stay in the arrays the reads returned: no copy).  With ``pin_memory``,
-    where a CUDA device makes that worthwhile, rows are gathered straight into page-locked
-    tensors (then the copy to ``device`` is ``non_blocking``); clips (a clip sampler) and
-    the sampler's ``index``/``weight`` are wrapped as they come; ``version``: the policy
-    version for ``Staleness``."""
-    pin = pin_memory and can_pin()
+def tensor_alloc(pin_memory: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``(alloc, tensors)`` for a sample handed out as tensors: with ``pin_memory``, where
+    a CUDA device makes that worthwhile, ``alloc(name, shape, dtype)`` gathers rows
+    straight into page-locked tensors (kept in ``tensors``); else ``(None, {})``."""
     tensors: dict[str, torch.Tensor] = {}
+    if not (pin_memory and can_pin()):
+        return None, tensors
 
     def alloc(key, shape, dtype):
         t = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=True)
         tensors[key] = t
         return t.numpy()
 
-    got = core.sample(n, alloc=alloc if pin else None, version=version)
+    return alloc, tensors
+
+
+def as_tensors(got: Mapping[str, np.ndarray], tensors: dict, device=None) -> dict:
+    """A flat sample as a nested dict of tensors sharing the arrays' memory (rows read
+    from disk stay in the arrays the reads returned: no copy); ``tensors``: outputs
+    :func:`tensor_alloc` already made (pinned: the copy to ``device`` is then
+    ``non_blocking``); clips and the sampler's ``index``/``weight`` are wrapped as they
+    come."""
+    pin = bool(tensors)
+    out = dict(tensors)
     for k, v in got.items():
-        if k not in tensors:
-            tensors[k] = torch.from_numpy(v)
+        if k not in out:
+            out[k] = torch.from_numpy(v)
     if device is not None:
-        tensors = {k: t.to(device, non_blocking=pin) for k, t in tensors.items()}
-    return unflatten(tensors)
+        out = {k: t.to(device, non_blocking=pin) for k, t in out.items()}
+    return unflatten(out)

@@ -43,16 +43,18 @@ from ..compat.swm_episode import (
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import CorruptBufferError, EmptyBufferError
+from ..numbers import as_int, as_optional_float
 from ..samplers import Sampler
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import flatten, unflatten
+from .facade import WritableFacade
 from .view import BufferView
 
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
 
 
-class ReplayBuffer(torch.utils.data.Dataset):
+class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
     """Episode replay buffer with stable-worldmodel's API on a persistent Zarr store.
 
     Args (stable-worldmodel's):
@@ -158,21 +160,7 @@ class ReplayBuffer(torch.utils.data.Dataset):
         are dropped)."""
         self.core.load_full_state(state)
 
-    def update_priorities(self, indices, priorities) -> int:
-        """Set the priorities of what a batch drew (``batch["index"]``: each clip's start
-        row) to ``priorities`` (one per index, or a scalar; numpy or torch); returns how
-        many were applied (rows evicted since are skipped).  Needs a prioritized
-        sampler (``TypeError`` otherwise)."""
-        return self.core.update_priorities(indices, priorities)
-
-    def priorities(self, indices) -> np.ndarray:
-        """Tree leaves ``(p + eps) ** alpha`` (float64) of rows ``indices``."""
-        return self.core.priorities(indices)
-
     # -- Writer protocol --------------------------------------------------------------
-
-    def __enter__(self) -> ReplayBuffer:
-        return self
 
     def __exit__(self, exc_type, *exc) -> None:
         """Commit what was written and stay open: stable-worldmodel's ``World.collect``
@@ -214,26 +202,9 @@ class ReplayBuffer(torch.utils.data.Dataset):
             self._order = self.core.facade_state["columns"] = list(cols)
         self.core.add([as_trajectory(cols, n)])
 
-    def flush(self) -> None:
-        """Wait until every written episode is committed to the store."""
-        self.core.flush()
-
-    def close(self) -> None:
-        """Commit, save the step counter and release the writer lock (idempotent)."""
-        self.core.close()
-
     @property
     def num_steps_stored(self) -> int:
         return self.core.num_rows
-
-    @property
-    def num_episodes(self) -> int:
-        """Episodes (whole or partly) in the visible data."""
-        return self.core.num_episodes
-
-    def episode_table(self) -> dict[str, np.ndarray]:
-        """Per-episode columns (id, length, first_step, terminated, truncated)."""
-        return self.core.episode_table()
 
     @property
     def lengths(self) -> np.ndarray:
@@ -290,12 +261,15 @@ class ReplayBuffer(torch.utils.data.Dataset):
         A prioritized sampler adds ``index`` (int64 ``[batch]``: each clip's start row)
         and ``weight`` (float32 ``[batch]`` importance weights); ``version``: the policy
         version being trained (for ``Staleness``)."""
-        positive("batch_size", batch_size)
+        positive("batch_size", batch_size)  # stable-worldmodel's check, then the type
+        n = as_int(batch_size, "batch_size")
         h = self.history_len if history_len is None else history_len
         positive("history_len", h)
         spec = self._clip_spec(int(h))
+        step = None if step is None else as_int(step, "step")
+        version = as_optional_float(version, "version")
         try:
-            got = self.core.sample_clips(spec, int(batch_size), step=step, version=version)
+            got = self.core.sample_clips(spec, n, step=step, version=version)
         except (EmptyBufferError, ValueError, IndexError) as e:
             sample_error(e, self, spec.history_len)
             raise
@@ -305,10 +279,11 @@ class ReplayBuffer(torch.utils.data.Dataset):
         """``batch_size`` transitions with n-step returns (see ``NStepSpec``): data at
         ``t``, ``next_obs`` up to ``n`` steps ahead, ``return``, ``discount``,
         ``n_steps``, ``terminated_n``."""
-        keys, version = kw.pop("keys", None), kw.pop("version", None)
+        keys = kw.pop("keys", None)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec = NStepSpec(n, gamma, **kw)
         positive("batch_size", batch_size)
-        got = self.core.sample_nstep(spec, int(batch_size), keys, version=version)
+        got = self.core.sample_nstep(spec, as_int(batch_size, "batch_size"), keys, version=version)
         return self._ordered(got)
 
     def episodes(self) -> Iterator[dict[str, list[np.ndarray]]]:
@@ -317,11 +292,6 @@ class ReplayBuffer(torch.utils.data.Dataset):
         for e in range(self.num_episodes):
             got = self.core.episode(e)
             yield self._ordered({k: list(v) for k, v in got.items()})
-
-    def clear(self) -> None:
-        """Drop every episode (on disk too); the schema stays locked, the step counter
-        and random stream go on."""
-        self.core.clear()
 
     def dump(self, path: str | Path, format: str = "hdf5", mode: str = "overwrite", **kw) -> None:
         """Write the stored episodes to ``path`` as ``"hdf5"`` (one file in

@@ -8,7 +8,8 @@ thread and commits atomically on a background writer (``flush()`` waits for the 
 ``close()``/``clear_cache()`` never break the buffer, ``clear()`` removes data on disk;
 an existing ``auto_save_path`` is resumed; ``np.random`` is never seeded globally.
 
-A thin adapter of :class:`~zreplay.core.BufferCore` (``self.core``).
+RLinf's names and tensors over a :class:`~zreplay.core.WritableCore` (``self.core``); the
+lifecycle and the reads every facade shares are :class:`~zreplay.api.facade.WritableFacade`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
-import numpy as np
 import torch
 
 from ..compat.dumps import dump
@@ -26,19 +26,20 @@ from ..compat.rlinf_trajectory import prepare_all
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import DeviceUnavailableError
-from ..numbers import as_int
+from ..numbers import as_int, as_optional_float
 from ..samplers import Sampler, Window
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..store.location import locate
-from .batches import device_problem, nested_tensors, sample_tensors, trajectory_dict
+from .batches import as_tensors, device_problem, nested_tensors, tensor_alloc, trajectory_dict
+from .facade import WritableFacade
 from .prefetch import Prefetcher
 from .view import BufferView
 
 DEFAULT_IN_MEMORY_RAM_BYTES = 2 << 30
 
 
-class TrajectoryReplayBuffer:
+class TrajectoryReplayBuffer(WritableFacade):
     """Trajectory replay buffer with RLinf 0.3's API on a persistent Zarr v3 store.
 
     Args (RLinf's, same meaning):
@@ -139,24 +140,6 @@ class TrajectoryReplayBuffer:
             self.sampler.size = Window(n).size  # validates
         self._window = int(n)
 
-    @property
-    def sampler(self) -> Sampler:
-        """The sampler (``zreplay.samplers``) that ``sample`` and friends draw with."""
-        return self.core.sampler
-
-    def update_priorities(self, indices, priorities) -> int:
-        """Set the priorities of what a batch drew (``batch["index"]``, int64: rows, or
-        the start rows of clips / n-step transitions) to ``priorities`` (e.g. ``|TD
-        error|``, one per index, or a scalar; numpy or torch).  Returns how many were
-        applied: rows evicted since they were drawn are skipped.  ``ValueError`` for NaN,
-        infinite or negative priorities; ``TypeError`` without a prioritized sampler."""
-        return self.core.update_priorities(indices, priorities)
-
-    def priorities(self, indices) -> np.ndarray:
-        """Tree leaves ``(p + eps) ** alpha`` (float64) of rows ``indices`` (0 for rows
-        evicted or not added yet)."""
-        return self.core.priorities(indices)
-
     def add_trajectories(self, trajectories: Iterable[Any], *, continues=None) -> list[int]:
         """Append trajectories; returns their ids.
 
@@ -198,8 +181,10 @@ class TrajectoryReplayBuffer:
         num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
         if problem := device_problem(device):
             raise DeviceUnavailableError(problem)
-        kw = {"device": device, "pin_memory": pin_memory, "version": version}
-        return sample_tensors(self.core, num_chunks, **kw)
+        version = as_optional_float(version, "version")
+        alloc, tensors = tensor_alloc(pin_memory)
+        got = self.core.sample(num_chunks, alloc=alloc, version=version)
+        return as_tensors(got, tensors, device)
 
     def sample_chunks(self, num_chunks: int, **kw) -> dict[str, Any]:
         """RLinf's name for :meth:`sample` (same keywords)."""
@@ -251,28 +236,17 @@ class TrajectoryReplayBuffer:
         more = ("rows_in_ram", "ram_bytes", "committed_trajectories", "pending_trajectories")
         return {**{k: st[v] for k, v in rlinf.items()}, **{k: st[k] for k in (*more, "path")}}
 
-    def flush(self) -> None:
-        """Block until every added trajectory is committed to the store."""
-        self.core.flush()
-
     def close(self, wait: bool = True) -> None:
-        """Flush, save the sampler state and release the writer lock. Idempotent."""
-        self.core.close()
-
-    def clear(self) -> None:
-        """Remove all trajectories, including their data on disk (ids are not reused)."""
-        self.core.clear()
+        """Flush, save the sampler state and release the writer lock. Idempotent
+        (``wait``: RLinf's; a close always waits for the commit)."""
+        super().close()
 
     def clear_cache(self) -> None:
         """Drop the RAM tier's committed rows; the data stay sampleable from disk."""
         self.core.drop_ram()
 
-    def __enter__(self) -> TrajectoryReplayBuffer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        """Close, as a file does (``ReplayBuffer``'s ``with`` only commits: see docs/rlinf.md)."""
-        self.close()
+    # ``with`` closes, as a file does (Facade's; ``ReplayBuffer``'s ``with`` only commits:
+    # see docs/rlinf.md).
 
     def __repr__(self) -> str:
         where = "temporary store" if self.core.temporary else str(self.path)
@@ -284,10 +258,6 @@ class TrajectoryReplayBuffer:
     @property
     def path(self) -> Path:
         return self.core.path
-
-    @property
-    def schema(self):
-        return self.core.schema
 
     def save_checkpoint(self, save_path: str) -> None:
         """Write a complete, consistent checkpoint of the buffer to ``save_path``.
@@ -332,15 +302,6 @@ class TrajectoryReplayBuffer:
             self.core, src, local_rank, world_size, is_distributed, allow_pickle, continues=cont
         )
 
-    @property
-    def num_episodes(self) -> int:
-        """Episodes (whole or partly) in the visible data."""
-        return self.core.num_episodes
-
-    def episode_table(self) -> dict[str, np.ndarray]:
-        """Per-episode columns (id, length, first_step, terminated, truncated)."""
-        return self.core.episode_table()
-
     def sample_clips(
         self, num_clips: int, history_len: int, frameskip: int = 1, pad: str | None = None,
         action_keys: tuple[str, ...] = ("actions",), version: float | None = None,
@@ -348,6 +309,8 @@ class TrajectoryReplayBuffer:
         """Clips ``[num_clips, history_len, ...]`` (tensors) drawn by the sampler over
         every valid window of every episode (uniformly by default); never across an
         episode boundary."""
+        num_clips = as_int(num_clips, "num_clips", minimum=1)
+        version = as_optional_float(version, "version")
         spec = ClipSpec(history_len, frameskip, pad, action_keys)
         return nested_tensors(self.core.sample_clips(spec, num_clips, version=version))
 
@@ -356,7 +319,8 @@ class TrajectoryReplayBuffer:
         stored ``next_obs`` (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
         has_obs = "curr_obs" in {k.split("/")[0] for k in self.core.keys}
         kw.setdefault("obs_key", "curr_obs" if has_obs else None)
-        version = kw.pop("version", None)
+        num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec = NStepSpec(n, gamma, **kw)
         return nested_tensors(self.core.sample_nstep(spec, num_chunks, version=version))
 
@@ -376,4 +340,4 @@ class TrajectoryReplayBuffer:
         """Visible trajectory ``i`` (0 = oldest kept, negative from the newest; an integer,
         ``TypeError`` otherwise) as nested ``[T, B, ...]`` numpy arrays, plus
         ``trajectory_id``, ``max_episode_length`` and ``model_weights_id``."""
-        return trajectory_dict(self.core.trajectory(i))
+        return trajectory_dict(self.core.trajectory(as_int(i, "trajectory")))

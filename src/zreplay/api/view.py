@@ -7,27 +7,30 @@ picks up what they have committed since.  Positions (``sample``, ``__getitem__``
 snapshot until ``refresh()`` in every method: positions of rows a writer removed since
 (a clear, eviction, a loaded checkpoint) raise ``StaleViewError``, never name other rows.
 
-A thin adapter of a read-only :class:`~zreplay.core.BufferCore` (``self.core``).
+Numpy nested dicts over a read-only :class:`~zreplay.core.ViewCore` (``self.core``);
+the lifecycle and the reads every facade shares are :class:`~zreplay.api.facade.Facade`'s.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..conventions import ACTION_KEYS
 from ..core import BufferCore
+from ..core.options import ReaderOptions, reader_options
 from ..index.episodes import EpisodeView
-from ..numbers import as_int
+from ..numbers import as_int, as_optional_float
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import unflatten
 from .batches import index_tree, trajectory_dict
+from .facade import Facade
 
 
-class BufferView:
+class BufferView(Facade):
     """Read-only access to a zreplay buffer directory (numpy in, numpy out).
 
     ``sampler`` (a :mod:`zreplay.samplers` sampler or a ``fn(step, view, batch_size,
@@ -46,6 +49,10 @@ class BufferView:
     chunks of the other keys (images); when the hot rows fit, clips of images read at
     memory speed.  Local disk only (TensorStore's cache pool).
 
+    The reader options (``storage_options``, ``column_cache_bytes``, ``chunk_cache_bytes``)
+    are declared once, in :class:`zreplay.core.options.ReaderOptions`; a pickled view
+    carries every one of them (``options``).
+
     ``rate_limiter`` (``zreplay.MinSize``, ``zreplay.SampleToInsertRatio``): samples wait
     until the writers inserted enough; ``learner_id`` declares this view a learner whose
     sample count writers keep pace with (published beside the commits, resumed when a
@@ -61,22 +68,11 @@ class BufferView:
         storage_options: dict | None = None,
         rate_limiter=None,
         learner_id: str | None = None,
-        column_cache_bytes: int | None = None,
-        chunk_cache_bytes: int | None = None,
+        **reader: Unpack[ReaderOptions],
     ):
-        self._seed = seed
-        self._caches = {
-            "column_cache_bytes": column_cache_bytes,
-            "chunk_cache_bytes": chunk_cache_bytes,
-        }
-        self.core = BufferCore.reader(
-            path,
-            sampler=sampler,
-            seed=seed,
-            owner=self,
-            storage_options=storage_options,
-            **self._caches,
-        )
+        # Every reader option, declared once (ReaderOptions): what a pickled view carries.
+        self.options = reader_options("BufferView", {"storage_options": storage_options, **reader})
+        self.core = BufferCore.reader(path, sampler=sampler, seed=seed, owner=self, **self.options)
         self.root = self.core.engine.root
         self.path = self.core.path
         self.core.set_rate_limiter(rate_limiter, learner_id)
@@ -87,65 +83,24 @@ class BufferView:
 
     def __getstate__(self) -> dict:
         h = self.core.handoff("BufferView", "a view")
-        return {
-            "path": h.path,
-            "seed": self._seed,
-            "sampler": h.sampler,
-            "options": h.storage_options,
-            "caches": self._caches,
-        }
+        options = dict(self.options)
+        if options["storage_options"] is None:  # a located path carries its own
+            options["storage_options"] = h.storage_options
+        return {"path": h.path, "sampler": h.sampler, "options": options}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(
-            state["path"],
-            seed=None,
-            sampler=state.get("sampler"),
-            storage_options=state.get("options"),
-            **state.get("caches", {}),
-        )
+        self.__init__(state["path"], sampler=state.get("sampler"), **state["options"])
 
     # -- what it holds ----------------------------------------------------------------
-
-    @property
-    def sampler(self):
-        """The sampler ``sample``, ``sample_clips`` and ``sample_nstep`` draw with."""
-        return self.core.sampler
-
-    @property
-    def schema(self):
-        return self.core.schema
 
     @property
     def step(self) -> int:
         """Batches drawn (a hook's step; a prioritized sampler's beta clock)."""
         return self.core.stream.step
 
-    def refresh(self) -> bool:
-        """Re-read every segment's commit; returns True if anything new became visible."""
-        return self.core.refresh()
-
-    def close(self) -> None:
-        """A rate-limited learner publishes its last count and that it stopped (writers
-        stop waiting for it); otherwise nothing to release (a view holds no lock)."""
-        self.core.close()
-
-    def __enter__(self) -> BufferView:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def episodes(self) -> EpisodeView:
         """The visible episodes of every segment (rows as visible positions)."""
         return self.core.episodes()
-
-    @property
-    def num_episodes(self) -> int:
-        return self.core.num_episodes
-
-    def episode_table(self) -> dict[str, np.ndarray]:
-        """Per-episode columns (episode id, length, first_step, terminated, truncated)."""
-        return self.core.episode_table()
 
     @property
     def num_rows(self) -> int:
@@ -158,7 +113,7 @@ class BufferView:
 
     @property
     def writer_ids(self) -> list[str]:
-        return self.core.engine.writer_ids
+        return self.core.writer_ids
 
     @property
     def next_trajectory_id(self) -> int:
@@ -188,9 +143,10 @@ class BufferView:
         valid clips (uniformly by default); never across an episode boundary.  ``kw``:
         ``frameskip``, ``pad``, ``keys``, ``action_keys`` (see :meth:`clips`), ``version``
         (the policy version being trained, for ``Staleness``)."""
-        version = kw.pop("version", None)
+        n = as_int(batch_size, "batch_size", minimum=1)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec, keys = _clip_args(history_len, **kw)
-        return unflatten(self.core.sample_clips(spec, batch_size, keys, version=version))
+        return unflatten(self.core.sample_clips(spec, n, keys, version=version))
 
     def clips(self, indices, history_len: int = 1, **kw) -> dict[str, Any]:
         """Clips at flat clip indices ``[0, num_clips(...))``, oldest episode first.
@@ -204,13 +160,15 @@ class BufferView:
 
     def sample_nstep(self, batch_size: int, n: int = 1, gamma: float = 0.99, **kw) -> dict:
         """n-step transitions (see :class:`zreplay.sampling.nstep.NStepSpec` for ``kw``)."""
-        keys, version = kw.pop("keys", None), kw.pop("version", None)
+        batch_size = as_int(batch_size, "batch_size", minimum=1)
+        keys = kw.pop("keys", None)
+        version = as_optional_float(kw.pop("version", None), "version")
         spec = NStepSpec(n, gamma, **kw)
         return unflatten(self.core.sample_nstep(spec, batch_size, keys, version=version))
 
     def episode(self, e: int, keys: list[str] | None = None) -> dict[str, Any]:
         """Visible steps of episode ``e`` (oldest first) as nested ``[L, ...]`` arrays."""
-        return unflatten(self.core.episode(e, keys))
+        return unflatten(self.core.episode(as_int(e, "episode"), keys))
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, Any]:
         """Rows at visible positions ``[0, num_rows)`` as a nested dict of ``[len, ...]``
@@ -227,37 +185,28 @@ class BufferView:
         and ``weight`` (float32 ``[n]``), and ``PrioritizedClips`` makes them ``n`` clips.
         ``version``: the policy version being trained (``Staleness`` weighs rows by it)."""
         n = as_int(n, "n", minimum=1)
+        version = as_optional_float(version, "version")
         return unflatten(self.core.sample(n, keys, version=version))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         """Row ``i`` (negative from the end, as a Python sequence)."""
         return index_tree(self.rows([as_int(i, "index")]), 0)
 
-    def update_priorities(self, indices, priorities) -> int:
-        """Set the priorities of what a batch drew (``batch["index"]``) in this view's
-        sampler (this process only; the store is never written); returns how many were
-        applied.  Needs a prioritized sampler (``TypeError`` otherwise)."""
-        return self.core.update_priorities(indices, priorities)
-
-    def priorities(self, indices) -> np.ndarray:
-        """Tree leaves (float64) of rows ``indices`` in this view's prioritized sampler."""
-        return self.core.priorities(indices)
-
     def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
         """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
         per segment.  Segment rows are never reused, so unlike positions (which shift when
         an earlier segment grows or evicts) they name the same rows after a ``refresh()``
         and in another process."""
-        return self.core.engine.segment_rows(start, stop)
+        return self.core.segment_rows(start, stop)
 
     def positions_of(self, writer_id: str, rows) -> np.ndarray:
         """Current positions (for :meth:`rows`) of rows of segment ``writer_id``; an
         IndexError if any is not visible (evicted, or not yet seen by ``refresh()``)."""
-        return self.core.engine.positions_of(writer_id, rows)
+        return self.core.positions_of(writer_id, rows)
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""
-        return trajectory_dict(self.core.trajectory(i))
+        return trajectory_dict(self.core.trajectory(as_int(i, "trajectory")))
 
 
 def _clip_args(
@@ -278,22 +227,13 @@ def open(  # noqa: A001
     storage_options: dict | None = None,
     rate_limiter=None,
     learner_id: str | None = None,
-    column_cache_bytes: int | None = None,
-    chunk_cache_bytes: int | None = None,
+    **reader: Unpack[ReaderOptions],
 ) -> BufferView:
     """Open a buffer read-only (see :class:`BufferView`): a directory, or an object-store
     URL such as ``s3://bucket/prefix`` (``storage_options`` go to fsspec/s3fs, e.g.
     ``{"endpoint_url": ...}``; without them s3fs reads the usual AWS environment).
     ``sampler``: a :mod:`zreplay.samplers` sampler or hook for ``sample``/``sample_clips``/
-    ``sample_nstep``; ``rate_limiter``, ``learner_id``, ``column_cache_bytes``,
-    ``chunk_cache_bytes``: see :class:`BufferView`."""
-    return BufferView(
-        path,
-        seed,
-        sampler,
-        storage_options,
-        rate_limiter,
-        learner_id,
-        column_cache_bytes=column_cache_bytes,
-        chunk_cache_bytes=chunk_cache_bytes,
-    )
+    ``sample_nstep``; ``rate_limiter``, ``learner_id`` and the reader options
+    (:class:`zreplay.core.options.ReaderOptions`: ``column_cache_bytes``,
+    ``chunk_cache_bytes``): see :class:`BufferView`."""
+    return BufferView(path, seed, sampler, storage_options, rate_limiter, learner_id, **reader)

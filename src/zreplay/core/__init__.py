@@ -1,13 +1,17 @@
 """The buffer core: an engine (writer or reader), a bound sampler and a random stream.
 
-Facades (``TrajectoryReplayBuffer``, ``ReplayBuffer``, views, the TorchRL storage) are
-thin adapters of :class:`BufferCore`; see CONTRIBUTING.md ("A facade").
+:class:`BufferCore` is the read side every core shares; :meth:`BufferCore.writer` makes
+a :class:`WritableCore`, :meth:`BufferCore.reader` a :class:`ViewCore`.  Facades
+(``TrajectoryReplayBuffer``, ``ReplayBuffer``, views, the TorchRL storage) are thin
+adapters of them; see CONTRIBUTING.md ("A facade").
 """
 
 from ..engine.ramtier import RamPolicy
 from .buffer import BufferCore, Prepared, TrajectoryRecord
 from .rate import MinSize, RateLimiter, SampleToInsertRatio
 from .stream import RandomStream
+from .view import ViewCore
+from .writable import WritableCore
 
 __all__ = [
     "BufferCore",
@@ -18,4 +22,6 @@ __all__ = [
     "RateLimiter",
     "SampleToInsertRatio",
     "TrajectoryRecord",
+    "ViewCore",
+    "WritableCore",
 ]

@@ -1,4 +1,6 @@
-"""The store options every writable facade takes, declared and documented once.
+"""The options every facade takes, declared and documented once: the store options of
+every writable buffer (:class:`StoreOptions`) and the reader options of every read-only
+view (:class:`ReaderOptions`).
 
 :class:`~zreplay.TrajectoryReplayBuffer`, :class:`~zreplay.ReplayBuffer` and
 ``zreplay.torchrl.ZarrStorage`` each declare their own ecosystem's arguments and take
@@ -93,3 +95,44 @@ def store_options(facade: str, given: Mapping[str, Any], **defaults: Any) -> dic
         )
     check_rate_options(given.get("rate_limiter"), given.get("learner_id"))
     return {**DEFAULTS, **defaults, **given}
+
+
+class ReaderOptions(TypedDict, total=False):
+    """Keyword options of every read-only view (``zreplay.open``, ``BufferView``; all
+    optional).  A view pickles as exactly these (:func:`reader_options`), so each one
+    reaches DataLoader workers.
+
+    Attributes:
+        storage_options: fsspec/s3fs options for an ``s3://`` path (``endpoint_url``,
+            ``key``, ``secret``, ...).
+        column_cache_bytes: bytes per segment of small keys (rows <= 1 KiB: flags,
+            rewards, actions, states) kept decoded in a local file every process reading
+            the segment maps (default: the machine's RAM; 0: off).
+        chunk_cache_bytes: bytes per segment of decoded chunks of the other keys
+            (images), in this process's memory (default: a sixteenth of the machine's
+            RAM; 0: none).
+    """
+
+    storage_options: Mapping | None
+    column_cache_bytes: int | None
+    chunk_cache_bytes: int | None
+
+
+READER_DEFAULTS: dict[str, Any] = {
+    "storage_options": None,
+    "column_cache_bytes": None,
+    "chunk_cache_bytes": None,
+}
+assert set(READER_DEFAULTS) == set(ReaderOptions.__annotations__)
+
+
+def reader_options(facade: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every reader option for ``facade`` (its class name, for the error): ``given``
+    over :data:`READER_DEFAULTS`; ``TypeError`` for a name that is not one."""
+    unknown = sorted(set(given) - set(READER_DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"{facade}() got an unexpected keyword argument {unknown[0]!r}; its reader "
+            f"options (zreplay.core.options.ReaderOptions) are {', '.join(READER_DEFAULTS)}"
+        )
+    return {**READER_DEFAULTS, **given}

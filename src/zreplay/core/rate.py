@@ -35,12 +35,14 @@ it has not closed.  Its count survives restarts: a learner reopened with the sam
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 
 from ..errors import BufferClosedError, RateLimitTimeout
 from ..numbers import as_float, as_int, as_optional_float
@@ -297,6 +299,14 @@ class RateGate:
         if self._sample_blocker(n, refresh=False) is None:
             return
         self._wait(lambda: self._sample_blocker(n, refresh=True), f"sample({n})", self.publish)
+
+    @contextlib.contextmanager
+    def sampling(self, n: int) -> Iterator[None]:
+        """A rate-limited sample of ``n`` units is the block: it starts once they are
+        allowed, and they are counted when it ends (a block that raises counts nothing)."""
+        self.before_sample(n)
+        yield
+        self.sampled(n)
 
     def sampled(self, n: int) -> None:
         if self.me is not None:

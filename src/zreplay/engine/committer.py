@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -92,15 +92,20 @@ class CommitOwner(Protocol):
 
 class StateSource(Protocol):
     """What a writer saves with every commit beside its rows: the owner's JSON state
-    (random stream, sampler) and, for prioritized samplers, the leaves to save."""
+    (random stream, sampler) and, for prioritized samplers, the leaves to save.  The
+    writer hands it what it needs (the row space, with the writer's lock held), so it
+    never calls back into the writer or its owner."""
 
     keeps_priorities: bool
 
     def state(self) -> dict: ...
 
-    def priorities_to_save(self, n_rows: int, explicit: bool) -> tuple[dict, np.ndarray] | None:
+    def priorities_to_save(
+        self, space: Any, n_rows: int, explicit: bool
+    ) -> tuple[dict, np.ndarray] | None:
         """``(meta, leaves)`` of rows ``[meta["low"], meta["high"])`` to save with the
-        commit of ``n_rows`` rows, or None (``explicit``: a flush asked for it)."""
+        commit of ``n_rows`` rows, or None (``explicit``: a flush asked for it);
+        ``space``: the writer's visible rows now (a ``RowSpace``)."""
 
     def save_failed(self) -> None:
         """The commit carrying the last leaves handed out was not published."""
@@ -116,6 +121,7 @@ def sampler_state(
     n_rows: int | None,
     explicit: bool,
     previous: dict | None = None,
+    space: Callable[[], Any] | None = None,
 ) -> tuple[dict, tuple[int, int, np.ndarray] | None]:
     """The sampler state a commit carries and the priorities to write before it is
     published: ``(state, (slot, first row, leaves) or None)``.  ``named``: the priority
@@ -123,7 +129,8 @@ def sampler_state(
     to the other copy).  Priorities are only saved with commits of new rows (``n_rows``
     given).  A state JSON cannot hold (a sampler attribute set to a numpy scalar after
     it was bound) never holds the rows back: the commit carries ``previous`` (the last
-    commit's state) instead, and the source hears why (``state_failed``)."""
+    commit's state) instead, and the source hears why (``state_failed``).  ``space()``:
+    the writer's row space (needed when priorities are saved)."""
     if source is None:
         return {}, None
     state = dict(source.state())
@@ -134,7 +141,9 @@ def sampler_state(
         return dict(previous or {}), None
     if not source.keeps_priorities:
         return state, None
-    got = source.priorities_to_save(n_rows, explicit) if n_rows is not None else None
+    got = None
+    if n_rows is not None and space is not None:
+        got = source.priorities_to_save(space(), n_rows, explicit)
     if got is None:
         if named:
             state["priority"] = named

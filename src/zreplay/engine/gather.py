@@ -236,15 +236,16 @@ class PendingGather:
             d = self.dst[name] = self.out[name].reshape(-1, *row_shape)
         return d
 
-    def fill(self, name: str, read: Callable[[np.ndarray | None], np.ndarray]) -> None:
-        """Every row of output ``name`` from ``read(out)`` (``out``: the allocated output,
-        or None where the result may become the output)."""
+    def fill(self, name: str, source, key: str, slots: np.ndarray) -> None:
+        """Every row of output ``name`` from ``source.gather(key, slots, out)`` (a RAM
+        tier or a column cache: one fancy index), straight into the allocated output, or
+        becoming the output where it may."""
         if self.adopt and name not in self.dst:
-            got = read(None)
+            got = source.gather(key, slots)
             self.dst[name] = got
             self.out[name] = got.reshape(self._shapes[name][0])
         else:
-            read(self.target(name))
+            source.gather(key, slots, self.target(name))
 
     def take(self, name: str, got: np.ndarray, taken: set) -> None:
         """Make ``got`` (every row of ``name``, in order) the output: adopted when
@@ -290,14 +291,15 @@ def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None)
     return pending
 
 
-def _fill(pending: PendingGather, members, sel, hit, gather_one) -> None:
-    """Outputs of ``members`` at ``sel[hit]`` (or ``hit``; None: every row) from RAM."""
+def _fill(pending: PendingGather, members, sel, hit, source, slots: np.ndarray) -> None:
+    """Outputs of ``members`` at ``sel[hit]`` (or ``hit``; None: every row) from RAM:
+    ``source.gather(key, slots)`` (a RAM tier or a column cache)."""
     at = sel if hit is None else (hit if sel is None else sel[hit])
     for name, key in members:
         if at is None:
-            pending.fill(name, lambda out, key=key: gather_one(key, out))
+            pending.fill(name, source, key, slots)
         else:
-            pending.target(name)[at] = gather_one(key, None)
+            pending.target(name)[at] = source.gather(key, slots)
 
 
 def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGather) -> None:
@@ -307,12 +309,12 @@ def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGath
         in_tier = None if part.tier_lo <= part.low_row else rows >= part.tier_lo
         if in_tier is None or in_tier.all():
             slots = tier.slots(rows, part.n_rows)
-            _fill(pending, members, sel, None, lambda k, out: tier.gather(k, slots, out=out))
+            _fill(pending, members, sel, None, tier, slots)
             return
         if in_tier.any():
             hit = np.flatnonzero(in_tier)
             slots = tier.slots(rows[hit], part.n_rows)
-            _fill(pending, members, sel, hit, lambda k, out: tier.gather(k, slots, out=out))
+            _fill(pending, members, sel, hit, tier, slots)
             miss = np.flatnonzero(~in_tier)
             sel, rows = (miss if sel is None else sel[miss]), rows[miss]
     cache = part.cache
@@ -333,7 +335,7 @@ def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGath
                         pending.reads.append(_DiskRead(part, msel, rows[miss], cached))
                 if len(r):
                     s = cache.slots(r, part.cache_hi)
-                    _fill(pending, cached, sel, h, lambda k, out: cache.gather(k, s, out))
+                    _fill(pending, cached, sel, h, cache, s)
                     if cache.lo > lo:  # another process reused their slots meanwhile
                         hsel = h if sel is None else (sel if h is None else sel[h])
                         pending.reads.append(_DiskRead(part, hsel, r, cached))

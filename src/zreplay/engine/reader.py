@@ -461,6 +461,10 @@ class BufferReader:
     def empty_message(self) -> str:
         return f"{self.path} holds no committed transitions"
 
+    def close(self) -> None:
+        """Nothing to release: a reader holds no lock, and its caches are shared files
+        or memory that go with it."""
+
     def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
         """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
         per segment.  Segment rows are never reused, so unlike positions (which shift when

@@ -254,8 +254,9 @@ class WriterState:
 
     # -- commits --------------------------------------------------------------------
 
-    def next_job(self, source: StateSource | None, explicit: bool) -> Job:
-        """The next commit's job, with the sampler state and the priorities to save."""
+    def next_job(self, source: StateSource | None, explicit: bool, space=None) -> Job:
+        """The next commit's job, with the sampler state and the priorities to save
+        (``space()``: the visible rows, for the priorities)."""
         self.batch_ends = [e for e in self.batch_ends if e > self.commit.n_traj]
         job = build_job(
             self.writer_id,
@@ -268,13 +269,15 @@ class WriterState:
             self.next_episode,
             self.batch_ends,
         )
-        job.commit.sampler, job.priorities = self.sampler_state(source, job.commit.n_rows, explicit)
+        job.commit.sampler, job.priorities = self.sampler_state(
+            source, job.commit.n_rows, explicit, space
+        )
         return job
 
-    def sampler_state(self, source, n_rows: int | None = None, explicit: bool = False):
+    def sampler_state(self, source, n_rows: int | None = None, explicit: bool = False, space=None):
         """``(state, priorities to save)`` for a commit after the current one."""
         named = self.commit.sampler.get("priority")
-        return sampler_state(source, named, n_rows, explicit, self.commit.sampler)
+        return sampler_state(source, named, n_rows, explicit, self.commit.sampler, space)
 
     def next_commit_base(self) -> Commit:
         """The current commit with the next rows and ids this segment would give (what a

@@ -169,8 +169,9 @@ class SegmentWriter:
                 self._wlock.release()
 
     def attach(self, source: StateSource) -> None:
-        """Save ``source``'s state with every commit from now on (held weakly: the
-        committer thread must not keep the owning buffer alive)."""
+        """Save ``source``'s state with every commit from now on.  Held weakly: its
+        sampler may be a hook that holds the facade, which the committer thread must not
+        keep alive (dropping the facade closes this writer)."""
         self._source = weakref.ref(source)
 
     # Read-only views of the state, for the core and the committer.
@@ -209,6 +210,14 @@ class SegmentWriter:
 
     def empty_message(self) -> str:
         return "Cannot sample from an empty buffer."
+
+    def refresh(self) -> bool:
+        """A writer reads its live state: there is nothing to pick up (False)."""
+        return False
+
+    def stale(self) -> bool:
+        """A writer's state is never behind its commits (False)."""
+        return False
 
     # -- adding ---------------------------------------------------------------------
 
@@ -299,7 +308,7 @@ class SegmentWriter:
     # -- the committer's hand-offs (condition held) -----------------------------------
 
     def next_job(self, explicit: bool) -> Job:
-        return self.state.next_job(self._source(), explicit)
+        return self.state.next_job(self._source(), explicit, lambda: self.snapshot().space)
 
     def committed(self, commit: Commit, job: Job | None) -> None:
         self.state.set_commit(commit, job)
@@ -399,8 +408,8 @@ class SegmentWriter:
                 raise self._abandoned_as(self._abandoned)
             why = f"stopped after an error ({self._abandoned})" if self._abandoned else "closed"
             raise BufferClosedError(
-                f"this buffer was {why}; what was committed is safe: create a new "
-                "TrajectoryReplayBuffer on the same path (or zreplay.open(path)) to go on"
+                f"this buffer was {why}; what was committed is safe: make the buffer "
+                "again on the same path (or zreplay.open(path) to read it) to go on"
             )
 
     def clear(self) -> None:
@@ -444,7 +453,7 @@ class SegmentWriter:
 
     @property
     def source(self) -> StateSource | None:
-        """What the writer saves with its commits (the buffer core), if still alive."""
+        """What the writer saves with its commits (its owner's state), if still alive."""
         return self._source()
 
     def reopen(self) -> None:

@@ -120,8 +120,8 @@ class BufferRoot:
                     "with overwrite=True)"
                 ) from None
             raise FormatError(
-                f"{self.path} is not a zreplay buffer (no zarr.json); create one with "
-                "TrajectoryReplayBuffer(auto_save=True, auto_save_path=...)"
+                f"{self.path} is not a zreplay buffer (no zarr.json); a writable buffer "
+                "made with this path creates one"
             ) from None
         try:
             attrs = json.loads(text).get("attributes", {})
