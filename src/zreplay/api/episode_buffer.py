@@ -19,7 +19,6 @@ reshaped to ``(history_len, frameskip * action_dim)``), whole-episode FIFO evict
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Unpack
@@ -43,6 +42,7 @@ from ..compat.swm_episode import (
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
 from ..errors import CorruptBufferError, EmptyBufferError
+from ..forks import Origin
 from ..numbers import as_int, as_optional_float
 from ..samplers import Sampler
 from ..sampling.clips import ClipSpec
@@ -114,7 +114,9 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
         self.transform, self.key_filter = transform, key_filter
         self._hook = None if isinstance(sampler, UniformClips) else sampler
         self._warned_episode_data = False
-        self._pid = os.getpid()
+        # Which process owns the writer (None in an unpickled replica): anywhere else
+        # (a forked or spawned DataLoader worker) reads through a replica of its own.
+        self._origin: Origin | None = Origin()
         self._replica = None
         self.core = BufferCore.writer(
             path,
@@ -301,15 +303,19 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
 
     # -- Dataset protocol ---------------------------------------------------------------
 
+    @property
+    def _in_worker(self) -> bool:
+        return self._origin is None or self._origin.inherited
+
     def __len__(self) -> int:
-        if os.getpid() != self._pid:
+        if self._in_worker:
             return len(self._worker_dataset())
         return self.num_valid_ends()
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         # Indices and their IndexErrors are stable-worldmodel's (tests/test_swm_protocol.py
         # compares them with its own buffer's), not numpy's as a view's are.
-        if os.getpid() != self._pid:  # a DataLoader worker: columns in the same order
+        if self._in_worker:  # a DataLoader worker: columns in the same order
             clip = self._in_order(flatten(self._worker_dataset()[int(idx)]), self._order)
             return self.transform(clip) if self.transform is not None else clip
         n = len(self)
@@ -328,7 +334,7 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
     # waits a little for an episode the parent has written but not yet committed.
 
     def _worker_dataset(self):
-        if self._replica is None or self._replica[0] != os.getpid():
+        if self._replica is None or self._replica[0].inherited:
             from .torch_data import ClipDataset
 
             options = self.__dict__.get("_storage_options")  # reaches the store (S3)
@@ -341,12 +347,12 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
                 wait_s=WORKER_WAIT_S,
                 follow=True,  # persistent workers outlive clear(), writes and flush()
             )
-            self._replica = (os.getpid(), ds)
+            self._replica = (Origin(), ds)
         return self._replica[1]
 
     def refresh(self) -> bool:
         """In a DataLoader worker: pick up episodes committed since it started."""
-        if os.getpid() != self._pid:
+        if self._in_worker:
             return self._worker_dataset().refresh()
         return False
 
@@ -356,7 +362,7 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
         # goes too: the workers live no longer than this process.
         skip = ("core", "_replica")
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
-        state["_pid"] = -1
+        state["_origin"] = None  # a replica
         if not self.core.closed:
             h = self.core.handoff(
                 "ReplayBuffer", "a read-only replica", allow_temporary=True, sampler=False

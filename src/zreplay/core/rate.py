@@ -38,13 +38,13 @@ import atexit
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 
 from ..errors import BufferClosedError, RateLimitTimeout
+from ..forks import Origin
 from ..numbers import as_float, as_int, as_optional_float
 from ..schema import check_key_component
 from ..store.progress import (
@@ -218,7 +218,7 @@ class RateGate:
         self._seen: dict[str, tuple[int, float]] = {}  # learner -> (seq, when it changed)
         self._published = -math.inf
         self._closing = core.closing  # set by the core's close(): waits end at once
-        self._pid = os.getpid()
+        self._origin = Origin()  # a forked copy is no learner
         self.me: LearnerProgress | None = None
         self._buffer = self._buffer_id()
         if learner_id is not None:
@@ -238,7 +238,7 @@ class RateGate:
     def _declare(self) -> None:
         """Publish this learner's progress: resumed from its file, or new (rows already
         there beyond the minimum are not owed samples)."""
-        self.root.create_meta_node(self.root.path)  # a format-2 root has none yet
+        self.root.create_meta_node(self.root.path)  # where progress files live (made if missing)
         got = read_progress(self.root.path, self.learner_id)
         if got is None:
             inserted, _ = self._counts(refresh=False)
@@ -274,7 +274,7 @@ class RateGate:
     # -- learners -------------------------------------------------------------------
 
     def publish(self) -> None:
-        if self.me is not None and os.getpid() == self._pid:  # a forked copy is no learner
+        if self.me is not None and not self._origin.inherited:  # a forked copy is no learner
             self.me.seq += 1
             publish_progress(self.root.path, self.me)
             self._published = time.monotonic()
@@ -331,7 +331,7 @@ class RateGate:
     def closing_soon(self) -> None:
         """It is about to be closed on another thread (its view was dropped): a learner
         declared again in this process under the same name waits for that close."""
-        if self.me is not None and not self.me.closed and os.getpid() == self._pid:
+        if self.me is not None and not self.me.closed and not self._origin.inherited:
             with _PENDING_LOCK:
                 _PENDING.setdefault((str(self.root.path), self.learner_id), threading.Event())
 

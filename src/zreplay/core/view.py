@@ -9,12 +9,12 @@ process it was handed to.  It has no ``add``: a view never writes.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from ..engine.reader import BufferReader
+from ..forks import Origin
 from ..samplers import as_sampler
 from .bound_sampler import BoundSampler
 from .buffer import BufferCore
@@ -29,7 +29,7 @@ class ViewCore(BufferCore, kind="reader"):
 
     def __init__(self, engine: BufferReader, sampler, stream: RandomStream, owner: Any = None):
         super().__init__(engine, sampler, stream, owner)
-        self._pid = os.getpid()
+        self._origin = Origin()  # a forked child reopens (check_process)
         self.facade_state: dict = {}  # a view commits nothing
         self.view_rows: int | None = None
 
@@ -48,8 +48,8 @@ class ViewCore(BufferCore, kind="reader"):
     def _check_process(self) -> None:
         # A reader handed to another process (DataLoader workers) reopens there, and must
         # not replay its parent's draws.
-        if os.getpid() != self._pid:
-            self._pid = os.getpid()
+        if self._origin.inherited:
+            self._origin = Origin()
             self.stream.unseeded()
             self.engine.check_process()
 
