@@ -32,6 +32,25 @@ if "ZREPLAY_CACHE_DIR" not in os.environ:
     os.environ["ZREPLAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="zreplay-test-cols-")
     atexit.register(shutil.rmtree, os.environ["ZREPLAY_CACHE_DIR"], True)
 
+# Tests the README's quick command leaves to the slow set, besides those marked in their
+# files (tests/slow_tests.txt says why these).
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+
+
+def slow_test_ids() -> set[str]:
+    """The node ids tests/slow_tests.txt lists (comments and blank lines aside)."""
+    lines = SLOW_TESTS.read_text().splitlines()
+    return {line for line in lines if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    listed = slow_test_ids()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
+
+
 C, A, IMG = 2, 3, 8
 
 

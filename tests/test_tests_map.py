@@ -30,3 +30,17 @@ def test_the_checks_see_a_file_left_off_and_one_made_up():
     text = "| concept | `test_a.py` |\n| other | `test_b.py`, `helpers.py` |"
     assert named(text) == {"test_a.py", "test_b.py", "helpers.py"}
     assert "test_c.py" not in named(text)
+
+
+def test_every_test_left_to_the_slow_set_exists():
+    """tests/slow_tests.txt names only test functions that exist (a renamed or removed test
+    would otherwise linger there, and its new name silently join the quick set)."""
+    from conftest import slow_test_ids
+
+    gone = []
+    for node in sorted(slow_test_ids()):
+        path, name = node.split("::")[0], node.split("::")[-1].split("[")[0]
+        file = TESTS.parent / path
+        if not file.is_file() or f"def {name}(" not in file.read_text():
+            gone.append(node)
+    assert gone == []
