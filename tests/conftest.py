@@ -300,3 +300,12 @@ def shared_location(request, tmp_path):
         return str(tmp_path / "buf.zarr"), None
     options = request.getfixturevalue("s3")
     return f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:8]}/buf", options
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
+    path = tmp_path_factory.mktemp("read") / "buf"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(12)])
+    return path

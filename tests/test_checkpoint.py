@@ -334,15 +334,6 @@ def test_a_checkpoint_whose_shards_are_not_where_its_arrays_say_is_refused(tmp_p
         assert set(codes_of(buf.sample(32)) // 10000) == {40}
 
 
-@pytest.fixture(scope="module")
-def stored(tmp_path_factory):
-    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
-    path = tmp_path_factory.mktemp("read") / "buf"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(12)])
-    return path
-
-
 def test_checkpoint_links_files_and_makes_no_empty_directories(stored, tmp_path):
     with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "a")) as b:
         b.load_checkpoint(str(stored))

@@ -671,15 +671,6 @@ def test_a_small_buffer_gets_a_small_file(tmp_path, cols):
     assert c.path.stat().st_size < 1024 * c.row_bytes + (len(c.keys) + 1) * 4096
 
 
-@pytest.fixture(scope="module")
-def stored(tmp_path_factory):
-    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
-    path = tmp_path_factory.mktemp("read") / "buf"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(12)])
-    return path
-
-
 def test_column_cache_serves_small_keys_and_follows_refresh(stored, tmp_path):
     import shutil
 

@@ -9,19 +9,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import make_traj
 from test_read_path import flat
 
 import zreplay
-
-
-@pytest.fixture(scope="module")
-def stored(tmp_path_factory):
-    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
-    path = tmp_path_factory.mktemp("read") / "buf"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(12)])
-    return path
 
 
 def _episodes(path: Path) -> list[dict]:

@@ -9,21 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import make_traj, shard_files
+from conftest import shard_files
 
 import zreplay
 from zreplay import CorruptBufferError
 from zreplay.samplers import PrioritizedClips
 from zreplay.sampling.clips import ClipSpec, plan_clips
-
-
-@pytest.fixture(scope="module")
-def stored(tmp_path_factory):
-    """12 trajectories [6, 3] (every value encodes trajectory, lane, step) on disk."""
-    path = tmp_path_factory.mktemp("read") / "buf"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(12)])
-    return path
 
 
 def plain_rows(path: Path, key: str) -> np.ndarray:
