@@ -280,3 +280,25 @@ def test_a_forked_child_never_touches_its_parents_lock(bufpath):
     buf.close()
     assert zreplay.open(bufpath).num_trajectories == 2
     assert not path.exists()  # released by its owner at close
+
+
+def test_a_forked_child_of_a_seeded_writer_draws_its_own_batches(tmp_path):
+    """A child forked from a process holding a seeded writer (a fork-started DataLoader
+    worker over the buffer itself) never replays its parent's next draws."""
+    buf = zreplay.TrajectoryReplayBuffer(
+        seed=5, auto_save=True, auto_save_path=str(tmp_path / "b"), sample_window_size=0
+    )
+    buf.add_trajectories([make_traj(i) for i in range(4)])
+    buf.flush()
+    r, w = os.pipe()
+
+    def child():
+        os.write(w, pickle.dumps(codes_of(buf.sample(32))))
+
+    assert in_child(child) == 0
+    got = pickle.loads(os.read(r, 1 << 20))
+    os.close(r), os.close(w)
+    mine = codes_of(buf.sample(32))
+    assert len(got) == len(mine) == 32
+    assert list(got) != list(mine)  # 32 draws from 72 rows: equal only if replayed
+    buf.close()

@@ -484,3 +484,34 @@ def test_an_upgrade_killed_at_any_store_call_leaves_old_or_new(old_buffer, tmp_p
         shutil.rmtree(path)
     print(f"\nupgrade [crash]: {calls} store calls, {len(points)} points, {seen}")
     assert seen["old"] > 0, seen  # (the swap is the last call: a kill there is before it)
+
+
+def test_an_upgrade_that_another_one_overtook_rewrites_nothing(tmp_path, monkeypatch):
+    """Between an upgrade's checks and the writer locks it then takes, another upgrade
+    ran and a new run made the buffer anew (overwrite=True): the late upgrade reads the
+    buffer again under its locks, finds it current and touches nothing (it used to write
+    the old root's schema over the new buffer, which then no longer opened)."""
+    import zreplay.store.upgrade as upgrade_module
+
+    with tarfile.open(DATA / "format4-buffer.tar.gz") as t:
+        t.extractall(tmp_path, filter="data")
+    path = tmp_path / "fmt4"
+    real = upgrade_module.new_tree
+    overtaken = []
+
+    def meanwhile(*args, **kw):
+        monkeypatch.setattr(upgrade_module, "new_tree", real)
+        overtaken.append(zreplay.upgrade(path))  # another process's upgrade
+        with zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(path), overwrite=True
+        ) as w:
+            w.add_trajectories([{"rewards": np.arange(20, dtype=np.float32).reshape(10, 2)}])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(upgrade_module, "new_tree", meanwhile)
+    assert zreplay.upgrade(path) is None
+    assert overtaken == [4]
+    view = zreplay.open(path)
+    assert view.keys() == ["rewards"] and view.num_rows == 20
+    assert set(view.sample(64)["rewards"].tolist()) <= set(range(20))
+    assert zreplay.verify(path).ok

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import CorruptBufferError
+from ..forks import on_fork
 
 # Counters a saved stream holds, and their defaults.
 _COUNTS = {"num_sampled": 0, "step": 0}
@@ -34,6 +35,9 @@ class RandomStream:
     def __init__(self, seed: int | None = None, tag: str | None = None):
         self.tag = tag
         self.reseed(fresh_seed() if seed is None else int(seed))
+        # A forked child (a DataLoader worker over a writer, a child of a seeded run)
+        # draws its own batches, never its parent's next ones.
+        on_fork(self, RandomStream.unseeded)
 
     def reseed(self, seed: int, rank: int | None = None) -> None:
         """Restart from ``seed`` (``rank``: the stream of that rank of a distributed

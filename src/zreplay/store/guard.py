@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import DestinationError, WriterLockedError
+from ..threads import deferred_interrupts
 from .location import Location, locate
 from .lock import WriterLock
 from .objectswap import only_dead_builds
@@ -130,18 +131,21 @@ def holding_writer_locks(path: Location, what: str) -> Iterator[None]:
     try:
         for seg in _segment_dirs(path):
             lock = WriterLock(seg)
-            try:
-                lock.acquire()
-            except FileNotFoundError:
-                continue  # a format-2 segment: no meta node (store/upgrade.py checks its lock)
-            except WriterLockedError:
-                info = lock.live_holder() or {}
-                raise _locked_error(what, path, (seg.name, info)) from None
-            held.append(lock)
+            # A Ctrl-C between taking a lock and recording it would leave it held here.
+            with deferred_interrupts():
+                try:
+                    lock.acquire()
+                except FileNotFoundError:
+                    continue  # a format-2 segment: no meta node (store/upgrade.py checks its lock)
+                except WriterLockedError:
+                    info = lock.live_holder() or {}
+                    raise _locked_error(what, path, (seg.name, info)) from None
+                held.append(lock)
         yield
     finally:
-        for lock in held:
-            lock.release()
+        with deferred_interrupts():  # every lock is released, whatever arrives meanwhile
+            for lock in held:
+                lock.release()
 
 
 @contextlib.contextmanager

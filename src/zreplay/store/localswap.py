@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..threads import deferred_interrupts
 from .liveness import hold, process_tag, tag_is_dead
 
 PARTIAL, OLD = "partial", "old"
@@ -126,15 +127,20 @@ def swap_in(tmp: Path, dest: Path) -> None:
     if not os.path.lexists(dest):
         os.rename(tmp, dest)
         return
+    # Past the swap, the old tree's removal runs with Ctrl-C held back: a KeyboardInterrupt
+    # inside rmtree can make it close one directory descriptor twice (EBADF, or another
+    # thread's file), and the replacement is done anyway.
     if exchange(tmp, dest):
-        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old tree
+        with deferred_interrupts():
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old tree
         return
     old = stage_name(dest, OLD)
     held = hold(dest)  # moves with it: the old tree is ours until it is removed
     try:
         os.rename(dest, old)
         os.rename(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
+        with deferred_interrupts():
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if held is not None:
             held.release()

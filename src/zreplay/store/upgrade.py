@@ -72,9 +72,24 @@ def upgrade(path: str | Path | Location, storage_options: Mapping | None = None)
     # Every file is linked or copied as it is: a link (to a file outside the buffer) or a
     # FIFO anywhere in it is refused first (the buffer is untrusted data).
     root.backend.check_files(root.path)
-    with new_tree(root.path, "zreplay upgrade") as tmp:
-        _build(root, info, tmp)
+    try:
+        with new_tree(root.path, "zreplay upgrade") as tmp:
+            # Another upgrade, or a writer that made the buffer anew, may have come between
+            # the checks above and the locks now held: what is rewritten is read under them.
+            info = root.stored_meta()
+            version = _outdated(root, info)
+            if version is None:
+                raise _NothingToDo
+            for seg in root.segment_dirs():
+                _check_no_old_writer(root, seg)
+            _build(root, info, tmp)
+    except _NothingToDo:
+        return None  # the staged tree was discarded; the buffer is as it was
     return version
+
+
+class _NothingToDo(Exception):
+    """Raised inside the staged rewrite to discard it: the buffer became current."""
 
 
 def _outdated(root: BufferRoot, info: dict) -> int | None:
