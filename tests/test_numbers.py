@@ -88,6 +88,23 @@ def test_counts_that_are_not_integers_are_refused_before_anything_is_drawn(tmp_p
     buf.close()
 
 
+def test_integers_beyond_int64_are_refused_naming_the_argument(tmp_path):
+    """A count, length or index too large for any array is refused at the facade, in its
+    words, not deep inside numpy (``Maximum allowed dimension``, ``OverflowError``)."""
+    buf = trb(tmp_path / "b")
+    buf.add_trajectories([make_traj(0)])
+    view = zreplay.open(tmp_path / "b")
+    for call, name in (
+        (lambda: buf.sample(2**70), "num_chunks"),
+        (lambda: view.sample(2**63), "n"),
+        (lambda: view.sample_clips(4, 2**70), "history_len"),
+        (lambda: view.sample_nstep(4, n=2**70), "n"),
+    ):
+        with pytest.raises(ValueError, match=f"{name} must fit a 64-bit integer"):
+            call()
+    buf.close()
+
+
 def test_the_other_facades_take_numpy_and_torch_numbers(tmp_path):
     path = tmp_path / "b"
     with trb(path) as buf:

@@ -59,8 +59,9 @@ def _describe(value: Any) -> str:
 def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     """``value`` (a Python int, numpy integer, or 0-d array/tensor of an integer dtype)
     as a Python ``int``; ``TypeError`` for anything else (bools and floats included),
-    ``ValueError`` below ``minimum``."""
-    if type(value) is int and (minimum is None or value >= minimum):
+    ``ValueError`` below ``minimum`` or outside int64 (every count, row and index zreplay
+    takes is one)."""
+    if type(value) is int and (minimum is None or value >= minimum) and -_I64 <= value < _I64:
         return value  # the common case, on every sample: no further checks needed
     v = _scalar(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
@@ -68,7 +69,12 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     v = int(v)
     if minimum is not None and v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    if not -_I64 <= v < _I64:
+        raise ValueError(f"{name} must fit a 64-bit integer, got {v}")
     return v
+
+
+_I64 = 1 << 63
 
 
 def as_index(value: Any, n: int, name: str) -> int:
