@@ -321,9 +321,10 @@ def _setup_learner(paths, so):
 
 def _learn(paths, so):
     lim = zreplay.SampleToInsertRatio(**LEARNER, publish_every_s=0)
-    view = zreplay.open(paths["buf"], storage_options=so, rate_limiter=lim, learner_id="L")
-    view.sample(7)
-    view.close()
+    # Closed here even when a fault raised: a view left to be dropped closes (and
+    # publishes) on a thread of its own, whose requests the next point's count would take.
+    with zreplay.open(paths["buf"], storage_options=so, rate_limiter=lim, learner_id="L") as view:
+        view.sample(7)
 
 
 def observe_progress(paths, so) -> State:
