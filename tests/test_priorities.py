@@ -110,7 +110,11 @@ def test_update_priorities_rejects_bad_input_and_needs_a_prioritized_sampler():
         buf.update_priorities([0, 1], [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="integers"):
         buf.update_priorities([0.5], [1.0])
+    with pytest.raises(ValueError, match="integers"):  # read as they are set, never truncated
+        buf.priorities(np.array([0.5, 1.0]))
     assert buf.update_priorities(torch.tensor([0, 1]), torch.tensor([2.0, 3.0])) == 2
+    assert buf.priorities(torch.tensor([0, 1])).tolist() == buf.priorities([0, 1]).tolist()
+    assert buf.update_priorities([], []) == 0 and buf.priorities([]).shape == (0,)
     buf.close()
     plain = trb()
     plain.add_trajectories([make_traj(0)])

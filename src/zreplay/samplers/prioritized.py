@@ -283,10 +283,7 @@ class Prioritized(PrioritySampler):
         """Set the priorities of ``index`` (int64[k], from a batch) to ``priorities``
         (float[k] or a scalar); returns how many were applied (rows evicted since they
         were drawn are skipped).  ``ValueError`` for NaN, infinite or negative values."""
-        idx = np.asarray(index).reshape(-1)
-        if idx.dtype.kind not in "iu":
-            raise ValueError(f"index must be integers (a batch's 'index'), got dtype {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
+        idx = _batch_index(index)
         p = np.asarray(priorities, np.float64).reshape(-1)
         if p.size == 1 and idx.size != 1:
             p = np.full(idx.size, p[0])
@@ -316,8 +313,8 @@ class Prioritized(PrioritySampler):
     def priorities(self, space: RowSpace, index: TaggedRows) -> np.ndarray:
         """Leaves ``(p + eps) ** alpha`` (float64) of live rows ``index``; 0 for rows no
         longer (or not yet) visible."""
+        idx = _batch_index(index)
         self.sync(space)
-        idx = np.asarray(index, np.int64).reshape(-1)
         out = np.zeros(idx.size)
         keys, tags, all_rows = untag_rows(idx)
         for key in np.unique(keys):
@@ -398,3 +395,14 @@ class PrioritizedClips(Prioritized):
         c = self.clips
         clip = {"history_len": c.history_len, "frameskip": c.frameskip, "pad": c.pad}
         return {**clip, "action_keys": list(c.action_keys), **super().config()}
+
+
+def _batch_index(index) -> np.ndarray:
+    """A batch's ``index`` (numpy or torch, any shape) as flat int64; ``ValueError`` for
+    anything but integers (a float index is never truncated to a row)."""
+    idx = np.asarray(index).reshape(-1)
+    if idx.size == 0:
+        return idx.astype(np.int64)
+    if idx.dtype.kind not in "iu":
+        raise ValueError(f"index must be integers (a batch's 'index'), got dtype {idx.dtype}")
+    return idx.astype(np.int64, copy=False)
