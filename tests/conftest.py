@@ -309,3 +309,12 @@ def stored(tmp_path_factory):
     with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
         buf.add_trajectories([make_traj(i) for i in range(12)])
     return path
+
+
+@pytest.fixture
+def written(bufpath):
+    """``(path, trajectories)``: 4 trajectories [3 + i, 2] written by a writer now closed."""
+    trajs = [make_traj(i, T=3 + i, B=2) for i in range(4)]
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+        buf.add_trajectories(trajs)
+    return bufpath, trajs

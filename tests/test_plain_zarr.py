@@ -418,14 +418,6 @@ def test_a_killed_clear_of_nested_arrays_leaves_no_shard_files_behind(tmp_path, 
     assert zreplay.verify(path).ok
 
 
-@pytest.fixture
-def written(bufpath):
-    trajs = [make_traj(i, T=3 + i, B=2) for i in range(4)]
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        buf.add_trajectories(trajs)
-    return bufpath, trajs
-
-
 def test_plain_zarr_reads_every_trajectory(written):
     """The recipe of FORMAT.md, with zarr and json only."""
     path, trajs = written

@@ -9,17 +9,9 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import check_rows, make_traj, traj_equal
+from conftest import check_rows, traj_equal
 
 import zreplay
-
-
-@pytest.fixture
-def written(bufpath):
-    trajs = [make_traj(i, T=3 + i, B=2) for i in range(4)]
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        buf.add_trajectories(trajs)
-    return bufpath, trajs
 
 
 def test_view_basics(written):
