@@ -31,6 +31,8 @@ import json
 import os
 import shutil
 import socket
+import threading
+import time
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -705,3 +707,38 @@ def test_the_harness_counts_and_fires(tmp_path):
     with pytest.raises(OSError, match="injected I/O error at store call 1 "):
         with Faults(1, "error").installed():
             writer(paths["buf"], None)
+
+
+def test_a_thread_left_running_before_the_harness_neither_counts_nor_takes_the_fault(tmp_path):
+    """A reader an earlier test left running (a preload, a prefetch, a dropped buffer's
+    close) keeps doing I/O while the next sweep runs: the fault meant for the operation
+    must not land in it (CI saw a whole sweep's faults vanish that way under load)."""
+    paths = Place.paths(str(tmp_path / "h"))
+    with writer(paths["buf"], None) as buf:
+        buf.add_trajectories([make_traj(0)])
+    from zreplay.store.backend_local import LocalPath
+
+    stop, spinning = threading.Event(), threading.Event()
+    stray = LocalPath(paths["buf"]) / "zarr.json"
+
+    def reread():
+        while not stop.is_set():
+            stray.read_bytes()
+            spinning.set()
+
+    left = threading.Thread(target=reread, name="zreplay-preload")
+    left.start()
+    try:
+        spinning.wait(10)
+        counter = Faults()
+        with counter.installed():
+            time.sleep(0.05)  # the stray thread reads all along
+            LocalPath(paths["buf"]).joinpath("zarr.json").read_bytes()
+        assert counter.calls == 1, counter.names[:5]
+        with pytest.raises(OSError, match="at store call 1 "):
+            with Faults(1, "error").installed():
+                time.sleep(0.05)
+                LocalPath(paths["buf"]).joinpath("zarr.json").read_bytes()
+    finally:
+        stop.set()
+        left.join()
