@@ -12,7 +12,7 @@ class ToTensor:
         arr = np.asarray(pic)
         if arr.ndim == 2:
             arr = arr[:, :, None]
-        t = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).contiguous()
+        t = torch.from_numpy(np.array(arr, copy=True)).permute(2, 0, 1).contiguous()
         return t.float().div(255) if t.dtype == torch.uint8 else t.float()
 
 
