@@ -159,3 +159,23 @@ def test_a_torchrl_ring_that_evicted_holds_lazy_tensor_storages_slots(tmp_path):
     assert new.storage.get(slots)["g"].tolist() == ref.storage.get(slots)["g"].tolist()
     assert new.storage[:]["g"].tolist() == ref.storage[:]["g"].tolist()
     new.storage.close()
+
+
+def test_a_writers_row_space_runs_from_position_0_after_eviction():
+    """The writer's row space converts its global offsets lazily: its range, trajectory
+    starts and trajectory lookups are positions, and its segment maps them back."""
+    core = writer(None, capacity=5 * T * B)
+    for t in range(9):
+        add(core, t, T, B)
+    low = core.engine.state.index.low_row
+    space = core.engine.locked(lambda snap: snap.space)
+    n, G = core.num_rows, core.num_trajectories
+    assert low > 0 and space.lo == 0 and space.hi == space.num_rows == n
+    np.testing.assert_array_equal(space.starts(np.arange(G + 1)), space.offsets)
+    np.testing.assert_array_equal(space.offsets, np.arange(G + 1) * T * B)
+    pos = np.arange(n)
+    np.testing.assert_array_equal(space.trajectory_of(pos), pos // (T * B))
+    (seg,) = space.segments
+    np.testing.assert_array_equal(seg.rows_at(pos), pos + low)
+    np.testing.assert_array_equal(seg.positions(pos + low), pos)
+    core.close()
