@@ -113,11 +113,11 @@ class RowSpace:
 
     @property
     def lo(self) -> Position:
-        return int(self._stored[0]) - self._origin
+        return int(self.starts(0))
 
     @property
     def hi(self) -> Position:
-        return int(self._stored[-1]) - self._origin
+        return int(self.starts(-1))
 
     @property
     def num_rows(self) -> int:
