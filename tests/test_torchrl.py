@@ -381,13 +381,13 @@ def test_a_slice_sample_reads_images_once(tmp_path):
     rb = zarr_rb(tmp_path / "b", 50, SliceSampler(slice_len=4, traj_key="episode"), batch_size=8)
     rb.extend(batch(0, 50))
     reads = []
-    rows = rb.storage.core.rows
+    rows = rb.storage.core.read_global_rows
 
     def spy(positions, keys=None):
         reads.append(keys)
         return rows(positions, keys)
 
-    rb.storage.core.rows = spy
+    rb.storage.core.read_global_rows = spy
     rb.sample()
     assert sum(keys is None or "pixels" in keys for keys in reads) == 1
 

@@ -152,7 +152,7 @@ class ZarrStorage(TensorStorage):
         positions start; ``stop``: the row position the ring ends at, default the last
         visible one: a pinned copy's is an older commit's)."""
         saved = dict(self.core.facade_state if state is None else state)
-        self._W = self.core.row_range[1] if stop is None else stop
+        self._W = self._ring_stop() if stop is None else stop
         schema = self.core.schema
         check_record(
             saved,
@@ -337,7 +337,7 @@ class ZarrStorage(TensorStorage):
         """After an exception in ``set``: if the rows were added before it (a Ctrl-C
         after the add), the extend happened: the ring goes on after them, as the
         segment does (True)."""
-        if self.core.closed or self.core.row_range[1] == self._W:
+        if self.core.closed or self.core.next_row == self._W:
             return False
         self.core.facade_state["guessed"] = False
         self._open_ring()
@@ -363,7 +363,7 @@ class ZarrStorage(TensorStorage):
             try:
                 self._append_rows(cursor, form, cols, classes, n)
             except BaseException:
-                if self.core.closed or self.core.row_range[1] != self._W:
+                if self.core.closed or self.core.next_row != self._W:
                     raise  # the rows are in: so are the dims (see _resync)
                 self._ring, self._piece, self._dims = ring, piece, None
                 self._slots_along_dim0(None)
@@ -437,7 +437,7 @@ class ZarrStorage(TensorStorage):
         while True:
             want = slots()
             try:
-                got = self.core.rows(self._ring.rows_of(want, self._W), keys)
+                got = self._read_ring_rows(self._ring.rows_of(want, self._W), keys)
             except IndexError:  # positions of an older commit than the reader's now
                 if self.core.writable or not self._follow_commit():
                     raise
@@ -455,6 +455,18 @@ class ZarrStorage(TensorStorage):
                     f"the writer of {self.core.path} replaced the rows this read-only copy "
                     f"showed and now shows {len(self)}; index it again"
                 )
+
+    def _ring_stop(self) -> int:
+        """Where the ring's rows end now: a writer's ring runs over its segment's global
+        rows (stable when old ones are evicted), a read-only copy's over the positions of
+        its view (from its first visible row, see ``_open_ring``)."""
+        return self.core.next_row if self.core.writable else self.core.num_rows
+
+    def _read_ring_rows(self, rows: np.ndarray, keys: list[str] | None) -> dict:
+        """The rows of the ring's coordinates ``rows`` (see :meth:`_ring_stop`)."""
+        if self.core.writable:
+            return self.core.read_global_rows(rows, keys)
+        return self.core.rows(rows, keys)
 
     def _build(self, flat: dict, lead: tuple[int, ...]):
         """Rows as the data they were given as (see :mod:`.torchrl_forms`)."""
@@ -591,7 +603,7 @@ class ZarrStorage(TensorStorage):
             try:
                 with self.core.replacing(state) as staging:  # all or nothing
                     staging.add(pieces(cols, n, self._piece))
-                    ring["start"] = staging.row_range[1] - n  # rows go on from the old ones
+                    ring["start"] = staging.next_row - n  # rows go on from the old ones
                     state["facade"] = ring
             except BaseException:
                 if not self.core.closed:

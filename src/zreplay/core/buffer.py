@@ -15,8 +15,11 @@ their type what they can do:
   ``zreplay.open`` gives, plus what segments a view shows.
 
 Positions (what a sampler draws, what :meth:`BufferCore.rows` takes, what a hook
-returns) are the engine's: global rows of the segment in a writable core, ``[0,
-num_rows)`` in a view (see :mod:`zreplay.index.rowspace`); facades convert at their edge.
+returns) are ``[0, num_rows)`` over the visible rows, oldest first, in both kinds (see
+:mod:`zreplay.index.coords`): a sampler, a hook or an index written for a view reads the
+same rows from a writer.  Global rows (stable under eviction) stay inside: storage, the
+RAM tier, prioritized trees, a prioritized batch's ``index``; a writer reads by them only
+through :meth:`WritableCore.read_global_rows <zreplay.core.writable.WritableCore.read_global_rows>`.
 
 Everything a facade needs is a public method here or on the two kinds; see
 CONTRIBUTING.md ("A facade").
@@ -146,10 +149,6 @@ class BufferCore:
     def num_rows(self) -> int:
         """Visible transitions (rows)."""
         return self.engine.num_rows
-
-    @property
-    def row_range(self) -> tuple[int, int]:  # (first, stop) of visible rows() positions
-        return self.engine.locked(lambda s: (int(s.bounds[0]), int(s.bounds[0]) + s.num_rows))
 
     @property
     def num_trajectories(self) -> int:
@@ -304,8 +303,8 @@ class BufferCore:
         return plans.gather_episode(self._read_fixed, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
-        writer)."""
+        """Rows at visible positions ``[0, num_rows)``, oldest first (a writer's as a
+        view's: see :func:`~zreplay.core.records.read_rows`)."""
         return read_rows(self._read_at, self.keys if keys is None else list(keys), positions)
 
     def trajectory(self, i: int, keys: list[str] | None = None) -> TrajectoryRecord:

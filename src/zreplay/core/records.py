@@ -126,18 +126,26 @@ def read_episodes(
 
 
 def read_rows(read: Read, keys: list[str], positions) -> dict[str, np.ndarray]:
-    """Rows at visible positions (``[0, num_rows)`` for a reader, global rows for a
-    writer) of ``keys``, read through ``read(draw)``.  ``positions`` as numpy indexes the
-    visible rows (:func:`~zreplay.numbers.as_positions`: negative from the end, or a
-    boolean mask of one entry per row); IndexError outside them, TypeError for floats."""
+    """Rows at visible positions ``[0, num_rows)`` (a writer's as a view's) of ``keys``,
+    read through ``read(draw)``.  ``positions`` as numpy indexes the visible rows
+    (:func:`~zreplay.numbers.as_positions`: negative from the end, or a boolean mask of
+    one entry per row); IndexError outside them, TypeError for floats."""
 
     def draw(snap):
-        # A writer's positions are its global rows [lo, lo + num_rows) (lo > 0 once it
-        # evicted): negative ones count back from the newest either way.
-        lo = int(snap.bounds[0])
-        pos = as_positions(positions, lo + snap.num_rows, "row positions")
-        if lo and len(pos) and int(pos.min()) < lo:
-            raise IndexError(f"row positions must lie in [{lo}, {lo + snap.num_rows})")
+        pos = as_positions(positions, snap.num_rows, "row positions")
+        return {k: (k, pos) for k in keys}
+
+    return read(draw)[1]
+
+
+def read_global_rows(read: Read, keys: list[str], rows) -> dict[str, np.ndarray]:
+    """Rows of a one-segment snapshot (a writer's) at its global ``rows`` (int64, any
+    shape, read flat), located in the same snapshot the rows are read from, so an
+    eviction cannot come between; IndexError for a row not visible in it."""
+    rows = np.asarray(rows, np.int64).reshape(-1)
+
+    def draw(snap):
+        pos = snap.parts[0].positions(rows)
         return {k: (k, pos) for k in keys}
 
     return read(draw)[1]

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..engine import replace
 from ..engine.prepared import Prepared
 from ..engine.writer import SegmentWriter
@@ -21,6 +23,7 @@ from .bound_sampler import BoundSampler
 from .buffer import BufferCore, Handoff
 from .guards import add_checked, new_writer
 from .rate import RateLimiter
+from .records import read_global_rows
 from .saved import SavedState
 from .staging import staged_replacement
 from .stream import RandomStream
@@ -145,6 +148,20 @@ class WritableCore(BufferCore, kind="writer"):
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    # -- global rows ----------------------------------------------------------------
+
+    @property
+    def next_row(self) -> int:
+        """The global row the next added row gets (one past the newest visible one);
+        global rows are never reused, so they name a row for good (TorchRL's ring)."""
+        return self.engine.locked(lambda snap: int(snap.parts[0].n_rows))
+
+    def read_global_rows(self, rows, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows at global ``rows`` of this segment (int64, any shape; read flat) rather
+        than positions: located in the snapshot the read takes, so no eviction comes
+        between.  ``IndexError`` for a row not visible now (evicted, not added yet)."""
+        return read_global_rows(self._read_at, self.keys if keys is None else list(keys), rows)
 
     # -- writing --------------------------------------------------------------------
 

@@ -92,6 +92,16 @@ class Part:
         """Global rows at ``positions`` (all within this part)."""
         return rows_at(positions, self.low_row, self.first)
 
+    def positions(self, rows: GlobalRows) -> Positions:
+        """Positions of its global ``rows`` (int64, any shape); ``IndexError`` for a row
+        it does not show (evicted, or not added yet)."""
+        if rows.size and (int(rows.min()) < self.low_row or int(rows.max()) >= self.n_rows):
+            raise IndexError(
+                f"global rows must lie in the segment's visible rows [{self.low_row}, "
+                f"{self.n_rows}) (older ones were evicted)"
+            )
+        return positions_of(rows, self.low_row, self.first)
+
 
 class Snapshot:
     """What one read sees: consistent at one instant (taken under the writer's lock, or

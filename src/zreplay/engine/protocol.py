@@ -6,9 +6,9 @@ implement :class:`Engine`, so the core's read side (sampling, gathers, clips, n-
 episodes, rows) is written once over either.  What only a writer does (add, flush,
 clear, checkpoint, replace) is the writer's own API, used by the writable core alone.
 
-Positions: what a draw hands :meth:`Engine.read` are positions of the engine's snapshot
-(global rows of the one segment for a writer, ``[0, num_rows)`` over every segment for a
-reader; see :mod:`zreplay.index.rowspace`).
+Positions: what a draw hands :meth:`Engine.read` are positions of the engine's snapshot,
+``[0, num_rows)`` over its visible rows, oldest first, for a writer (its one segment) as
+for a reader (every segment in name order); see :mod:`zreplay.index.coords`.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class WriterState:
             index=idx,
             low_row=lo,
             n_rows=hi,
-            first=lo,  # a writer's positions are its global rows
+            first=0,  # positions run from its oldest visible row, as a view's do
             tier=tier,
             tier_lo=tier_lo,
             cache=self.columns,
@@ -341,7 +341,7 @@ class WriterState:
         def space() -> RowSpace:
             # The index stands for its rows' epoch: a clear or a load makes a new one.
             seg = VisibleRows(
-                key=0, epoch=idx, low_row=lo, n_rows=hi, first=lo, persisted=persisted, index=idx
+                key=0, epoch=idx, low_row=lo, n_rows=hi, first=0, persisted=persisted, index=idx
             )
             return RowSpace.of_index(
                 idx, seg, lambda key, pos: gather(snap, {key: (key, pos)})[key]

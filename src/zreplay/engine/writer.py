@@ -352,7 +352,7 @@ class SegmentWriter:
         self, draw: Callable[[Snapshot], object], alloc=None, redraw: bool = True
     ) -> tuple[object, dict]:
         """Call ``draw(snapshot)`` under the lock, then gather what it asks for: positions
-        (global rows; every key is gathered at them) or requests ``{name: (key, positions
+        (``[0, num_rows)``; every key is gathered at them) or requests ``{name: (key, positions
         of any shape)}`` (see :mod:`zreplay.engine.gather`).  Drawing under the lock that
         guards eviction means every drawn row is still readable when it is read: no sample
         ever mixes fields of different transitions.  ``alloc(name, shape, dtype)`` provides

@@ -7,11 +7,12 @@ env-major lanes of ``T`` rows.  Between the layers a row travels as one of these
   eviction, a clear and a replace only raise the segment's first visible row
   (``low_row``); a commit's ``n_rows`` is one past its last.  The store's arrays, a
   commit, the RAM tier, the column cache and a prioritized tree are indexed by it.
-* :data:`Position`: a row of a snapshot's visible rows, what a sampler draws and the
-  gather reads.  Each segment's visible rows are contiguous there, oldest first: a
-  writable buffer's one segment sits at positions equal to its global rows; a view's
-  segments run over ``[0, num_rows)`` in name order, so after a refresh that evicts or
-  grows an earlier segment a position names another row (a global row does not).
+* :data:`Position`: a row of a snapshot's visible rows, ``[0, num_rows)`` oldest
+  first, in a writer exactly as in a view: what a sampler draws, what a hook returns,
+  what ``BufferCore.rows`` takes and the gather reads.  Each segment's visible rows are
+  contiguous there: a writable buffer's one segment from position 0, a view's segments
+  one after another in name order.  So once rows are evicted (or, in a view, a refresh
+  grows an earlier segment) a position names another row; a global row does not.
 * :data:`TierSlot`: a slot of the RAM tier's ring (``row % capacity``).
 * :data:`CacheSlot`: a slot of a column cache's ring (``row % slots``).
 * :data:`UnitIndex`: a flat index into a sampler's units (clips, n-step transitions,
@@ -77,7 +78,7 @@ def positions_of(rows, start: GlobalRow, first: Position):
 
 def rows_at(positions, start: GlobalRow, first: Position):
     """Inverse of :func:`positions_of`: the global rows at ``positions`` (the same
-    array where positions are global rows: a writable buffer's)."""
+    array where they coincide: a segment that never evicted, at position 0)."""
     if first == start:
         return positions
     return positions + (start - first)

@@ -1,14 +1,15 @@
 """Visible rows as *positions*: what a sampler draws over.
 
-A writable buffer's positions are its global row ids (``[low_row, n_rows)``); a view's
-are ``[0, num_rows)`` over its segments in name order.  Each segment's visible
-trajectories are contiguous there, oldest first.
+Positions are ``[0, num_rows)``, oldest visible row first, in a writable buffer exactly
+as in a view: a writer's one segment from position 0, a view's segments one after
+another in name order.  Each segment's visible trajectories are contiguous there, oldest
+first; its global rows convert through :mod:`zreplay.index.coords` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,33 +63,61 @@ class VisibleRows:
 SegmentRows = VisibleRows  # its name until issue 34; samplers written against it keep working
 
 
-@dataclass
 class RowSpace:
     """Visible trajectories as row positions: trajectory ``g`` holds positions
     ``[offsets[g], offsets[g + 1])`` (``offsets``: int64[G + 1] positions); segment ``s``
     holds trajectories ``[bounds[s], bounds[s + 1])`` (``bounds`` int64[S + 1]), oldest first;
-    ``read`` gathers stored rows at positions."""
+    ``read`` gathers stored rows at positions.
 
-    offsets: Positions
-    bounds: np.ndarray
-    segments: list[VisibleRows] = field(default_factory=list)
-    # read(key, positions) -> the stored rows of ``key`` at ``positions`` (the engine's
-    # gather, for samplers that weigh rows by a stored column: Staleness).
-    read: Callable[[str, Positions], np.ndarray] | None = None
+    ``offsets`` may be given as the global rows of one segment whose row ``origin`` is
+    position 0 (:meth:`of_index`): they become positions on first use of
+    :attr:`offsets`, so a draw that needs only the range or a few trajectories
+    (:meth:`starts`) never converts the whole table."""
+
+    __slots__ = ("_stored", "_origin", "_offsets", "bounds", "segments", "read")
+
+    def __init__(
+        self,
+        offsets: np.ndarray,
+        bounds: np.ndarray,
+        segments: list[VisibleRows] | None = None,
+        read: Callable[[str, Positions], np.ndarray] | None = None,
+        origin: GlobalRow = 0,
+    ):
+        self._stored, self._origin = offsets, int(origin)
+        self._offsets = offsets if not self._origin else None
+        self.bounds = bounds
+        self.segments: list[VisibleRows] = [] if segments is None else segments
+        # read(key, positions) -> the stored rows of ``key`` at ``positions`` (the
+        # engine's gather, for samplers that weigh rows by a stored column: Staleness).
+        self.read = read
 
     @classmethod
     def of_index(cls, index, segment: VisibleRows, read=None) -> RowSpace:
-        """The space of one writer's in-RAM index (positions are global rows)."""
+        """The space of one writer's in-RAM index, its oldest visible row at position 0
+        (``segment.first`` must be 0)."""
         off = index.offsets[index.low :]
-        return cls(off, np.array([0, len(off) - 1], np.int64), [segment], read)
+        bounds = np.array([0, len(off) - 1], np.int64)
+        return cls(off, bounds, [segment], read, origin=segment.low_row)
+
+    @property
+    def offsets(self) -> Positions:
+        if self._offsets is None:
+            self._offsets = positions_of(self._stored, self._origin, 0)
+        return self._offsets
+
+    def starts(self, g) -> Positions:
+        """Position of the first row of trajectories ``g`` (int64, any shape; ``g`` up to
+        ``G``: ``starts(G)`` is ``hi``), without converting the whole table."""
+        return positions_of(self._stored[g], self._origin, 0)
 
     @property
     def lo(self) -> Position:
-        return int(self.offsets[0])
+        return int(self.starts(0))
 
     @property
     def hi(self) -> Position:
-        return int(self.offsets[-1])
+        return int(self.starts(-1))
 
     @property
     def num_rows(self) -> int:
@@ -96,7 +125,8 @@ class RowSpace:
 
     def trajectory_of(self, positions: Positions) -> np.ndarray:
         """Trajectory ordinal ``g`` holding each position."""
-        return np.searchsorted(self.offsets, positions, side="right") - 1
+        rows = rows_at(positions, self._origin, 0)
+        return np.searchsorted(self._stored, rows, side="right") - 1
 
     def age(self, g: np.ndarray) -> np.ndarray:
         """Trajectories its writer added after trajectory ``g`` (0 = its newest)."""

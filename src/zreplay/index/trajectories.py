@@ -16,6 +16,7 @@ import numpy as np
 
 from ..store.format import TRAJ_COLUMNS, WEIGHTS_ID_BYTES
 from .columns import GrowingColumns
+from .coords import positions_of
 from .episodes import EpisodeView, PieceTable
 
 
@@ -79,10 +80,14 @@ class TrajectoryIndex:
     # -- mutation -------------------------------------------------------------------
 
     def episodes(self) -> EpisodeView:
-        """Episodes of the visible trajectories (cached until the next append/eviction)."""
+        """Episodes of the visible trajectories, rows as positions (its oldest visible
+        row at 0, as a writer's snapshot lays them; cached until the next
+        append/eviction)."""
         view = self._view
         if view is None:
-            view = self._view = EpisodeView(self.pieces.visible())
+            pieces = dict(self.pieces.visible())
+            pieces["start"] = positions_of(pieces["start"], self.low_row, 0)
+            view = self._view = EpisodeView(pieces)
         return view
 
     def append(

@@ -14,10 +14,12 @@ or units laid over the episode table (clips, n-step transitions: ``ReplayBuffer.
 buffer calls its sampler under its lock (writable buffers) or on one refreshed snapshot
 (views), so the space and units a sampler sees are those the gather then reads.
 
-Row positions: a writable buffer's positions are its global row ids (``[low_row,
-n_rows)``); a view's are ``[0, num_rows)`` over its segments in name order.  Each segment's
-visible trajectories are contiguous there, oldest first.  (The coordinates and how they
-convert: :mod:`zreplay.index.coords`.)
+Row positions are ``[0, num_rows)``, oldest visible row first, in a writable buffer
+exactly as in a view (a view lays its segments one after another in name order), so a
+sampler or hook draws the same rows from either.  Each segment's visible trajectories are
+contiguous there, oldest first.  Its global rows (what a prioritized tree and a batch's
+``index`` hold: stable under eviction) convert through :class:`VisibleRows` (the
+coordinates: :mod:`zreplay.index.coords`).
 """
 
 from __future__ import annotations

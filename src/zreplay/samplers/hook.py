@@ -42,7 +42,7 @@ class Hook(Sampler):
         total = ctx.space.num_rows
         if len(idx) and (idx.min() < 0 or idx.max() >= total):
             raise IndexError(f"row index out of range [0, {total})")
-        return ctx.space.lo + idx, {}
+        return idx, {}
 
     def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
         idx = self._call(ctx, n, units.history_len)

@@ -53,9 +53,10 @@ class Recency(Sampler):
         require_rows(sp)
         horizon = max(1, math.ceil(_HORIZON_HALF_LIVES * self.half_life))
         g = np.concatenate([np.arange(g0, g1) for g0, g1 in sp.tails(horizon)])
-        sizes = sp.offsets[g + 1] - sp.offsets[g]
+        starts = sp.starts(g)
+        sizes = sp.starts(g + 1) - starts
         pick = draw_weighted(ctx.rng, sizes * self.weight(sp.age(g)), n)
-        return sp.offsets[g[pick]] + uniform_within(ctx.rng, sizes[pick]), {}
+        return starts[pick] + uniform_within(ctx.rng, sizes[pick]), {}
 
     def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
         w = self.weight(episode_ages(ctx.space, units))

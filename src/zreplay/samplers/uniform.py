@@ -54,14 +54,15 @@ class Window(Uniform):
         sp = ctx.space
         tails = [(g0, g1) for g0, g1 in sp.tails(self.size) if g1 > g0]
         if len(tails) == 1:
-            lo, hi = int(sp.offsets[tails[0][0]]), int(sp.offsets[tails[0][1]])
+            lo, hi = int(sp.starts(tails[0][0])), int(sp.starts(tails[0][1]))
             require_rows(sp)
             return ctx.rng.integers(lo, hi, size=n), {}
         require_rows(sp)
         g = np.concatenate([np.arange(g0, g1) for g0, g1 in tails])
-        sizes = sp.offsets[g + 1] - sp.offsets[g]
+        starts = sp.starts(g)
+        sizes = sp.starts(g + 1) - starts
         pick = draw_weighted(ctx.rng, sizes.astype(np.float64), n)
-        return sp.offsets[g[pick]] + uniform_within(ctx.rng, sizes[pick]), {}
+        return starts[pick] + uniform_within(ctx.rng, sizes[pick]), {}
 
     def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
         if self.size == 0:
