@@ -118,7 +118,10 @@ def frame_layout(feat: Feature) -> dict:
     """How one camera's frames are stored (a ``layout=`` entry): one frame per chunk, a
     few MB per shard.  The one place an image codec would be chosen."""
     row = max(1, int(np.prod(feat.shape)))
-    return {"chunk_rows": 1, "shard_rows": max(1, SHARD_TARGET_BYTES // row)}
+    return {
+        "chunk_rows": 1,
+        "shard_rows": 1 << max(0, (SHARD_TARGET_BYTES // row).bit_length() - 1),
+    }
 
 
 # -- the plan: episodes, tasks, files -------------------------------------------------

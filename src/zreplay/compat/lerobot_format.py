@@ -155,8 +155,9 @@ def codebase_version(root: Path) -> str | None:
 
 
 def is_lerobot_dir(root) -> bool:
-    """Whether ``root`` is a local LeRobot dataset directory zreplay reads (v3.0, v2.1)."""
-    return codebase_version(Path(root)) in VERSIONS
+    """Whether ``root`` is a local LeRobot dataset directory (``meta/info.json``), of any
+    version: :func:`read_info` says which ones zreplay reads."""
+    return (Path(root) / INFO).is_file()
 
 
 def read_info(root: Path) -> Info:
