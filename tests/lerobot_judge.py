@@ -8,8 +8,8 @@ write with what zreplay reads in the project's venv.
 API (small on purpose; shared by the LeRobot import, export and Minari tests):
 
 * :data:`JUDGE_PYTHON`: the judge interpreter, or None when the variable is unset.
-* :data:`needs_judge`: a mark for tests that need it: ``slow``, and skipped with the
-  reason when the variable is unset (never a silent pass).
+* :func:`needs_judge`: a decorator for tests that need it: ``slow``, and skipped with
+  the reason when the variable is unset (never a silent pass).
 * :func:`run_judge(script, *args, scratch)`: run ``tests/judges/<script>`` there with
   ``HF_HUB_OFFLINE=1``, ``HF_HOME``/``HF_DATASETS_CACHE`` under ``scratch``, this
   checkout's ``src`` and the test-only torchvision stand-in first on ``PYTHONPATH``;
@@ -35,16 +35,19 @@ JUDGE_PYTHON: str | None = os.environ.get(ENV_VAR) or None
 # A judge script may encode AV1 video and start torch: minutes, not hours.
 TIMEOUT_S = 900
 
-needs_judge = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        JUDGE_PYTHON is None,
-        reason=(
-            f"needs LeRobot's own code: build its venv with `.ci/lerobot-env DIR` and set "
-            f"{ENV_VAR}=DIR/bin/python (.ci/run does both)"
-        ),
+_SKIP = pytest.mark.skipif(
+    JUDGE_PYTHON is None,
+    reason=(
+        f"needs LeRobot's own code: build its venv with `.ci/lerobot-env DIR` and set "
+        f"{ENV_VAR}=DIR/bin/python (.ci/run does both)"
     ),
-]
+)
+
+
+def needs_judge(test):
+    """Mark ``test`` as needing the judge venv: slow, and skipped with the reason when
+    ``ZREPLAY_LEROBOT_PYTHON`` is unset."""
+    return pytest.mark.slow(_SKIP(test))
 
 
 def judge_env(scratch: Path) -> dict[str, str]:

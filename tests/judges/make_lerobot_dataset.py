@@ -45,7 +45,9 @@ def main() -> None:
     photo, coffee = skimage.data.astronaut(), skimage.data.coffee()
     ds = LeRobotDataset.create("zreplay/judge", fps=10, features=features(), root=a.root)
     ds.meta.update_chunk_settings(
-        chunks_size=a.chunks_size, data_files_size_in_mb=a.data_mb, video_files_size_in_mb=a.video_mb
+        chunks_size=a.chunks_size,
+        data_files_size_in_mb=a.data_mb,
+        video_files_size_in_mb=a.video_mb,
     )
     for ep in range(a.episodes):
         length = int(rng.integers(5, 14))
