@@ -135,6 +135,15 @@ def test_feature_names_unsafe_on_disk_are_refused_before_anything_is_written(tmp
     _leaves_nothing(tmp_path, dst)
 
 
+def test_features_stored_under_one_key_are_refused(tmp_path):
+    src, dst = tmp_path / "ds", tmp_path / "buf"
+    extra = {"rewards": {"dtype": "float32", "shape": [1], "names": None}}
+    write_dataset(src, lengths=(2,), video=False, extra_features=extra)
+    with pytest.raises(FormatError, match="'next.reward' and 'rewards' would both be stored"):
+        zreplay.import_lerobot(src, dst)
+    _leaves_nothing(tmp_path, dst)
+
+
 def test_a_path_template_leading_out_of_the_dataset_is_refused(tmp_path):
     src, dst = tmp_path / "ds", tmp_path / "buf"
     write_dataset(

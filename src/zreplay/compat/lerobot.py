@@ -114,6 +114,22 @@ def buffer_key(name: str) -> str:
     return {REWARD: REWARDS_KEY, DONE: TERMINATED_KEY}.get(name, name)
 
 
+def check_keys(info: Info) -> None:
+    """``FormatError`` when two features would be stored under one key (a feature named
+    ``rewards`` beside ``next.reward``, or ``truncated`` beside ``next.done``)."""
+    names = {k: buffer_key(k) for k in info.features}
+    if DONE in info.features:
+        names["(the truncated flags of next.done)"] = TRUNCATED_KEY
+    seen: dict[str, str] = {}
+    for name, key in names.items():
+        if key in seen:
+            raise FormatError(
+                f"features {seen[key]!r} and {name!r} would both be stored as {key!r}; "
+                "rename one in the dataset first"
+            )
+        seen[key] = name
+
+
 def frame_layout(feat: Feature) -> dict:
     """How one camera's frames are stored (a ``layout=`` entry): one frame per chunk, a
     few MB per shard.  The one place an image codec would be chosen."""
@@ -381,10 +397,10 @@ class VideoFile:
         if container is not None:
             container.close()
 
-    def take(self, start: float, stop: float, tol: float) -> list:
-        """The frames whose time lies in ``[start - tol, stop - tol)``, in order."""
+    def between(self, start: float, stop: float, tol: float) -> Iterator:
+        """The frames whose time lies in ``[start - tol, stop - tol)``, in order, decoded
+        as they are asked for."""
         av = _module("av")
-        out = []
         while True:
             frame, self.ahead = self.ahead, None
             if frame is None:
@@ -401,9 +417,8 @@ class VideoFile:
                 self.ahead = frame
                 break
             if t >= start - tol:
-                out.append(frame)
+                yield frame
         self.position = stop
-        return out
 
 
 class Videos:
@@ -428,15 +443,21 @@ class Videos:
             if v is not None:
                 v.close()
             v = self.open[feat.name] = VideoFile(path)
-        got = v.take(t0, t1, self.tol)
-        if len(got) != ep.length:
+        # Converted one by one into the episode's array: one episode's frames in memory.
+        out = np.empty((ep.length, *feat.shape), np.uint8)
+        times, where = [], f"{path} (episode {ep.index})"
+        for i, frame in enumerate(v.between(t0, t1, self.tol)):
+            if i < ep.length:
+                out[i] = _frame_array(frame, feat, where)
+            times.append(frame.time)
+        if len(times) != ep.length:
             span = f"from {t0} s" + ("" if t1 == float("inf") else f" to {t1} s")
             raise FormatError(
-                f"{path}: episode {ep.index} has {len(got)} frames of {feat.name!r} {span}, "
+                f"{path}: episode {ep.index} has {len(times)} frames of {feat.name!r} {span}, "
                 f"but its length is {ep.length}; the video and the episode metadata disagree "
                 "(a truncated or re-encoded video?)"
             )
-        times = np.array([f.time for f in got])
+        times = np.asarray(times)
         off = np.abs(times - (t0 + timestamps.astype(np.float64)))
         if off.max() > self.tol:
             i = int(off.argmax())
@@ -445,9 +466,8 @@ class Videos:
                 f"{times[i]:.6f} s but its row's timestamp asks for {t0 + timestamps[i]:.6f} s "
                 f"(tolerance {self.tol} s)"
             )
-        self.decoded += len(got)
-        where = f"{path} (episode {ep.index})"
-        return np.stack([_frame_array(f, feat, where) for f in got])
+        self.decoded += ep.length
+        return out
 
 
 def _episode_rows(table, ep: Episode, where: Path, ep_col: np.ndarray):
@@ -559,6 +579,7 @@ def import_lerobot(
     for name in ("pyarrow.parquet", "av"):  # a missing extra, said before anything else
         _module(name)
     info = read_info(root)
+    check_keys(info)
     episodes, tasks = plan(root, info)  # every refusal of the metadata before dst is touched
     layout = {k: frame_layout(f) for k, f in info.features.items() if f.is_frame}
     layout.update(options.pop("layout", None) or {})
