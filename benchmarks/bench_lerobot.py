@@ -14,7 +14,7 @@ PNG image camera, state, action, reward, done; files rolling over) and measures:
 * random access: ``zreplay.open(buffer).sample(256)`` against 256 random
   ``LeRobotDataset[i]`` (the issue's target: at most 0.05x).
 
-Prints a table and writes JSON (``--out``; default benchmarks/results/lerobot.json).
+Prints a table and writes JSON (``--out``; default benchmarks/results/latest/lerobot.json).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=100)
     ap.add_argument("--size", type=int, default=96, help="camera frames are size x size x 3")
     ap.add_argument("--quick", action="store_true", help="4 episodes of 50 frames")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "lerobot.json")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "latest" / "lerobot.json")
     a = ap.parse_args(argv)
     if a.quick:
         a.episodes, a.length = 4, 50
