@@ -6,7 +6,11 @@ reader judge the import in tests/test_lerobot_judge.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +26,7 @@ pytest.importorskip("pyarrow")
 from lerobot_layout import FRONT, TASKS, WRIST, decode_mp4, write_dataset  # noqa: E402
 
 RENAMED = {"next.reward": "rewards", "next.done": "terminated"}
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def all_rows(path) -> dict[str, np.ndarray]:
@@ -232,3 +237,24 @@ def test_cli_import_detects_lerobot_and_prints_the_report(tmp_path, capsys):
     (src / "meta/info.json").write_text(json.dumps({"codebase_version": "v1.6"}))
     assert cli(["import", str(src), str(tmp_path / "buf3")]) == 1
     assert "'v1.6'" in capsys.readouterr().err
+
+
+def test_a_killed_import_leaves_nothing_and_the_next_one_succeeds(tmp_path):
+    src, dst = tmp_path / "ds", tmp_path / "buf"
+    write_dataset(src, lengths=(3, 4, 5), video=False)
+    script = (
+        "import os, signal, sys, zreplay\n"
+        "def die(n):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "zreplay.import_lerobot(sys.argv[1], sys.argv[2], progress=die)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(dst)], env=env, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    assert not dst.exists()
+    zreplay.import_lerobot(src, dst)  # a killed import's staging tree is no obstacle
+    assert list(zreplay.open(dst).episodes().length) == [3, 4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buf", "ds"]
