@@ -110,6 +110,8 @@ def _table(cols: dict[str, np.ndarray], sel: np.ndarray) -> pa.Table:
             out[k] = pa.array([{"bytes": png(img), "path": None} for img in v])
         elif v.ndim == 2:
             out[k] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+        elif v.ndim > 2:  # HF's Array2D..5D: nested lists
+            out[k] = pa.array(v.tolist())
         else:
             out[k] = pa.array(v)
     return pa.table(out)
@@ -127,6 +129,7 @@ def write_dataset(
     short_video: dict[int, int] | None = None,
     split_episode: int | None = None,
     extra_features: dict | None = None,
+    extra_columns: dict[str, np.ndarray] | None = None,
     info_changes: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Write a LeRobot dataset of ``version`` with episodes of ``lengths`` to ``root``.
@@ -135,12 +138,13 @@ def write_dataset(
     each), numbered chunk 0, files 0, 1, ...; ``split_episode``: that episode's second
     half goes into the next data file while the metadata says the first;
     ``short_video={e: k}``: episode ``e`` gets ``k`` fewer frames in its mp4 than its
-    length.  ``extra_features``/``info_changes`` are merged into info.json as written.
+    length.  ``extra_features``/``info_changes`` are merged into info.json as written,
+    ``extra_columns`` (one row per frame) into the data files.
     Returns the rows of the non-video features (see :func:`rows`)."""
     root = Path(root)
     lengths = list(lengths)
     n_ep = len(lengths)
-    cols = rows(lengths, image)
+    cols = rows(lengths, image) | dict(extra_columns or {})
     short = short_video or {}
     feats = features(video, image) | dict(extra_features or {})
     bounds = np.concatenate([[0], np.cumsum(lengths)])

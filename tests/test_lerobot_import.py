@@ -99,6 +99,27 @@ def test_progress_counts_frames_and_the_buffer_reopens_as_a_replay_buffer(tmp_pa
         rb.close()
 
 
+def test_multidimensional_features_keep_their_declared_shape_and_dtype(tmp_path):
+    src, dst = tmp_path / "ds", tmp_path / "buf"
+    joints = np.arange(9 * 6, dtype=np.float64).reshape(9, 2, 3) / 7
+    counts = np.arange(9, dtype=np.int16)[:, None].repeat(4, 1)
+    extra = {
+        "observation.joints": {"dtype": "float64", "shape": [2, 3], "names": None},
+        "observation.counts": {"dtype": "int16", "shape": [4], "names": None},
+    }
+    cols = {"observation.joints": joints, "observation.counts": counts}
+    expected = write_dataset(
+        src, lengths=(4, 5), video=False, extra_features=extra, extra_columns=cols
+    )
+    zreplay.import_lerobot(src, dst)
+    rows = all_rows(dst)
+    check_rows(rows, expected)
+    assert (
+        rows["observation.joints"].shape == (9, 2, 3)
+        and rows["observation.counts"].dtype == np.int16
+    )
+
+
 def _leaves_nothing(tmp_path, dst) -> None:
     assert not dst.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no staging tree left
