@@ -27,6 +27,7 @@ from ..errors import FormatError
 from ..store.guard import new_tree
 from ..store.layout import SHARD_TARGET_BYTES
 from ..store.location import locate
+from ..threads import deferred_interrupts
 from .lerobot_format import (
     DONE,
     IMAGE,
@@ -149,6 +150,12 @@ def import_lerobot(
     leaves ``dst`` as it was.  Needs ``pip install 'zreplay[lerobot]'`` (pyarrow, PyAV).
     """
     started = time.perf_counter()
+    if (
+        isinstance(tolerance_s, bool)
+        or not isinstance(tolerance_s, (int, float))
+        or not tolerance_s >= 0
+    ):
+        raise ValueError(f"tolerance_s must be a number of seconds >= 0, got {tolerance_s!r}")
     root = Path(src)
     if not root.is_dir():
         raise FormatError(
@@ -164,14 +171,16 @@ def import_lerobot(
     target = locate(dst, options.get("storage_options"))
     videos = Videos(float(tolerance_s))
     with new_tree(target, "import_lerobot", overwrite=overwrite, sources=[locate(root)]) as tmp:
-        core = BufferCore.writer(
-            tmp,
-            stream=RandomStream(tag="swm"),
-            ram=RamPolicy(enabled=False),
-            layout=layout,
-            **options,
-        )
+        core = None
         try:
+            with deferred_interrupts():  # the writer is made and then closed, or never made
+                core = BufferCore.writer(
+                    tmp,
+                    stream=RandomStream(tag="swm"),
+                    ram=RamPolicy(enabled=False),
+                    layout=layout,
+                    **options,
+                )
             order = None
             for cols in map(as_buffer_columns, iter_episodes(root, info, episodes, videos)):
                 if order is None:  # stable-worldmodel's column order: its ReplayBuffer reopens it
@@ -185,7 +194,8 @@ def import_lerobot(
             core.flush()
         finally:
             videos.close()
-            core.close()
+            if core is not None:
+                core.close()
         _write_group(tmp, info, episodes, tasks, root)
     return LeRobotImport(
         path=str(target),
