@@ -44,6 +44,9 @@ from .lerobot_read import TOLERANCE_S, Episode, Videos, iter_episodes, need, pla
 
 # The group of the buffer that holds what the dataset said beyond its rows.
 GROUP = "lerobot"
+# Episodes read ahead of the writer, added together (at most this many, or bytes).
+BATCH_EPISODES = 64
+BATCH_BYTES = 32 << 20
 
 
 @dataclass
@@ -181,16 +184,22 @@ def import_lerobot(
                     layout=layout,
                     **options,
                 )
-            order = None
+            batch, nbytes = [], 0
             for cols in map(as_buffer_columns, iter_episodes(root, info, episodes, videos)):
-                if order is None:  # stable-worldmodel's column order: its ReplayBuffer reopens it
-                    order = core.facade_state["columns"] = list(cols)
+                if not core.facade_state.get("columns"):  # its ReplayBuffer reopens the order
+                    core.facade_state["columns"] = list(cols)
                 n = len(next(iter(cols.values())))
-                core.add(
-                    [Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)]
+                batch.append(
+                    Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)
                 )
+                nbytes += sum(v.nbytes for v in cols.values())
+                # Episodes are added in batches: one add per episode cost ~15 ms each.
+                if nbytes >= BATCH_BYTES or len(batch) >= BATCH_EPISODES:
+                    core.add(batch)
+                    batch, nbytes = [], 0
                 if progress is not None:
                     progress(n)
+            core.add(batch)
             core.flush()
         finally:
             videos.close()
