@@ -9,7 +9,8 @@ episode that does not end done (so the episode table says how each one ended).  
 (PNG in the parquet) per row; both are stored as uint8 ``[H, W, C]`` rows.
 
 The buffer is built aside and appears at ``dst`` whole (as ``import_rlinf``); the reader
-(:mod:`.lerobot_read`) holds one data file and one episode's frames at a time.  Task strings and the dataset's
+(:mod:`.lerobot_read`) holds one data file and one episode's frames at a time, and the
+episodes read ahead of the writer are bounded (``BATCH_EPISODES``, ``BATCH_BYTES``).  Task strings and the dataset's
 metadata go to the buffer's ``lerobot`` group (FORMAT.md, "Imported datasets").
 """
 
