@@ -179,3 +179,15 @@ def test_a_torchrl_storage_refuses_to_be_a_learner(tmp_path):
     with pytest.raises(ValueError, match="cannot be a learner"):
         ZarrStorage(10, str(tmp_path / "z"), rate_limiter=zreplay.MinSize(1), learner_id="L")
     assert not (tmp_path / "z").exists()
+
+
+def test_dataset_imports_are_top_level_names_outside_all():
+    """``zreplay.import_lerobot`` (beside ``upgrade``: ``__all__`` holds 20 names) is the
+    compat module's function; importing zreplay never imports LeRobot."""
+    import sys
+
+    import zreplay.compat.lerobot
+
+    assert zreplay.import_lerobot is zreplay.compat.lerobot.import_lerobot
+    assert "import_lerobot" not in zreplay.__all__
+    assert "lerobot" not in sys.modules

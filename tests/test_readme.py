@@ -9,7 +9,11 @@ GitHub and on the site), what it needs or why it cannot run here:
 
 * ``<!-- readme-test: needs=s3 -->``: a real S3 endpoint (moto's server on 127.0.0.1 with
   a bucket named ``bucket``), handed to the block through the AWS environment variables,
-  as a user's MinIO or AWS account would be; the only need there is;
+  as a user's MinIO or AWS account would be;
+* ``<!-- readme-test: needs=lerobot -->``: LeRobot's own code, which the project's venv
+  cannot hold: the block runs with the judge venv's interpreter
+  (``ZREPLAY_LEROBOT_PYTHON``, tests/lerobot_judge.py), offline, in the slow set, and is
+  skipped with that reason when the variable is unset;
 * ``<!-- readme-test: skip=REASON -->``: not run, reported as skipped with REASON (a
   block that installs packages, runs for minutes, or runs this suite);
 * ``<!-- readme-test: not-code=REASON -->``: a listing or a diagram, not a program
@@ -92,9 +96,9 @@ def blocks(text: str, doc: str = "README") -> list[Block]:
 
 # -- what a block may need ------------------------------------------------------------
 
-# Blocks build their own inputs; the one thing a block cannot build is an S3 endpoint,
-# which s3_env() provides as a user's environment would.
-NEEDS = {"s3"}
+# Blocks build their own inputs; what a block cannot build is an S3 endpoint, which
+# s3_env() provides as a user's environment would, and LeRobot's own code (its venv).
+NEEDS = {"s3", "lerobot"}
 
 
 @pytest.fixture(scope="module")
@@ -150,19 +154,40 @@ def test_the_readme_has_blocks_and_every_need_is_known():
         for name in needs(b):
             assert name in NEEDS, (
                 f"{b.doc} line {b.line}: needs={name!r}: a block builds its own inputs "
-                "(only an S3 endpoint, needs=s3, is provided)"
+                "(only an S3 endpoint, needs=s3, and LeRobot's venv, needs=lerobot, are "
+                "provided)"
             )
 
 
-def run_block(block: Block, tmp_path: Path, env: dict) -> subprocess.CompletedProcess:
+def run_block(
+    block: Block, tmp_path: Path, env: dict, python: str = sys.executable
+) -> subprocess.CompletedProcess:
     """Run ``block`` in ``tmp_path/work`` (made empty the first time), the script beside it."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     if block.lang == "python":
         script = tmp_path / "block.py"
         script.write_text(block.code)
-        return run([sys.executable, str(script)], work, env)
+        return run([python, str(script)], work, env)
     return run(["bash", "-e", "-c", block.code], work, env)
+
+
+def lerobot_python(block: Block, tmp_path: Path) -> tuple[str, dict]:
+    """The judge venv's interpreter and environment for a ``needs=lerobot`` block."""
+    from lerobot_judge import JUDGE_PYTHON, JUDGES, judge_env
+
+    if JUDGE_PYTHON is None:
+        pytest.skip(
+            f"{block.doc} line {block.line} needs LeRobot's own code: build its venv with "
+            "`.ci/lerobot-env DIR` and set ZREPLAY_LEROBOT_PYTHON=DIR/bin/python"
+        )
+    env = judge_env(tmp_path)
+    # this checkout first, then the test-only torchvision stand-in LeRobot imports
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(JUDGES)])
+    env["PATH"] = os.pathsep.join([str(Path(JUDGE_PYTHON).parent), os.environ.get("PATH", "")])
+    return JUDGE_PYTHON, {
+        k: env[k] for k in ("HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_CACHE", "PYTHONPATH", "PATH")
+    }
 
 
 def check(got: subprocess.CompletedProcess, block: Block, what: str = "") -> None:
@@ -175,7 +200,12 @@ def check(got: subprocess.CompletedProcess, block: Block, what: str = "") -> Non
 
 @pytest.mark.parametrize(
     "block",
-    [pytest.param(b, marks=[pytest.mark.slow] if "slow" in b.marks else []) for b in ALL],
+    [
+        pytest.param(
+            b, marks=[pytest.mark.slow] if "slow" in b.marks or "lerobot" in needs(b) else []
+        )
+        for b in ALL
+    ],
     ids=[b.id for b in ALL],
 )
 def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
@@ -187,6 +217,10 @@ def test_readme_block_runs_as_pasted(block: Block, tmp_path, request):
         f"{block.doc} line {block.line}: a ```{block.lang or ''} block; give it a language (python "
         "or bash) or a <!-- readme-test: skip=... / not-code=... --> comment"
     )
+    if "lerobot" in needs(block):
+        python, env = lerobot_python(block, tmp_path)
+        check(run_block(block, tmp_path, env, python), block)
+        return
     env = request.getfixturevalue("s3_env") if "s3" in needs(block) else {}
     check(run_block(block, tmp_path, env), block)
 

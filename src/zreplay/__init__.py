@@ -9,6 +9,8 @@ Public names:
 * :func:`rank_loader`, :class:`RankShard`: one distributed rank's share as a DataLoader.
 * :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
+* :func:`import_lerobot`: read a local LeRobot dataset (v3.0, v2.1) into a new buffer
+  (outside ``__all__``, which holds 20 names).
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :func:`upgrade`: rewrite a buffer of an older on-disk format (2-4) in the current one.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
@@ -30,6 +32,7 @@ from .api.trajectory_buffer import TrajectoryReplayBuffer
 from .api.view import BufferView, open
 from .compat.dumps import dump
 from .compat.hdf5 import iter_hdf5
+from .compat.lerobot import import_lerobot as import_lerobot  # outside __all__ (20 names)
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
 from .core.options import StoreOptions

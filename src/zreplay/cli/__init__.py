@@ -65,8 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export at OUT")
     p.set_defaults(run=convert.run_export)
 
-    p = sub.add_parser("import", parents=[common], help="read RLinf files or HDF5 into a buffer")
-    p.add_argument("src", help="RLinf buffer directory or zreplay HDF5 file")
+    p = sub.add_parser(
+        "import", parents=[common], help="read RLinf files, HDF5 or a LeRobot dataset into a buffer"
+    )
+    p.add_argument(
+        "src", help="RLinf buffer directory, zreplay HDF5 file or LeRobot dataset (v3.0, v2.1)"
+    )
     p.add_argument("dst", help="new buffer directory")
     p.add_argument(
         "--allow-pickle", action="store_true", help="load RLinf .pkl files (trusted sources only)"

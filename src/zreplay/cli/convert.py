@@ -4,8 +4,10 @@
   through a read-only view, so every segment is exported, no writer lock is taken and
   nothing is written to the source; ``--format hdf5``: :func:`zreplay.dump` of the view.
 * ``import SRC DST``: an RLinf directory through :func:`zreplay.import_rlinf`
-  (trajectories, ids and metadata kept), or a zreplay HDF5 file's episodes written with
-  :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode).
+  (trajectories, ids and metadata kept), a zreplay HDF5 file's episodes written with
+  :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode), or a local
+  LeRobot dataset (v3.0, v2.1) through :func:`zreplay.import_lerobot`; ``IMPORTS`` is the
+  table of what it recognises, in order.
 
 Outputs are never clobbered without ``--overwrite``, and every output is built aside and
 swapped in whole: a failed export or import leaves what was at the output path (or
@@ -17,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..compat.lerobot_format import is_lerobot_dir
 from ..errors import FormatError, PickleRefusedError
 from ..store.guard import new_tree
 from ..store.location import locate
@@ -65,22 +68,19 @@ def run_import(args) -> Result:
     from ..store.root import is_buffer
 
     src, dst = existing(args.src), Path(args.dst)
-    if is_rlinf_dir(src):
-        kind = "rlinf"
-    elif is_hdf5(src):
-        kind = "hdf5"
-    else:
-        raise FormatError(
-            f"{src} is neither an RLinf buffer directory (metadata.json + "
-            "trajectory_index.json) nor a zreplay HDF5 episode file"
-        )
+    kind, read = next(
+        ((k, r) for k, (is_kind, r, _) in IMPORTS.items() if is_kind(src)), (None, None)
+    )
+    if kind is None:
+        what = " nor ".join(w for _, _, w in IMPORTS.values())
+        raise FormatError(f"{src} is neither {what}")
     if args.overwrite and dst.is_dir() and writer_locks(dst):
         raise FileExistsError(
             f"{dst} has a writer lock ({writer_locks(dst)[0]}): a writer may be running. "
             "Stop it (or delete the lock if it is gone) before overwriting"
         )
     check_output(dst, args.overwrite, is_buffer, "a zreplay buffer")
-    (_import_rlinf if kind == "rlinf" else _import_hdf5)(args, src, dst)
+    report = read(args, src, dst)
     view = zreplay.open(dst)
     result = {
         "src": str(src),
@@ -94,6 +94,9 @@ def run_import(args) -> Result:
         f"imported {view.num_trajectories} trajectories, {view.num_episodes} episodes, "
         f"{view.num_rows} rows from {src} ({kind}) into {dst}"
     )
+    if report is not None:  # what the importer itself says it read
+        result.update(report=vars(report))
+        done = str(report)
     return EXIT_OK, result, done
 
 
@@ -131,3 +134,33 @@ def _import_hdf5(args, src: Path, dst: Path) -> None:
                     bar.update(1)
         finally:
             rb.close()
+
+
+def _import_lerobot(args, src: Path, dst: Path):
+    from ..compat.lerobot import import_lerobot
+    from ..compat.lerobot_format import read_info
+
+    with progress(args, read_info(src).total_frames, "import", "frame") as bar:
+        return import_lerobot(src, dst, overwrite=args.overwrite, progress=bar.update)
+
+
+def _local(is_kind):
+    return lambda p: p.backend.is_local and is_kind(p)
+
+
+# What `zreplay import SRC DST` reads, tried in order: kind -> (is SRC one, import it into
+# DST (returns a report with a __str__, or None), what it is in an error).  A new source
+# format is one row.
+IMPORTS = {
+    "rlinf": (
+        is_rlinf_dir,
+        _import_rlinf,
+        "an RLinf buffer directory (metadata.json + trajectory_index.json)",
+    ),
+    "hdf5": (is_hdf5, _import_hdf5, "a zreplay HDF5 episode file"),
+    "lerobot": (
+        _local(is_lerobot_dir),
+        _import_lerobot,
+        "a local LeRobot dataset directory (meta/info.json of codebase version v3.0 or v2.1)",
+    ),
+}
