@@ -9,6 +9,7 @@ Public names:
 * :func:`rank_loader`, :class:`RankShard`: one distributed rank's share as a DataLoader.
 * :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
+* :func:`export_lerobot`: a buffer's whole episodes as a LeRobot v3.0 dataset.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :func:`upgrade`: rewrite a buffer of an older on-disk format (2-4) in the current one.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
@@ -30,6 +31,9 @@ from .api.trajectory_buffer import TrajectoryReplayBuffer
 from .api.view import BufferView, open
 from .compat.dumps import dump
 from .compat.hdf5 import iter_hdf5
+
+# Other projects' datasets, outside __all__ (20 names) as upgrade.
+from .compat.lerobot_export import export_lerobot as export_lerobot
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
 from .core.options import StoreOptions

@@ -2,7 +2,9 @@
 
 * ``export PATH OUT --format pt|pkl``: RLinf's directory layout (``export_rlinf``), read
   through a read-only view, so every segment is exported, no writer lock is taken and
-  nothing is written to the source; ``--format hdf5``: :func:`zreplay.dump` of the view.
+  nothing is written to the source; ``--format hdf5``: :func:`zreplay.dump` of the view;
+  ``--format lerobot``: :func:`zreplay.export_lerobot` of the view (``--fps``,
+  ``--images video|image``, ``--task``) to a new directory.
 * ``import SRC DST``: an RLinf directory through :func:`zreplay.import_rlinf`
   (trajectories, ids and metadata kept), or a zreplay HDF5 file's episodes written with
   :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode).
@@ -40,7 +42,28 @@ def run_export(args) -> Result:
     view = zreplay.open(buffer_dir(args.path))
     out = Path(args.out)
     result: dict[str, Any] = {"path": str(view.path), "out": str(out), "format": args.format}
-    if args.format == "hdf5":
+    if args.format == "lerobot":
+        if args.overwrite:
+            raise FileExistsError(
+                "--overwrite does not apply to --format lerobot: LeRobot datasets are "
+                f"written to a new directory; delete {out} yourself first"
+            )
+        n = view.num_episodes
+        with progress(args, n, "export", "episode") as bar:
+            report = zreplay.export_lerobot(
+                view, out, fps=args.fps, images=args.images, task=args.task, progress=bar.update
+            )
+        result.update(
+            episodes=report.episodes,
+            frames=report.frames,
+            skipped_partial=report.skipped_partial,
+            features=sorted(report.features),
+        )
+        done = (
+            f"wrote {report.episodes} episodes ({report.frames} frames) as a LeRobot v3.0 "
+            f"dataset to {out}"
+        )
+    elif args.format == "hdf5":
         check_output(out, args.overwrite, is_hdf5, "an HDF5 file")
         n = view.num_episodes
         with progress(args, n, "export", "episode") as bar:
