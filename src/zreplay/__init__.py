@@ -10,6 +10,7 @@ Public names:
 * :func:`dump`, :func:`load_hdf5`, :func:`iter_hdf5`: episode exports (HDF5, Zarr).
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`export_lerobot`: a buffer's whole episodes as a LeRobot v3.0 dataset.
+* :func:`import_minari`: a Minari HDF5 dataset into a new zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :func:`upgrade`: rewrite a buffer of an older on-disk format (2-4) in the current one.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
@@ -34,6 +35,7 @@ from .compat.hdf5 import iter_hdf5
 
 # Other projects' datasets, outside __all__ (20 names) as upgrade.
 from .compat.lerobot_export import export_lerobot as export_lerobot
+from .compat.minari import import_minari as import_minari
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
 from .core.options import StoreOptions
