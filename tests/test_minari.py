@@ -224,3 +224,17 @@ def test_an_interrupted_import_leaves_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         zreplay.import_minari(tmp_path / "ds", tmp_path / "buf", progress=interrupt)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_cli_import_detects_a_minari_dataset(tmp_path):
+    import subprocess
+    import sys
+
+    write_minari(tmp_path / "ds", [3, 4])
+    cmd = [sys.executable, "-m", "zreplay.cli", "import", str(tmp_path / "ds"), str(tmp_path / "b")]
+    r = subprocess.run([*cmd, "--json", "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert (result["kind"], result["episodes"], result["rows"]) == ("minari", 2, 7)
+    r = subprocess.run([*cmd, "-q"], capture_output=True, text=True)
+    assert r.returncode == 1 and "--overwrite" in r.stdout + r.stderr

@@ -6,8 +6,9 @@
   ``--format lerobot``: :func:`zreplay.export_lerobot` of the view (``--fps``,
   ``--images video|image``, ``--task``) to a new directory.
 * ``import SRC DST``: an RLinf directory through :func:`zreplay.import_rlinf`
-  (trajectories, ids and metadata kept), or a zreplay HDF5 file's episodes written with
-  :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode).
+  (trajectories, ids and metadata kept), a zreplay HDF5 file's episodes written with
+  :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode), or a Minari
+  dataset (``data/metadata.json``) through :func:`zreplay.import_minari`.
 
 Outputs are never clobbered without ``--overwrite``, and every output is built aside and
 swapped in whole: a failed export or import leaves what was at the output path (or
@@ -19,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..compat.minari import is_minari_dataset
 from ..errors import FormatError, PickleRefusedError
 from ..store.guard import new_tree
 from ..store.location import locate
@@ -92,10 +94,13 @@ def run_import(args) -> Result:
         kind = "rlinf"
     elif is_hdf5(src):
         kind = "hdf5"
+    elif is_minari_dataset(src):
+        kind = "minari"
     else:
         raise FormatError(
             f"{src} is neither an RLinf buffer directory (metadata.json + "
-            "trajectory_index.json) nor a zreplay HDF5 episode file"
+            "trajectory_index.json), a zreplay HDF5 episode file nor a Minari dataset "
+            "(data/metadata.json)"
         )
     if args.overwrite and dst.is_dir() and writer_locks(dst):
         raise FileExistsError(
@@ -103,7 +108,7 @@ def run_import(args) -> Result:
             "Stop it (or delete the lock if it is gone) before overwriting"
         )
     check_output(dst, args.overwrite, is_buffer, "a zreplay buffer")
-    (_import_rlinf if kind == "rlinf" else _import_hdf5)(args, src, dst)
+    {"rlinf": _import_rlinf, "hdf5": _import_hdf5, "minari": _import_minari}[kind](args, src, dst)
     view = zreplay.open(dst)
     result = {
         "src": str(src),
@@ -154,3 +159,10 @@ def _import_hdf5(args, src: Path, dst: Path) -> None:
                     bar.update(1)
         finally:
             rb.close()
+
+
+def _import_minari(args, src: Path, dst: Path) -> None:
+    import zreplay
+
+    with progress(args, None, "import", "episode") as bar:
+        zreplay.import_minari(src, dst, overwrite=args.overwrite, progress=bar.update)

@@ -72,6 +72,15 @@ def data_dir(src: Path) -> Path:
     )
 
 
+def is_minari_dataset(path: Path) -> bool:
+    """A Minari dataset's directory, or its ``data`` directory (``metadata.json``
+    beside ``main_data.hdf5`` or another format's files)."""
+    return (
+        any((d / METADATA).is_file() for d in (path / "data", path))
+        and not (path / "trajectory_index.json").is_file()
+    )  # an RLinf buffer directory has a metadata.json too
+
+
 def read_metadata(d: Path) -> dict:
     try:
         meta = json.loads((d / METADATA).read_text())
