@@ -336,3 +336,27 @@ def test_cli_export_format_lerobot(buf, tmp_path):
     assert json.loads((out / "meta/info.json").read_text())["fps"] == 15
     r = subprocess.run([*cmd, *opts, "-q"], capture_output=True, text=True)
     assert r.returncode == 1 and "exists" in r.stdout + r.stderr
+
+
+def test_rlinf_lanes_become_episodes_with_dones_as_next_done(tmp_path):
+    torch = pytest.importorskip("torch")
+    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "t"))
+    dones = torch.zeros(6, 2, dtype=torch.bool)
+    dones[2, 0] = dones[5, 0] = dones[5, 1] = True  # lane 0: episodes of 3 and 3; lane 1: 6
+    rewards = torch.arange(12, dtype=torch.float64).reshape(6, 2)
+    obs = torch.arange(12 * 3, dtype=torch.float32).reshape(6, 2, 3)
+    task = torch.zeros(6, 2, dtype=torch.int64)  # a key LeRobot's items use for the task string
+    buf.add_trajectories([{"rewards": rewards, "dones": dones, "curr_obs": obs, "task": task}])
+    buf.close()
+    report = zreplay.export_lerobot(tmp_path / "t", tmp_path / "ds", images="image")
+    assert "task" not in report.features and "dones" not in report.features
+    assert report.features["next.reward"]["dtype"] == "float64"  # the buffer's own precision
+    eps = episodes_table(tmp_path / "ds")
+    assert [e["length"] for e in eps] == [3, 3, 6]  # env-major: lane 0's, then lane 1's
+    data = read_data(tmp_path / "ds")
+    assert data["next.done"] == [False, False, True] * 2 + [False] * 5 + [True]
+    want = np.concatenate([rewards[:, 0].numpy(), rewards[:, 1].numpy()])
+    np.testing.assert_array_equal(data["next.reward"], want)
+    np.testing.assert_array_equal(
+        data["curr_obs"], np.concatenate([obs[:, 0].numpy(), obs[:, 1].numpy()])
+    )

@@ -22,7 +22,8 @@ truncation column and the one-step next observations (``next_obs/...``) are not
 exported: a LeRobot frame has neither (an episode whose last frame is not done reads as
 truncated).  LeRobot's own columns (``timestamp`` = ``frame_index / fps``,
 ``frame_index``, ``episode_index``, ``index``, ``task_index``) are written afresh; a
-buffer key of one of those names is left out.
+buffer key of one of those names, or named ``task`` (LeRobot's items carry the task
+string under it), is left out.
 
 Only whole episodes are exported: one whose first steps were evicted is skipped (and
 counted).  An episode whose last step is neither terminated nor truncated may still be
@@ -134,7 +135,8 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
             raise SchemaError(f"keys {missing} are not in the buffer; it has {sorted(specs)}")
     reward = next((k for k in REWARD_KEYS if k in keys), None)
     done = next((k for k in (*TERMINATION_KEYS, *DONE_KEYS) if k in keys), None)
-    skip = {reward, done, *TRUNCATION_KEYS, *DEFAULT_FEATURES}
+    # "task": LeRobot's items carry the task string under that name.
+    skip = {reward, done, *TRUNCATION_KEYS, *DEFAULT_FEATURES, "task"}
     out: list[Feature] = []
     for key in keys:
         if key in skip:
@@ -157,7 +159,15 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
                 "leave it out with keys=[...]"
             )
     if reward is not None:
-        out.append(Feature("next.reward", reward, "float32", (1,)))
+        spec = specs[reward]
+        dtype = spec.dtype.name if spec.dtype.kind == "f" else "float32"
+        shape = tuple(spec.row_shape) if len(spec.row_shape) == 1 else (1,)
+        if len(spec.row_shape) > 1:
+            raise SchemaError(
+                f"reward key {reward!r} has rows of shape {list(spec.row_shape)}; "
+                "next.reward takes a scalar or a vector per frame"
+            )
+        out.append(Feature("next.reward", reward, dtype, shape))
     if done is not None:
         out.append(Feature("next.done", done, "bool", (1,)))
     names = [f.name for f in out]
@@ -206,7 +216,7 @@ def frame_columns(
         if f.name == "next.done":
             v = v.reshape(n, -1).astype(bool).any(axis=1)
         elif f.name == "next.reward":
-            v = v.reshape(n, -1)[:, 0].astype(np.float32)
+            v = v.astype(f.dtype)
         out[f.name] = v.reshape(n, *f.shape) if not f.camera else v
     return out
 
