@@ -149,8 +149,15 @@ def test_stats_per_episode_and_overall_are_lerobots(buf, tmp_path):
             np.testing.assert_allclose(row[f"stats/action/{q}"], np.quantile(a, v, axis=0))
         # Cameras: per channel, (3, 1, 1), in [0, 1].
         assert np.asarray(row[f"stats/{CAM}/mean"]).shape == (3, 1, 1)
-        frames = episode(n, e)[CAM].reshape(-1, 3) / 255.0
+        frames = episode(n, e)[CAM].reshape(-1, 3) / 255.0  # all of them: short and small
         np.testing.assert_allclose(np.ravel(row[f"stats/{CAM}/max"]), frames.max(0))
+        np.testing.assert_allclose(np.ravel(row[f"stats/{CAM}/min"]), frames.min(0))
+        np.testing.assert_allclose(np.ravel(row[f"stats/{CAM}/mean"]), frames.mean(0))
+        np.testing.assert_allclose(np.ravel(row[f"stats/{CAM}/std"]), frames.std(0), atol=1e-12)
+        for q, v in quantiles.items():
+            np.testing.assert_allclose(
+                np.ravel(row[f"stats/{CAM}/{q}"]), np.quantile(frames, v, axis=0), atol=1e-12
+            )
     stats = json.loads((out / "meta/stats.json").read_text())
     every = np.concatenate([episode(n, e)["action"] for e, n in enumerate(LENGTHS)]).astype(
         np.float64
