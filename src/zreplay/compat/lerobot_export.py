@@ -232,7 +232,9 @@ def png(frame: np.ndarray) -> bytes:
 
 def arrow_column(pa, f: Feature, v: np.ndarray):
     if f.dtype == "image":
-        # Pillow's encoder lets go of the GIL: frames are encoded side by side.
+        # Pillow's encoder lets go of the GIL: frames are encoded side by side.  Imported
+        # here first: threads importing it at once would see it half initialised.
+        need("PIL.Image")
         with ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-png") as pool:
             data = [{"bytes": b, "path": None} for b in pool.map(png, v)]
         return pa.array(data, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
