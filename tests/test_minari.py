@@ -238,3 +238,25 @@ def test_cli_import_detects_a_minari_dataset(tmp_path):
     assert (result["kind"], result["episodes"], result["rows"]) == ("minari", 2, 7)
     r = subprocess.run([*cmd, "-q"], capture_output=True, text=True)
     assert r.returncode == 1 and "--overwrite" in r.stdout + r.stderr
+
+
+def test_links_out_of_the_file_are_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere.h5"
+    with h5py.File(elsewhere, "w") as f:
+        f["rewards"] = np.ones(3)
+    for how in ("external", "soft", "virtual"):
+        src = tmp_path / how
+        write_minari(src, [3])
+        with h5py.File(src / "data/main_data.hdf5", "a") as f:
+            del f["episode_0/rewards"]
+            if how == "external":
+                f["episode_0/rewards"] = h5py.ExternalLink(str(elsewhere), "rewards")
+            elif how == "soft":
+                f["episode_0/rewards"] = h5py.SoftLink("/episode_0/truncations")
+            else:
+                layout = h5py.VirtualLayout(shape=(3,), dtype="f8")
+                layout[:] = h5py.VirtualSource(str(elsewhere), "rewards", shape=(3,))
+                f["episode_0"].create_virtual_dataset("rewards", layout)
+        with pytest.raises(FormatError, match="outside the file"):
+            zreplay.import_minari(src, tmp_path / "buf")
+        assert not (tmp_path / "buf").exists()

@@ -135,12 +135,36 @@ def subspace(sp: dict | None, name: str) -> dict | None:
     return None
 
 
+def child(group, name: str, where: str):
+    """``group[name]``, refusing what would make h5py read another file (the dataset is
+    untrusted data): external and soft links, virtual datasets, external raw storage."""
+    import h5py
+
+    link = group.get(name, getlink=True)
+    if link is None:
+        raise FormatError(f"{where} has no {name!r}; not Minari's HDF5 layout")
+    if not isinstance(link, h5py.HardLink):
+        raise FormatError(
+            f"{where}/{name} is a {type(link).__name__}; Minari writes plain groups and "
+            "datasets, and import_minari reads nothing outside the file"
+        )
+    node = group[name]
+    if isinstance(node, h5py.Dataset) and (node.is_virtual or node.external):
+        raise FormatError(
+            f"{where}/{name} keeps its data outside the file (a virtual dataset or external "
+            "storage); import_minari reads nothing outside the file"
+        )
+    return node
+
+
 def read_node(node, sp: dict | None, jpeg: bool, where: str) -> Any:
     """A dataset as an array, a group as ``{name: ...}``; JPEG frames decoded."""
     import h5py
 
     if isinstance(node, h5py.Group):
-        return {k: read_node(node[k], subspace(sp, k), jpeg, f"{where}/{k}") for k in node}
+        return {
+            k: read_node(child(node, k, where), subspace(sp, k), jpeg, f"{where}/{k}") for k in node
+        }
     dt = node.dtype
     vlen = h5py.check_vlen_dtype(dt)
     if (jpeg and is_image_space(sp)) or (vlen is not None and vlen == np.uint8):
@@ -198,13 +222,13 @@ def rows_of(tree: Any) -> set[int]:
 
 def read_episode(group, spaces: tuple, jpeg: bool, where: str) -> tuple[dict, int]:
     """One episode as nested ``{key: [T, ...]}`` columns and its ``T``."""
-    for name in ("observations", "actions", *STEP_DATASETS):
-        if name not in group:
-            raise FormatError(f"{where} has no {name!r}; not Minari's HDF5 layout")
-    obs = read_node(group["observations"], spaces[0], jpeg, f"{where}/observations")
-    actions = read_node(group["actions"], spaces[1], jpeg, f"{where}/actions")
+    nodes = {
+        name: child(group, name, where) for name in ("observations", "actions", *STEP_DATASETS)
+    }
+    obs = read_node(nodes["observations"], spaces[0], jpeg, f"{where}/observations")
+    actions = read_node(nodes["actions"], spaces[1], jpeg, f"{where}/actions")
     steps = {
-        new: read_node(group[old], None, jpeg, f"{where}/{old}")
+        new: read_node(nodes[old], None, jpeg, f"{where}/{old}")
         for old, new in STEP_DATASETS.items()
     }
     T = {len(v) for v in steps.values()} | rows_of(actions)
@@ -264,8 +288,14 @@ def import_minari(
     report = MinariImport(str(dst))
     with h5py.File(path, "r") as f:
         ids = episode_ids(f, meta, path)
+        episodes = [child(f, f"episode_{i}", str(path)) for i in ids]
+        for i, g in zip(ids, episodes, strict=True):
+            if not isinstance(g, h5py.Group):
+                raise FormatError(f"{path}: episode_{i} is not a group; not Minari's layout")
+        # Capacity for every step (no eviction); each episode's rewards say how many.
         total = sum(
-            int(f[f"episode_{i}/rewards"].shape[0]) for i in ids if f"episode_{i}/rewards" in f
+            int(child(g, "rewards", f"{path}:episode_{i}").shape[0])
+            for i, g in zip(ids, episodes, strict=True)
         )
         out = locate(dst, options.get("storage_options"))
         with new_tree(out, "import_minari", overwrite=overwrite, sources=[locate(src)]) as tmp:
@@ -277,17 +307,17 @@ def import_minari(
                 **options,
             )
             try:
-                _add_episodes(core, f, ids, spaces, jpeg, path, report, progress)
+                _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress)
                 report.keys = list(core.keys)
             finally:
                 core.close()
     return report
 
 
-def _add_episodes(core, f, ids, spaces, jpeg, path, report, progress) -> None:
+def _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress) -> None:
     batch: list[Prepared] = []
-    for i in ids:
-        cols, n = read_episode(f[f"episode_{i}"], spaces, jpeg, f"{path}:episode_{i}")
+    for i, group in zip(ids, episodes, strict=True):
+        cols, n = read_episode(group, spaces, jpeg, f"{path}:episode_{i}")
         if progress is not None:
             progress(1)
         if n == 0:
