@@ -72,6 +72,8 @@ STATS_FRAMES = 100
 STATS_SIDE = 150
 PNG_LEVEL = 1  # LeRobot's own (image_writer.write_image); PNG is lossless at any level
 MB = 1 << 20
+EPISODES_PER_FILE = 1000  # rows of a meta/episodes file
+VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 IMAGE_MODES = ("video", "image")
 UNFINISHED = ("keep", "skip")
 
@@ -300,24 +302,34 @@ def camera_stats(f: Feature, v: np.ndarray) -> dict[str, np.ndarray]:
     return {**stats, "count": np.array([n], np.int64)}
 
 
-def aggregate(episodes: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One feature's stats over all episodes: exact min, max, mean, std (pooled) and
-    count; quantiles as the count-weighted mean of the episodes' (as LeRobot does)."""
-    n = np.array([e["count"][0] for e in episodes], np.float64)
-    w = (n / n.sum()).reshape(-1, *[1] * episodes[0]["mean"].ndim)
-    mean = np.stack([e["mean"] for e in episodes])
-    total = (w * mean).sum(axis=0)
-    var = (w * (np.stack([e["std"] for e in episodes]) ** 2 + (mean - total) ** 2)).sum(axis=0)
-    out = {
-        "min": np.min(np.stack([e["min"] for e in episodes]), axis=0),
-        "max": np.max(np.stack([e["max"] for e in episodes]), axis=0),
-        "mean": total,
-        "std": np.sqrt(var),
-        "count": np.array([int(n.sum())], np.int64),
-    }
-    for q in QUANTILES:
-        out[q] = (w * np.stack([e[q] for e in episodes])).sum(axis=0)
-    return out
+class Totals:
+    """One feature's stats over all episodes so far, kept as running sums (memory does
+    not grow with the episodes): exact min, max, mean, std (pooled) and count;
+    quantiles as the count-weighted mean of the episodes' (as LeRobot aggregates them)."""
+
+    def __init__(self):
+        self.n = 0
+        self.sums: dict[str, np.ndarray] = {}
+        self.lo = self.hi = None
+
+    def add(self, stats: dict[str, np.ndarray]) -> None:
+        n = int(stats["count"][0])
+        mean, std = stats["mean"], stats["std"]
+        parts = {"mean": mean, "second": std**2 + mean**2}
+        parts.update({q: stats[q] for q in QUANTILES})
+        for k, v in parts.items():
+            self.sums[k] = self.sums.get(k, 0) + n * v
+        self.lo = stats["min"] if self.lo is None else np.minimum(self.lo, stats["min"])
+        self.hi = stats["max"] if self.hi is None else np.maximum(self.hi, stats["max"])
+        self.n += n
+
+    def result(self) -> dict[str, np.ndarray]:
+        mean = self.sums["mean"] / self.n
+        var = np.maximum(self.sums["second"] / self.n - mean**2, 0.0)
+        out = {"min": self.lo, "max": self.hi, "mean": mean, "std": np.sqrt(var)}
+        out["count"] = np.array([self.n], np.int64)
+        out.update({q: self.sums[q] / self.n for q in QUANTILES})
+        return out
 
 
 # -- files that roll over between episodes --------------------------------------------
@@ -382,6 +394,42 @@ class DataFiles:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+class EpisodeFiles:
+    """``meta/episodes`` parquet files: one row per episode, ``per_file`` rows a file
+    (rows wait in RAM until their file is written)."""
+
+    def __init__(self, root: Path, per_file: int, chunks_size: int):
+        self.pa, self.pq = need("pyarrow"), need("pyarrow.parquet")
+        self.root, self.per_file = root, per_file
+        self.roll = Rollover(per_file, chunks_size)
+        self.rows: list[dict] = []
+        self.written = 0
+
+    def add(self, row: dict) -> None:
+        if self.roll.place(1):
+            self.flush()
+        row.update(
+            {
+                "meta/episodes/chunk_index": self.roll.chunk,
+                "meta/episodes/file_index": self.roll.file,
+            }
+        )
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        first = self.rows[0]
+        path = self.root / EPISODES_PATH.format(
+            chunk_index=first["meta/episodes/chunk_index"],
+            file_index=first["meta/episodes/file_index"],
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.pq.write_table(self.pa.Table.from_pylist(self.rows), path, compression="snappy")
+        self.written += len(self.rows)
+        self.rows = []
 
 
 class VideoFiles:
@@ -692,61 +740,37 @@ def _write(
         for f in feats
         if f.dtype == "video"
     }
-    rows: list[dict] = []
-    per_feature: dict[str, list] = {f.name: [] for f in feats}
-    wanted = [f.key for f in feats if f.key is not None]
-    todo = set(plan.exported.tolist())
-    n_table = int(plan.exported.max()) + 1
+    table = EpisodeFiles(root, EPISODES_PER_FILE, chunks_size)
+    totals = {f.name: Totals() for f in feats}
     index = 0
     try:
-        e = int(plan.exported[0])
-        while e < n_table:
-            cols, table = core.episodes_from(e, keys=wanted)
-            ends = np.cumsum(table["length"])
-            for j, (a, b) in enumerate(zip(ends - table["length"], ends, strict=True)):
-                if e + j not in todo:
-                    continue
-                i = len(rows)
-                n = int(b - a)
-                frames = frame_columns(feats, {k: v[a:b] for k, v in cols.items()}, n)
-                tid = task_ids[tasks[i]]
-                frames.update(
-                    timestamp=(np.arange(n) / fps).astype(np.float32),
-                    frame_index=np.arange(n, dtype=np.int64),
-                    episode_index=np.full(n, i, np.int64),
-                    index=np.arange(index, index + n, dtype=np.int64),
-                    task_index=np.full(n, tid, np.int64),
-                )
-                chunk, file = data.write(frames)
-                row = {
-                    "episode_index": i,
-                    "tasks": [tasks[i]],
-                    "length": n,
-                    "data/chunk_index": chunk,
-                    "data/file_index": file,
-                    "dataset_from_index": index,
-                    "dataset_to_index": index + n,
-                }
-                for name, vf in videos.items():
-                    vc, vfile, t0, t1 = vf.write(frames[name])
-                    row.update(
-                        {
-                            f"videos/{name}/chunk_index": vc,
-                            f"videos/{name}/file_index": vfile,
-                            f"videos/{name}/from_timestamp": t0,
-                            f"videos/{name}/to_timestamp": t1,
-                        }
-                    )
-                for f in feats:
-                    stats = feature_stats(f, frames[f.name])
-                    per_feature[f.name].append(stats)
-                    row.update({f"stats/{f.name}/{k}": v.tolist() for k, v in stats.items()})
-                row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
-                rows.append(row)
-                index += n
-                if progress is not None:
-                    progress(1)
-            e += len(table["length"])
+        for i, frames in enumerate(_episodes(core, feats, plan, fps)):
+            n = len(frames["frame_index"])
+            frames["episode_index"] = np.full(n, i, np.int64)
+            frames["index"] = np.arange(index, index + n, dtype=np.int64)
+            frames["task_index"] = np.full(n, task_ids[tasks[i]], np.int64)
+            chunk, file = data.write(frames)
+            row = {
+                "episode_index": i,
+                "tasks": [tasks[i]],
+                "length": n,
+                "data/chunk_index": chunk,
+                "data/file_index": file,
+                "dataset_from_index": index,
+                "dataset_to_index": index + n,
+            }
+            for name, vf in videos.items():
+                where = dict(zip(VIDEO_COLUMNS, vf.write(frames[name]), strict=True))
+                row.update({f"videos/{name}/{k}": v for k, v in where.items()})
+            for f in feats:
+                stats = feature_stats(f, frames[f.name])
+                totals[f.name].add(stats)
+                row.update({f"stats/{f.name}/{k}": v.tolist() for k, v in stats.items()})
+            table.add(row)
+            index += n
+            if progress is not None:
+                progress(1)
+        table.flush()
         data.close()
         for vf in videos.values():
             vf.close()
@@ -755,28 +779,44 @@ def _write(
         for vf in videos.values():
             vf.abandon()
         raise
-    episodes_path = root / EPISODES_PATH.format(chunk_index=0, file_index=0)
-    episodes_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), episodes_path, compression="snappy")
     write_tasks(pa, pq, root / "meta/tasks.parquet", list(task_ids))
-    write_json(root / "meta/stats.json", {n: nested(aggregate(s)) for n, s in per_feature.items()})
+    write_json(root / "meta/stats.json", {n: nested(t.result()) for n, t in totals.items()})
     info = {
         "codebase_version": CODEBASE_VERSION,
         "robot_type": robot_type,
-        "total_episodes": len(rows),
+        "total_episodes": table.written,
         "total_frames": index,
         "total_tasks": len(task_ids),
         "chunks_size": chunks_size,
         "data_files_size_in_mb": sizes_mb[0],
         "video_files_size_in_mb": sizes_mb[1],
         "fps": fps,
-        "splits": {"train": f"0:{len(rows)}"},
+        "splits": {"train": f"0:{table.written}"},
         "data_path": DATA_PATH,
         "video_path": VIDEO_PATH if videos else None,
         "features": {f.name: f.info(fps) for f in feats},
     }
     write_json(root / "meta/info.json", info)
-    report.episodes, report.frames = len(rows), index
+    report.episodes, report.frames = table.written, index
     report.features = info["features"]
     report.data_files = data.files
     report.video_files = sum(v.files for v in videos.values())
+
+
+def _episodes(core, feats: list[Feature], plan: EpisodePlan, fps: int):
+    """The exported episodes' frames, oldest first: ``{feature name: [n, ...]}`` with
+    ``timestamp`` and ``frame_index`` (read ~64 MiB of episodes at a time)."""
+    wanted = [f.key for f in feats if f.key is not None]
+    todo = set(plan.exported.tolist())
+    e, stop = int(plan.exported[0]), int(plan.exported.max()) + 1
+    while e < stop:
+        cols, table = core.episodes_from(e, keys=wanted)
+        ends = np.cumsum(table["length"])
+        for j, (a, b) in enumerate(zip(ends - table["length"], ends, strict=True)):
+            if e + j in todo:
+                n = int(b - a)
+                frames = frame_columns(feats, {k: v[a:b] for k, v in cols.items()}, n)
+                frames["timestamp"] = (np.arange(n) / fps).astype(np.float32)
+                frames["frame_index"] = np.arange(n, dtype=np.int64)
+                yield frames
+        e += len(table["length"])
