@@ -37,11 +37,7 @@ and to the next chunk directory after ``chunks_size`` files.
 
 from __future__ import annotations
 
-import io
-import json
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,77 +49,29 @@ from ..core import BufferCore
 from ..errors import DestinationError, EmptyBufferError, SchemaError
 from ..store.guard import new_tree
 from ..store.location import locate
-from ..threads import import_whole
+from .lerobot_files import (
+    CODEBASE_VERSION,
+    DATA_PATH,
+    DEFAULT_FEATURES,
+    EPISODES_PER_FILE,
+    IMAGE_MODES,
+    MB,
+    VIDEO_COLUMNS,
+    VIDEO_PATH,
+    DataFiles,
+    EpisodeFiles,
+    Feature,
+    VideoFiles,
+    need,
+    write_json,
+    write_tasks,
+)
+from .lerobot_stats import Totals, feature_stats, nested
 
-CODEBASE_VERSION = "v3.0"
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-# LeRobot's own per-frame columns, in its order (DEFAULT_FEATURES).
-DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
-# LeRobot 0.4.4's default encoding (LeRobotDataset.create, video_utils._get_codec_options).
-VIDEO_CODEC = "libsvtav1"
-VIDEO_PIX_FMT = "yuv420p"
-VIDEO_OPTIONS = {"g": "2", "crf": "30", "preset": "12"}
-# Camera stats are estimated, as LeRobot 0.4.4 does (compute_stats.sample_images), on
-# 100 frames of an episode, each strided down to about 150 pixels a side when larger.
-STATS_FRAMES = 100
-STATS_SIDE = 150
-PNG_LEVEL = 1  # LeRobot's own (image_writer.write_image); PNG is lossless at any level
-MB = 1 << 20
-EPISODES_PER_FILE = 1000  # rows of a meta/episodes file
-VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
-IMAGE_MODES = ("video", "image")
 UNFINISHED = ("keep", "skip")
 
 
-def need(module: str):
-    """``module`` imported (Ctrl-C safe), or ImportError naming the extra that has it."""
-    try:
-        return import_whole(module)
-    except ImportError:
-        raise ImportError(
-            f"LeRobot export and import need {module!r}: pip install 'zreplay[lerobot]' "
-            "(pyarrow and PyAV)"
-        ) from None
-
-
 # -- which keys become which features --------------------------------------------------
-
-
-@dataclass
-class Feature:
-    """One LeRobot feature: its ``name``, the buffer ``key`` it comes from (None for
-    LeRobot's own columns), its ``dtype`` (a numpy dtype name, ``"image"`` or
-    ``"video"``) and ``shape`` (``[H, W, C]`` for cameras, ``(1,)`` for scalars)."""
-
-    name: str
-    key: str | None
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def camera(self) -> bool:
-        return self.dtype in IMAGE_MODES
-
-    def info(self, fps: int) -> dict:
-        """The feature as ``info.json`` lists it (a video's probed stream info too)."""
-        names = ["height", "width", "channels"] if self.camera else None
-        out: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "names": names}
-        if self.dtype == "video":
-            h, w, c = self.shape
-            out["info"] = {
-                "video.height": h,
-                "video.width": w,
-                "video.codec": "av1",
-                "video.pix_fmt": VIDEO_PIX_FMT,
-                "video.is_depth_map": False,
-                "video.fps": fps,
-                "video.channels": c,
-                "has_audio": False,
-            }
-        return out
 
 
 def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) -> list[Feature]:
@@ -191,18 +139,6 @@ def feature_name(key: str) -> str:
     return key.replace("/", ".")
 
 
-def hf_feature(f: Feature) -> dict:
-    """``datasets``' serialized feature type of a data column (LeRobot 0.4.4's
-    ``get_hf_features_from_features``: an image is ``Image()``, a one-element row a
-    ``Value``, a vector a fixed-length ``List``)."""
-    if f.dtype == "image":
-        return {"_type": "Image"}
-    value = {"dtype": f.dtype, "_type": "Value"}
-    if f.shape == (1,):
-        return value
-    return {"feature": value, "length": int(f.shape[0]), "_type": "List"}
-
-
 # -- frames -------------------------------------------------------------------------
 
 
@@ -222,340 +158,6 @@ def frame_columns(
             v = v.astype(f.dtype)
         out[f.name] = v.reshape(n, *f.shape) if not f.camera else v
     return out
-
-
-def png(frame: np.ndarray) -> bytes:
-    """A uint8 ``[H, W, 3]`` frame as PNG bytes (lossless)."""
-    image = need("PIL.Image")
-    buf = io.BytesIO()
-    image.fromarray(np.ascontiguousarray(frame)).save(buf, format="PNG", compress_level=PNG_LEVEL)
-    return buf.getvalue()
-
-
-def arrow_column(pa, f: Feature, v: np.ndarray):
-    if f.dtype == "image":
-        # Pillow's encoder lets go of the GIL: frames are encoded side by side.  Imported
-        # here first: threads importing it at once would see it half initialised.
-        need("PIL.Image")
-        with ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-png") as pool:
-            data = [{"bytes": b, "path": None} for b in pool.map(png, v)]
-        return pa.array(data, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
-    flat = pa.array(np.ascontiguousarray(v).reshape(-1))
-    if f.shape == (1,):
-        return flat
-    return pa.FixedSizeListArray.from_arrays(flat, int(f.shape[0]))
-
-
-# -- stats --------------------------------------------------------------------------
-
-
-def feature_stats(f: Feature, v: np.ndarray) -> dict[str, np.ndarray]:
-    """LeRobot's per-episode stats of ``v`` (``[n, *shape]``): min, max, mean, std,
-    count and the quantiles q01..q99, each of the feature's shape (a camera's:
-    :func:`camera_stats`)."""
-    if f.camera:
-        return camera_stats(f, v)
-    n = len(v)
-    rows = v.reshape(n, -1)
-    px = rows.astype(np.float64)
-    lo, hi = rows.min(axis=0), rows.max(axis=0)
-    if f.dtype != "bool":
-        kind = np.float64 if v.dtype.kind == "f" else np.int64
-        lo, hi = lo.astype(kind), hi.astype(kind)
-    qs = np.quantile(px, list(QUANTILES.values()), axis=0)
-    stats = {"min": lo, "max": hi, "mean": px.mean(axis=0), "std": px.std(axis=0)}
-    stats.update(zip(QUANTILES, qs, strict=True))
-    stats = {k: np.asarray(x).reshape(f.shape) for k, x in stats.items()}
-    return {**stats, "count": np.array([n], np.int64)}
-
-
-def camera_stats(f: Feature, v: np.ndarray) -> dict[str, np.ndarray]:
-    """A camera's stats per channel, ``(C, 1, 1)``, of pixels scaled to [0, 1], on the
-    frames LeRobot samples (at least 100 of an episode, evenly spaced) strided as it
-    strides them (frames of 300 pixels a side or more, down to about 150).  From each
-    channel's histogram of uint8 values: exact, and np.quantile's linear quantiles."""
-    n, (h, w, c) = len(v), f.shape
-    pick = np.unique(np.linspace(0, n - 1, min(n, STATS_FRAMES)).round().astype(np.int64))
-    side = max(h, w)
-    step = side // STATS_SIDE if side >= 2 * STATS_SIDE else 1
-    px = v[pick, ::step, ::step].reshape(-1, c)
-    counts = np.stack([np.bincount(px[:, k], minlength=256) for k in range(c)])  # [C, 256]
-    values = np.arange(256) / 255.0
-    total = len(px)
-    mean = counts @ values / total
-    var = np.maximum(counts @ values**2 / total - mean**2, 0.0)
-    seen = counts > 0
-    stats = {
-        "min": values[seen.argmax(axis=1)],
-        "max": values[255 - seen[:, ::-1].argmax(axis=1)],
-        "mean": mean,
-        "std": np.sqrt(var),
-    }
-    cum = np.cumsum(counts, axis=1)
-    for name, q in QUANTILES.items():
-        pos = q * (total - 1)
-        k0 = int(np.floor(pos))
-        k1 = min(k0 + 1, total - 1)
-        at = [values[[np.searchsorted(cum[ch], k, "right") for k in (k0, k1)]] for ch in range(c)]
-        stats[name] = np.array([a + (pos - k0) * (b - a) for a, b in at])
-    stats = {k: x.reshape(c, 1, 1) for k, x in stats.items()}
-    return {**stats, "count": np.array([n], np.int64)}
-
-
-class Totals:
-    """One feature's stats over all episodes so far, kept as running sums (memory does
-    not grow with the episodes): exact min, max, mean, std (pooled) and count;
-    quantiles as the count-weighted mean of the episodes' (as LeRobot aggregates them)."""
-
-    def __init__(self):
-        self.n = 0
-        self.sums: dict[str, np.ndarray] = {}
-        self.lo = self.hi = None
-
-    def add(self, stats: dict[str, np.ndarray]) -> None:
-        n = int(stats["count"][0])
-        mean, std = stats["mean"], stats["std"]
-        parts = {"mean": mean, "second": std**2 + mean**2}
-        parts.update({q: stats[q] for q in QUANTILES})
-        for k, v in parts.items():
-            self.sums[k] = self.sums.get(k, 0) + n * v
-        self.lo = stats["min"] if self.lo is None else np.minimum(self.lo, stats["min"])
-        self.hi = stats["max"] if self.hi is None else np.maximum(self.hi, stats["max"])
-        self.n += n
-
-    def result(self) -> dict[str, np.ndarray]:
-        mean = self.sums["mean"] / self.n
-        var = np.maximum(self.sums["second"] / self.n - mean**2, 0.0)
-        out = {"min": self.lo, "max": self.hi, "mean": mean, "std": np.sqrt(var)}
-        out["count"] = np.array([self.n], np.int64)
-        out.update({q: self.sums[q] / self.n for q in QUANTILES})
-        return out
-
-
-# -- files that roll over between episodes --------------------------------------------
-
-
-@dataclass
-class Rollover:
-    """Where the next episode of one kind of file goes: ``(chunk, file)`` moves on when
-    the current file holds something and the episode would take it past ``limit``
-    bytes; to the next chunk after ``chunks_size`` files (LeRobot's
-    ``update_chunk_file_indices``)."""
-
-    limit: int
-    chunks_size: int
-    chunk: int = 0
-    file: int = 0
-    used: int = 0
-
-    def place(self, size: int) -> bool:
-        """Account an episode of about ``size`` bytes; True if it starts a new file."""
-        new = self.used > 0 and self.used + size > self.limit
-        if new:
-            self.used = 0
-            if self.file == self.chunks_size - 1:
-                self.chunk, self.file = self.chunk + 1, 0
-            else:
-                self.file += 1
-        self.used += size
-        return new
-
-
-class DataFiles:
-    """The data parquet files: one row group per episode."""
-
-    def __init__(self, root: Path, feats: list[Feature], limit: int, chunks_size: int):
-        self.pa, self.pq = need("pyarrow"), need("pyarrow.parquet")
-        self.root, self.roll = root, Rollover(limit, chunks_size)
-        self.feats = [f for f in feats if f.dtype != "video"]
-        hf = {"info": {"features": {f.name: hf_feature(f) for f in self.feats}}}
-        self.meta = {b"huggingface": json.dumps(hf).encode()}
-        self.writer = None
-        self.files = 0
-
-    def write(self, columns: dict[str, np.ndarray]) -> tuple[int, int]:
-        """Write one episode's frames; its ``(chunk, file)``."""
-        pa = self.pa
-        arrays = [arrow_column(pa, f, columns[f.name]) for f in self.feats]
-        table = pa.Table.from_arrays(arrays, names=[f.name for f in self.feats])
-        table = table.replace_schema_metadata(self.meta)
-        if self.roll.place(table.nbytes) or self.writer is None:
-            self.close()
-            path = self.root / DATA_PATH.format(
-                chunk_index=self.roll.chunk, file_index=self.roll.file
-            )
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = self.pq.ParquetWriter(path, table.schema, compression="snappy")
-            self.files += 1
-        self.writer.write_table(table)
-        return self.roll.chunk, self.roll.file
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
-class EpisodeFiles:
-    """``meta/episodes`` parquet files: one row per episode, ``per_file`` rows a file
-    (rows wait in RAM until their file is written)."""
-
-    def __init__(self, root: Path, per_file: int, chunks_size: int):
-        self.pa, self.pq = need("pyarrow"), need("pyarrow.parquet")
-        self.root, self.per_file = root, per_file
-        self.roll = Rollover(per_file, chunks_size)
-        self.rows: list[dict] = []
-        self.written = 0
-
-    def add(self, row: dict) -> None:
-        if self.roll.place(1):
-            self.flush()
-        row.update(
-            {
-                "meta/episodes/chunk_index": self.roll.chunk,
-                "meta/episodes/file_index": self.roll.file,
-            }
-        )
-        self.rows.append(row)
-
-    def flush(self) -> None:
-        if not self.rows:
-            return
-        first = self.rows[0]
-        path = self.root / EPISODES_PATH.format(
-            chunk_index=first["meta/episodes/chunk_index"],
-            file_index=first["meta/episodes/file_index"],
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.pq.write_table(self.pa.Table.from_pylist(self.rows), path, compression="snappy")
-        self.written += len(self.rows)
-        self.rows = []
-
-
-class VideoFiles:
-    """One camera's mp4 files: episodes encoded back to back in one AV1 stream per
-    file, frame ``i`` of a file at ``i / fps`` seconds, so an episode spans
-    ``[first / fps, (last + 1) / fps)`` of it."""
-
-    def __init__(self, root: Path, f: Feature, fps: int, limit: int, chunks_size: int):
-        self.av = need("av")
-        self.root, self.f, self.fps = root, f, fps
-        self.roll = Rollover(limit, chunks_size)
-        self.container = self.stream = None
-        self.frames = 0  # frames in the current file
-        self.bytes_per_frame = f.shape[0] * f.shape[1] * 3 / 50  # until measured
-        self.files = 0
-
-    def write(self, frames: np.ndarray) -> tuple[int, int, float, float]:
-        """Encode one episode; ``(chunk, file, from_timestamp, to_timestamp)``."""
-        if self.roll.place(int(self.bytes_per_frame * len(frames))) or self.container is None:
-            self.close()
-            self._open()
-        first = self.frames
-        for frame in frames:
-            vf = self.av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
-            vf.pts = self.frames
-            self.frames += 1
-            self._mux(self.stream.encode(vf))
-        # What the encoder has handed out so far (it holds a few frames back).
-        if self.encoded:
-            self.bytes_per_frame = self.encoded / self.frames
-            self.roll.used = max(self.roll.used, self.encoded)
-        return self.roll.chunk, self.roll.file, first / self.fps, self.frames / self.fps
-
-    def _open(self) -> None:
-        av, (h, w, _) = self.av, self.f.shape
-        path = self.root / VIDEO_PATH.format(
-            video_key=self.f.name, chunk_index=self.roll.chunk, file_index=self.roll.file
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.container = av.open(str(path), "w")
-        self.stream = self.container.add_stream(VIDEO_CODEC, self.fps, options=VIDEO_OPTIONS)
-        self.stream.pix_fmt, self.stream.width, self.stream.height = VIDEO_PIX_FMT, w, h
-        self.frames = self.encoded = 0
-        self.files += 1
-
-    def _mux(self, packets) -> None:
-        for p in packets:
-            self.encoded += p.size
-        self.container.mux(packets)
-
-    def close(self) -> None:
-        """Flush the encoder and close the file (nothing to do when none is open)."""
-        if self.container is None:
-            return
-        try:
-            self._mux(self.stream.encode())
-            if self.frames:
-                self.bytes_per_frame = self.encoded / self.frames
-        finally:
-            self.container.close()
-            self.container = self.stream = None
-
-    def abandon(self) -> None:
-        """Close without flushing (the export failed; the file is thrown away)."""
-        if self.container is not None:
-            try:
-                self.container.close()
-            except Exception:
-                pass
-            self.container = self.stream = None
-
-
-# -- metadata -----------------------------------------------------------------------
-
-
-def write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value, indent=4, ensure_ascii=False))
-
-
-def write_tasks(pa, pq, path: Path, tasks: list[str]) -> None:
-    """``meta/tasks.parquet`` as pandas writes a frame indexed by task string with a
-    ``task_index`` column (LeRobot reads it with ``pd.read_parquet``)."""
-    pandas = {
-        "index_columns": ["__index_level_0__"],
-        "column_indexes": [
-            {
-                "name": None,
-                "field_name": None,
-                "pandas_type": "unicode",
-                "numpy_type": "object",
-                "metadata": {"encoding": "UTF-8"},
-            }
-        ],
-        "columns": [
-            {
-                "name": "task_index",
-                "field_name": "task_index",
-                "pandas_type": "int64",
-                "numpy_type": "int64",
-                "metadata": None,
-            },
-            {
-                "name": None,
-                "field_name": "__index_level_0__",
-                "pandas_type": "unicode",
-                "numpy_type": "object",
-                "metadata": None,
-            },
-        ],
-        "attributes": {},
-        "creator": {"library": "pyarrow", "version": pa.__version__},
-        "pandas_version": "2.2.0",
-    }
-    table = pa.table(
-        {
-            "task_index": pa.array(np.arange(len(tasks), dtype=np.int64)),
-            "__index_level_0__": pa.array(tasks, pa.string()),
-        }
-    ).replace_schema_metadata({b"pandas": json.dumps(pandas).encode()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
-
-
-def nested(stats: dict[str, np.ndarray]) -> dict[str, Any]:
-    return {k: v.tolist() for k, v in stats.items()}
 
 
 # -- the export ---------------------------------------------------------------------
