@@ -367,3 +367,19 @@ def test_rlinf_lanes_become_episodes_with_dones_as_next_done(tmp_path):
     np.testing.assert_array_equal(
         data["curr_obs"], np.concatenate([obs[:, 0].numpy(), obs[:, 1].numpy()])
     )
+
+
+def test_episode_metadata_rolls_over_too(buf, tmp_path, monkeypatch):
+    from zreplay.compat import lerobot_export
+
+    monkeypatch.setattr(lerobot_export, "EPISODES_PER_FILE", 2)
+    out = tmp_path / "ds"
+    zreplay.export_lerobot(buf, out, images="image")
+    files = sorted((out / "meta/episodes").glob("chunk-*/file-*.parquet"))
+    assert [f.relative_to(out / "meta/episodes").as_posix() for f in files] == [
+        "chunk-000/file-000.parquet",
+        "chunk-000/file-001.parquet",
+    ]
+    eps = episodes_table(out)
+    assert [e["episode_index"] for e in eps] == [0, 1, 2]
+    assert [e["meta/episodes/file_index"] for e in eps] == [0, 0, 1]

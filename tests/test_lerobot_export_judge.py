@@ -135,13 +135,17 @@ def test_image_export_loads_in_lerobot_item_for_item_exactly(buf, tmp_path):
     assert meta["tasks"] == [t for t, n in zip(tasks, LENGTHS, strict=True) for _ in range(n)]
 
 
-def test_video_export_loads_in_lerobot_within_av1_loss(buf, tmp_path):
+def test_video_export_loads_in_lerobot_within_av1_loss(buf, tmp_path, monkeypatch):
+    from zreplay.compat import lerobot_export
+
+    monkeypatch.setattr(lerobot_export, "EPISODES_PER_FILE", 3)
     root = tmp_path / "ds"
-    # Small files: episodes spread over several mp4s and parquet files.
+    # Small files: episodes spread over several mp4s, parquet and episodes files.
     zreplay.export_lerobot(
         buf, root, fps=FPS, images="video", data_file_size_mb=0.002, video_file_size_mb=0.002
     )
     assert len(list((root / "videos" / FRONT).glob("chunk-*/file-*.mp4"))) > 1
+    assert len(list((root / "meta/episodes").glob("chunk-*/file-*.parquet"))) == 2
     meta, got = lerobot_read(root, tmp_path)
     assert meta["video_keys"] == [FRONT, WRIST]
     psnr = check_items(meta, got, exact_cameras=False)
