@@ -44,12 +44,7 @@ def run_export(args) -> Result:
     view = zreplay.open(buffer_dir(args.path))
     out = Path(args.out)
     result: dict[str, Any] = {"path": str(view.path), "out": str(out), "format": args.format}
-    if args.format == "lerobot":
-        if args.overwrite:
-            raise FileExistsError(
-                "--overwrite does not apply to --format lerobot: LeRobot datasets are "
-                f"written to a new directory; delete {out} yourself first"
-            )
+    if args.format == "lerobot":  # to a new directory only (export_lerobot refuses others)
         n = view.num_episodes
         with progress(args, n, "export", "episode") as bar:
             report = zreplay.export_lerobot(

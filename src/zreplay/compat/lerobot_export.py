@@ -232,8 +232,6 @@ def export_lerobot(
     if isinstance(chunks_size, bool) or not isinstance(chunks_size, int) or chunks_size <= 0:
         raise ValueError(f"chunks_size must be a positive int, got {chunks_size!r}")
     need("pyarrow")
-    if images == "video":
-        need("av")
     out = locate(dst)
     if not out.backend.is_local:
         raise DestinationError(f"export_lerobot writes a local directory; {out} is not one")
