@@ -345,7 +345,7 @@ def test_cli_export_format_lerobot(buf, tmp_path):
     assert r.returncode == 1 and "exists" in r.stdout + r.stderr
 
 
-def test_rlinf_lanes_become_episodes_with_dones_as_next_done(tmp_path):
+def test_rlinf_lanes_become_episodes_with_terminations_as_next_done(tmp_path):
     torch = pytest.importorskip("torch")
     buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "t"))
     dones = torch.zeros(6, 2, dtype=torch.bool)
@@ -353,15 +353,18 @@ def test_rlinf_lanes_become_episodes_with_dones_as_next_done(tmp_path):
     rewards = torch.arange(12, dtype=torch.float64).reshape(6, 2)
     obs = torch.arange(12 * 3, dtype=torch.float32).reshape(6, 2, 3)
     task = torch.zeros(6, 2, dtype=torch.int64)  # a key LeRobot's items use for the task string
-    buf.add_trajectories([{"rewards": rewards, "dones": dones, "curr_obs": obs, "task": task}])
+    terminations = dones.clone()
+    terminations[5, 1] = False  # lane 1's episode is cut by time: truncated, not terminated
+    cols = {"rewards": rewards, "dones": dones, "terminations": terminations}
+    buf.add_trajectories([{**cols, "curr_obs": obs, "task": task}])
     buf.close()
     report = zreplay.export_lerobot(tmp_path / "t", tmp_path / "ds", images="image")
-    assert "task" not in report.features and "dones" not in report.features
+    assert not {"task", "dones", "terminations"} & set(report.features)
     assert report.features["next.reward"]["dtype"] == "float64"  # the buffer's own precision
     eps = episodes_table(tmp_path / "ds")
     assert [e["length"] for e in eps] == [3, 3, 6]  # env-major: lane 0's, then lane 1's
     data = read_data(tmp_path / "ds")
-    assert data["next.done"] == [False, False, True] * 2 + [False] * 5 + [True]
+    assert data["next.done"] == [False, False, True] * 2 + [False] * 6  # terminations
     want = np.concatenate([rewards[:, 0].numpy(), rewards[:, 1].numpy()])
     np.testing.assert_array_equal(data["next.reward"], want)
     np.testing.assert_array_equal(

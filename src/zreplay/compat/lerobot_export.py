@@ -18,10 +18,11 @@ lossless); other numeric rows of at most one axis are numeric features (a scalar
 shape ``(1,)``); the reward column (``rewards``/``reward``) becomes ``next.reward`` and
 the termination column (``terminated``/``terminations``, else ``dones``/``done``)
 ``next.done``.  Nested keys are named with ``.`` (``obs/state`` -> ``obs.state``).  The
-truncation column and the one-step next observations (``next_obs/...``) are not
-exported: a LeRobot frame has neither (an episode whose last frame is not done reads as
-truncated).  LeRobot's own columns (``timestamp`` = ``frame_index / fps``,
-``frame_index``, ``episode_index``, ``index``, ``task_index``) are written afresh; a
+truncation column, the other flag columns (``dones`` beside ``terminated``) and the
+one-step next observations (``next_obs/...``) are not exported: a LeRobot frame has
+none of them (an episode whose last frame is not done reads as truncated).  LeRobot's
+own columns (``timestamp`` = ``frame_index / fps``, ``frame_index``,
+``episode_index``, ``index``, ``task_index``) are written afresh; a
 buffer key of one of those names, or named ``task`` (LeRobot's items carry the task
 string under it), is left out.
 
@@ -86,8 +87,10 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
             raise SchemaError(f"keys {missing} are not in the buffer; it has {sorted(specs)}")
     reward = next((k for k in REWARD_KEYS if k in keys), None)
     done = next((k for k in (*TERMINATION_KEYS, *DONE_KEYS) if k in keys), None)
-    # "task": LeRobot's items carry the task string under that name.
-    skip = {reward, done, *TRUNCATION_KEYS, *DEFAULT_FEATURES, "task"}
+    # The other flag columns say how episodes end, which next.done and the episode
+    # table say; "task": LeRobot's items carry the task string under that name.
+    flags = {*TERMINATION_KEYS, *DONE_KEYS, *TRUNCATION_KEYS}
+    skip = {reward, *flags, *DEFAULT_FEATURES, "task"}
     out: list[Feature] = []
     for key in keys:
         if key in skip:
