@@ -51,6 +51,22 @@ print(json.dumps(meta))
 """
 
 
+# Action chunks as a policy asks for them: LeRobot's delta_timestamps, which it resolves
+# with the episodes' dataset_from_index / dataset_to_index (padding past an episode's end).
+CHUNKS = r"""
+import sys
+import numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+root, out = sys.argv[1], sys.argv[2]
+ds = LeRobotDataset("local/zreplay-export", root=root, video_backend="pyav",
+                    delta_timestamps={"action": [0.0, 0.1, 0.2]})
+items = [ds[i] for i in range(len(ds))]
+np.savez(out, action=np.stack([it["action"].numpy() for it in items]),
+         pad=np.stack([it["action_is_pad"].numpy() for it in items]))
+"""
+
+
 def frames(n: int, seed: int, h: int = 48, w: int = 64) -> np.ndarray:
     """Moving gradients with a little noise: what a codec sees in a camera, uint8."""
     rng = np.random.default_rng(seed)
@@ -132,6 +148,14 @@ def test_image_export_loads_in_lerobot_item_for_item_exactly(buf, tmp_path):
     assert meta["video_keys"] == [] and meta["cameras"] == [FRONT, WRIST]
     check_items(meta, got, exact_cameras=True)
     assert meta["tasks"] == [t for t, n in zip(tasks, LENGTHS, strict=True) for _ in range(n)]
+
+    run_judge(CHUNKS, root, tmp_path / "chunks.npz", tmp=tmp_path)
+    chunks = np.load(tmp_path / "chunks.npz")
+    action = expected()["action"]
+    last = np.repeat(np.cumsum(LENGTHS) - 1, LENGTHS)
+    ahead = np.arange(len(action))[:, None] + np.arange(3)  # [N, 3] rows asked for
+    np.testing.assert_array_equal(chunks["action"], action[np.minimum(ahead, last[:, None])])
+    np.testing.assert_array_equal(chunks["pad"], ahead > last[:, None])
 
 
 @pytest.mark.slow
