@@ -11,6 +11,8 @@ Public names:
 * :func:`import_rlinf`: read an RLinf buffer directory into a zreplay buffer.
 * :func:`import_lerobot`: read a local LeRobot dataset (v3.0, v2.1) into a new buffer
   (outside ``__all__``, which holds 20 names).
+* :func:`export_lerobot`: a buffer's whole episodes as a LeRobot v3.0 dataset.
+* :func:`import_minari`: a Minari HDF5 dataset into a new zreplay buffer.
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :func:`upgrade`: rewrite a buffer of an older on-disk format (2-4) in the current one.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
@@ -33,6 +35,10 @@ from .api.view import BufferView, open
 from .compat.dumps import dump
 from .compat.hdf5 import iter_hdf5
 from .compat.lerobot import import_lerobot as import_lerobot  # outside __all__ (20 names)
+
+# Other projects' datasets, outside __all__ (20 names) as upgrade.
+from .compat.lerobot_export import export_lerobot as export_lerobot
+from .compat.minari import import_minari as import_minari
 from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
 from .core.options import StoreOptions

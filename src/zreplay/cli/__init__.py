@@ -58,11 +58,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="buffer directory")
     p.set_defaults(run=upgrade.run)
 
-    p = sub.add_parser("export", parents=[common], help="write RLinf .pt/.pkl files or HDF5")
+    p = sub.add_parser(
+        "export", parents=[common], help="write RLinf .pt/.pkl files, HDF5 or a LeRobot dataset"
+    )
     p.add_argument("path", help="buffer directory")
-    p.add_argument("out", help="output directory (pt, pkl) or file (hdf5)")
-    p.add_argument("--format", choices=("pt", "pkl", "hdf5"), required=True)
+    p.add_argument("out", help="output directory (pt, pkl, lerobot) or file (hdf5)")
+    p.add_argument("--format", choices=("pt", "pkl", "hdf5", "lerobot"), required=True)
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export at OUT")
+    p.add_argument("--fps", type=positive_int, default=30, help="lerobot: frames per second")
+    p.add_argument(
+        "--images",
+        choices=("video", "image"),
+        default="video",
+        help="lerobot: uint8 [H, W, 3] keys as AV1 video (lossy) or PNG images (lossless)",
+    )
+    p.add_argument("--task", default="", help="lerobot: the task string of every episode")
     p.set_defaults(run=convert.run_export)
 
     p = sub.add_parser(

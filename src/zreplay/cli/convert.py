@@ -2,12 +2,15 @@
 
 * ``export PATH OUT --format pt|pkl``: RLinf's directory layout (``export_rlinf``), read
   through a read-only view, so every segment is exported, no writer lock is taken and
-  nothing is written to the source; ``--format hdf5``: :func:`zreplay.dump` of the view.
+  nothing is written to the source; ``--format hdf5``: :func:`zreplay.dump` of the view;
+  ``--format lerobot``: :func:`zreplay.export_lerobot` of the view (``--fps``,
+  ``--images video|image``, ``--task``) to a new directory.
 * ``import SRC DST``: an RLinf directory through :func:`zreplay.import_rlinf`
   (trajectories, ids and metadata kept), a zreplay HDF5 file's episodes written with
-  :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode), or a local
-  LeRobot dataset (v3.0, v2.1) through :func:`zreplay.import_lerobot`; ``IMPORTS`` is the
-  table of what it recognises, in order.
+  :class:`zreplay.ReplayBuffer` (one trajectory ``[L, 1]`` per episode), a local LeRobot
+  dataset (v3.0, v2.1) through :func:`zreplay.import_lerobot`, or a Minari dataset
+  (``data/metadata.json``) through :func:`zreplay.import_minari`; ``IMPORTS`` is the table
+  of what it recognises, in order.
 
 Outputs are never clobbered without ``--overwrite``, and every output is built aside and
 swapped in whole: a failed export or import leaves what was at the output path (or
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compat.lerobot_format import is_lerobot_dir
+from ..compat.minari import is_minari_dataset
 from ..errors import FormatError, PickleRefusedError
 from ..store.guard import new_tree
 from ..store.location import locate
@@ -43,7 +47,23 @@ def run_export(args) -> Result:
     view = zreplay.open(buffer_dir(args.path))
     out = Path(args.out)
     result: dict[str, Any] = {"path": str(view.path), "out": str(out), "format": args.format}
-    if args.format == "hdf5":
+    if args.format == "lerobot":  # to a new directory only (export_lerobot refuses others)
+        n = view.num_episodes
+        with progress(args, n, "export", "episode") as bar:
+            report = zreplay.export_lerobot(
+                view, out, fps=args.fps, images=args.images, task=args.task, progress=bar.update
+            )
+        result.update(
+            episodes=report.episodes,
+            frames=report.frames,
+            skipped_partial=report.skipped_partial,
+            features=sorted(report.features),
+        )
+        done = (
+            f"wrote {report.episodes} episodes ({report.frames} frames) as a LeRobot v3.0 "
+            f"dataset to {out}"
+        )
+    elif args.format == "hdf5":
         check_output(out, args.overwrite, is_hdf5, "an HDF5 file")
         n = view.num_episodes
         with progress(args, n, "export", "episode") as bar:
@@ -144,6 +164,13 @@ def _import_lerobot(args, src: Path, dst: Path):
         return import_lerobot(src, dst, overwrite=args.overwrite, progress=bar.update)
 
 
+def _import_minari(args, src: Path, dst: Path) -> None:
+    from ..compat.minari import import_minari
+
+    with progress(args, None, "import", "episode") as bar:
+        import_minari(src, dst, overwrite=args.overwrite, progress=bar.update)
+
+
 def _local(is_kind):
     return lambda p: p.backend.is_local and is_kind(p)
 
@@ -163,4 +190,5 @@ IMPORTS = {
         _import_lerobot,
         "a local LeRobot dataset directory (meta/info.json of codebase version v3.0 or v2.1)",
     ),
+    "minari": (_local(is_minari_dataset), _import_minari, "a Minari dataset (data/metadata.json)"),
 }
