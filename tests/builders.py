@@ -18,12 +18,17 @@ from zreplay.schema import flatten, unflatten
 KEYS = {"obs": (2,), "reward": ()}  # key -> row shape; float32
 
 
-def writer(path=None, *, sampler=None, capacity=None, ram_trajectories=5, seed=0, **options):
+def writer(
+    path=None, *, sampler=None, capacity=None, ram_trajectories=5, ram_bytes=None, seed=0, **options
+):
     """A writable core on segment ``writer_id`` (default ``"default"``) of the buffer at
     ``path`` (``None``: a temporary store); ``ram_trajectories``: how many of the newest
-    trajectories the RAM tier keeps (``0``: committed rows are read from disk);
-    ``options``: the other store options (``writer_id``, ``durable``, ...)."""
-    ram = RamPolicy(enabled=ram_trajectories > 0, trajectories=ram_trajectories or None)
+    trajectories the RAM tier keeps (``0``: committed rows are read from disk; ``None``:
+    as many as ``ram_bytes`` of committed rows hold); ``options``: the other store
+    options (``writer_id``, ``durable``, ``staging_bytes``, ...)."""
+    ram = RamPolicy(
+        enabled=ram_trajectories != 0, trajectories=ram_trajectories or None, max_bytes=ram_bytes
+    )
     return BufferCore.writer(
         path, sampler=sampler, stream=RandomStream(seed), capacity=capacity, ram=ram, **options
     )
