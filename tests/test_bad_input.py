@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from contextlib import closing
 
+import builders
 import numpy as np
 import pytest
 import torch
@@ -221,20 +223,18 @@ def test_first_trajectory_fixes_schema_and_enormous_shapes_refused(bufpath):
 
 
 def test_oversize_trajectory_for_capacity(bufpath):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, capacity=10) as buf:
+    with closing(builders.writer(bufpath, capacity=10)) as buf:
         with pytest.raises(CapacityError, match="exceeds the buffer capacity of 10 rows"):
-            buf.add_trajectories([make_traj(0)])  # 18 rows
-        assert len(buf) == 0
+            builders.add_full(buf, [0])  # 18 rows
+        assert buf.num_trajectories == 0
 
 
 def test_unknown_layout_override_rejected(bufpath):
     with (
-        zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=bufpath, layout={"nope": {"codec": "zstd"}}
-        ) as buf,
+        closing(builders.writer(bufpath, layout={"nope": {"codec": "zstd"}})) as buf,
         pytest.raises(SchemaError, match="unknown keys"),
     ):
-        buf.add_trajectories([make_traj(0)])
+        builders.add_full(buf, [0])
 
 
 def test_non_buffer_directory_is_not_overwritten(tmp_path):
@@ -242,9 +242,9 @@ def test_non_buffer_directory_is_not_overwritten(tmp_path):
     d.mkdir()
     (d / "notes.txt").write_text("keep me")
     with pytest.raises(zreplay.FormatError, match="not a zreplay buffer"):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(d))
+        builders.writer(d)
     with pytest.raises(zreplay.FormatError):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(d), overwrite=True)
+        builders.writer(d, overwrite=True)
     assert (d / "notes.txt").read_text() == "keep me"
 
 
@@ -270,22 +270,18 @@ def test_keys_disagreeing_on_t_name_the_odd_key_and_the_right_shape():
 def test_an_unsafe_writer_id_is_named_as_such_before_anything_is_made(tmp_path, writer_id):
     path = tmp_path / "b"
     with pytest.raises(KeyNameError, match=r"writer_id .* is not a safe name") as err:
-        zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=str(path), writer_id=writer_id
-        )
+        builders.writer(path, writer_id=writer_id)
     assert "nest dicts" not in str(err.value)
     assert not path.exists()
 
 
 def test_an_unsafe_writer_id_never_overwrites_a_buffer(tmp_path, bufpath):
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
-    b.add_trajectories([make_traj(0)])
+    b = builders.writer(bufpath)
+    builders.add_full(b, [0])
     b.close()
     before = tree_state(bufpath)
     with pytest.raises(KeyNameError):
-        zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=bufpath, writer_id="c", overwrite=True
-        )
+        builders.writer(bufpath, writer_id="c", overwrite=True)
     assert tree_state(bufpath) == before
 
 

@@ -10,16 +10,19 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, make_traj
+from conftest import check_rows
 from test_read_path import plain_rows
 
 import zreplay
 from zreplay.engine import colcache
+from zreplay.sampling.clips import ClipSpec
 from zreplay.store.segment import Segment
 
 SMALL = ["actions", "rewards", "terminations", "versions", "curr_obs/states"]
@@ -33,8 +36,8 @@ def cols(tmp_path, monkeypatch) -> Path:
 
 
 def write(path, tids, **kw):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), **kw) as buf:
-        buf.add_trajectories([make_traj(i) for i in tids])
+    with closing(builders.writer(path, **kw)) as core:
+        builders.add_full(core, tids)
 
 
 def plain(path, key):
@@ -159,10 +162,8 @@ def test_a_fill_a_writer_evicts_under_keeps_the_rows_still_live(tmp_path, cols, 
     sample reads only the rows added since (it used to throw the whole fill away and
     start again, and could fail to sample while the writer kept adding)."""
     path = tmp_path / "b"
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=12 * 18
-    )
-    writer.add_trajectories([make_traj(i) for i in range(12)])  # 18 rows each: full
+    writer = builders.writer(path, capacity=12 * 18)
+    builders.add_full(writer, range(12))  # 18 rows each: full
     writer.flush()
     view = zreplay.open(path)
     monkeypatch.setattr(colcache, "_FILL_BYTES", 600)  # a fill of many pieces
@@ -171,7 +172,7 @@ def test_a_fill_a_writer_evicts_under_keeps_the_rows_still_live(tmp_path, cols, 
     def evicting(self, key, a, b):
         calls.append(key)
         if len(calls) == 12:  # mid-fill: two more trajectories evict the two oldest
-            writer.add_trajectories([make_traj(i) for i in (12, 13)])
+            builders.add_full(writer, (12, 13))
             writer.flush()
         return orig(self, key, a, b)
 
@@ -212,15 +213,15 @@ def test_slots_another_process_reuses_mid_read_are_read_from_the_store(tmp_path,
 
 def test_a_new_contents_removes_the_old_file_and_never_serves_its_rows(tmp_path, cols):
     path = tmp_path / "b"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(6)])
+    buf = builders.writer(path)
+    builders.add_full(buf, range(6))
     buf.flush()
     view = zreplay.open(path)
     view.sample(16)
     old = cache_of(view).path
     assert old.exists()
     buf.clear()
-    buf.add_trajectories([make_traj(i) for i in range(50, 56)])
+    builders.add_full(buf, range(50, 56))
     buf.flush()
     view.refresh()
     r = flat(view.rows(np.arange(view.num_rows)))["rewards"][:, 0]
@@ -244,14 +245,14 @@ def test_a_file_from_an_earlier_boot_is_made_anew(tmp_path, cols, monkeypatch):
 def test_growing_the_ring_moves_every_process_to_the_new_file(tmp_path, cols, monkeypatch):
     monkeypatch.setattr(colcache, "MIN_SLOTS", 16)
     path = tmp_path / "b"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(4)])  # 72 rows
+    buf = builders.writer(path)
+    builders.add_full(buf, range(4))  # 72 rows
     buf.flush()
     v1, v2 = zreplay.open(path), zreplay.open(path)
     v1.sample(8)
     small = cache_of(v1).capacity
     assert small == 90  # a quarter more than the 72 rows
-    buf.add_trajectories([make_traj(i) for i in range(4, 20)])  # 360 rows
+    builders.add_full(buf, range(4, 20))  # 360 rows
     buf.flush()
     v2.refresh()
     v2.sample(8)
@@ -309,20 +310,18 @@ def test_a_full_disk_keeps_the_newest_rows_that_fit(tmp_path, cols, monkeypatch)
 
 def test_a_writers_own_sample_and_clear_use_the_file(tmp_path, cols):
     path = tmp_path / "b"
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), cache_size=1, sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(8)])
+    with closing(builders.writer(path, ram_trajectories=1)) as buf:
+        builders.add_full(buf, range(8))
         buf.flush()
         buf.sample(64)
-        part = buf.core.engine.snapshot().parts[0]
+        part = buf.engine.snapshot().parts[0]
         first = part.cache.path
         assert first is not None and first.exists() and part.cache.hi > 0
         buf.clear()
         assert not first.exists()  # those rows are gone for everyone
-        buf.add_trajectories([make_traj(i) for i in range(30, 38)])
+        builders.add_full(buf, range(30, 38))
         buf.flush()
-        r = buf.sample(256)["rewards"][..., 0].numpy()
+        r = buf.sample(256)["rewards"][..., 0]
         assert {int(x) // 10000 for x in r.ravel()} <= set(range(30, 38))
 
 
@@ -332,14 +331,12 @@ def test_a_writers_sample_never_waits_for_another_process_filling_the_file(tmp_p
     import fcntl
     import threading
 
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(tmp_path / "b"), cache_size=1, sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(8)])
+    with closing(builders.writer(tmp_path / "b", ram_trajectories=1)) as buf:
+        builders.add_full(buf, range(8))
         buf.flush()
         buf.sample(64)  # the file holds those rows
-        lock = buf.core.engine.snapshot().parts[0].cache.path.with_suffix(".lock")
-        buf.add_trajectories([make_traj(i) for i in range(8, 16)])
+        lock = buf.engine.snapshot().parts[0].cache.path.with_suffix(".lock")
+        builders.add_full(buf, range(8, 16))
         buf.flush()  # the next sample must fill more of the file
         fd = os.open(lock, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)  # "another process" fills the file
@@ -352,7 +349,7 @@ def test_a_writers_sample_never_waits_for_another_process_filling_the_file(tmp_p
         finally:
             os.close(fd)
         t.join(60)
-        r = got[0]["rewards"][..., 0].numpy()
+        r = got[0]["rewards"][..., 0]
         assert {int(x) // 10000 for x in r.ravel()} <= set(range(16))
         assert {int(x) // 10000 for x in r.ravel()} & set(range(8, 15))  # older rows too
 
@@ -403,15 +400,15 @@ def test_old_files_are_pruned_and_the_directory_may_go_at_any_time(tmp_path, col
     old = time.time() - colcache.PRUNE_AGE_S - 60
     os.utime(stale, (old, old))
     path = tmp_path / "b"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(6)])
+    buf = builders.writer(path)
+    builders.add_full(buf, range(6))
     buf.flush()
     view = zreplay.open(path)
     view.sample(8)  # makes its file: the stale one goes, the recent one stays
     assert not stale.exists() and recent.exists()
     shutil.rmtree(cols)  # the user deletes the directory while the view maps a file
     check_all(view, path)
-    buf.add_trajectories([make_traj(i) for i in range(6, 9)])
+    builders.add_full(buf, range(6, 9))
     buf.flush()
     view.refresh()
     view.sample(8)
@@ -577,15 +574,15 @@ def test_a_directory_saved_over_is_another_cache(tmp_path, cols):
     """A checkpoint keeps its writer's contents id: a directory resumed and then saved
     over (or restored from a backup) holds other rows under the same id."""
     src, ckpt = tmp_path / "src", tmp_path / "ckpt"
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src))
-    a.add_trajectories([make_traj(i) for i in range(6)])
-    a.save_checkpoint(str(ckpt))
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(ckpt))
-    b.add_trajectories([make_traj(i) for i in range(50, 56)])
+    a = builders.writer(src)
+    builders.add_full(a, range(6))
+    a.checkpoint(ckpt)
+    b = builders.writer(ckpt)
+    builders.add_full(b, range(50, 56))
     b.close()
     zreplay.open(ckpt).sample(8)  # caches the resumed history
-    a.add_trajectories([make_traj(i) for i in range(6, 12)])
-    a.save_checkpoint(str(ckpt))  # saved over: the first history again, longer
+    builders.add_full(a, range(6, 12))
+    a.checkpoint(ckpt)  # saved over: the first history again, longer
     a.close()
     view = zreplay.open(ckpt)
     r = flat(view.rows(np.arange(view.num_rows)))["rewards"][:, 0]
@@ -682,8 +679,8 @@ def test_column_cache_serves_small_keys_and_follows_refresh(stored, tmp_path):
     assert seg.cache is not None and set(seg.cache.keys) >= {"rewards", "actions"}
     assert "curr_obs/main_images" in seg.cache.keys  # 8x8x3 images are 192 B: small too
     assert seg.cache.hi == view.num_rows  # filled on first use
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(12, 15)])
+    with closing(builders.writer(path)) as buf:
+        builders.add_full(buf, range(12, 15))
     assert view.refresh()
     clips = flat(view.clips(np.arange(view.num_clips(history_len=2)), history_len=2))
     codes = clips["rewards"][..., 0]
@@ -705,24 +702,22 @@ def test_small_column_budget_holds_only_the_newest_rows(stored, tmp_path):
 
 
 def test_writer_reads_old_small_rows_from_its_column_cache(tmp_path):
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(tmp_path / "b"), cache_size=1, sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(8)])
+    with closing(builders.writer(tmp_path / "b", ram_trajectories=1)) as buf:
+        builders.add_full(buf, range(8))
         buf.flush()
         for _ in range(5):
-            check_rows(buf.sample(128))
-        clips = buf.sample_clips(64, history_len=3)
-        r = clips["rewards"][..., 0].numpy()
+            check_rows(builders.nested(buf.sample(128)))
+        clips = builders.nested(buf.sample_clips(ClipSpec(history_len=3), 64))
+        r = clips["rewards"][..., 0]
         assert np.all(np.diff(r, axis=1) == 1)  # consecutive steps of one lane
-        assert np.array_equal(clips["curr_obs"]["states"][..., 0].numpy(), r)
-        part = buf.core.engine.snapshot().parts[0]
+        assert np.array_equal(clips["curr_obs"]["states"][..., 0], r)
+        part = buf.engine.snapshot().parts[0]
         assert part.cache is not None and part.cache.hi > part.cache.lo  # it was used
 
 
 def test_column_cache_knobs(stored, tmp_path):
     def cache(obj):
-        return obj.core.engine.snapshot().parts[0].cache
+        return getattr(obj, "core", obj).engine.snapshot().parts[0].cache  # a view's, a core's
 
     assert cache(zreplay.open(stored, column_cache_bytes=0)) is None
     c = cache(zreplay.open(stored))
@@ -736,10 +731,8 @@ def test_column_cache_knobs(stored, tmp_path):
     assert c.max_rows == ram // sum(specs[k].row_bytes for k in c.keys)
     assert all(specs[k].row_bytes <= 1024 for k in c.keys)
     path = str(tmp_path / "b")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([make_traj(0)])
+    with closing(builders.writer(path)) as buf:
+        builders.add_full(buf, [0])
         assert cache(buf) is not None
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, enable_cache=False
-    ) as buf:
+    with closing(builders.writer(path, ram_trajectories=0)) as buf:
         assert cache(buf) is None  # RAM tier off: every committed row is read from disk

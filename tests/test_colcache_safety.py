@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from contextlib import closing
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import zarr
-from conftest import make_traj
 
 import zreplay
 from zreplay.engine import colcache
@@ -34,8 +35,8 @@ def cols(tmp_path, monkeypatch):
 
 
 def write(path, tids):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in tids])
+    with closing(builders.writer(path)) as core:
+        builders.add_full(core, tids)
 
 
 def stored_rewards(path):
@@ -138,21 +139,21 @@ def restore(backup, path):
 
 def test_a_buffer_restored_in_place_and_written_again_serves_what_it_holds(tmp_path, cols):
     path, backup = tmp_path / "b", tmp_path / "backup"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(6)])
+    buf = builders.writer(path)
+    builders.add_full(buf, range(6))
     buf.close()
     shutil.copytree(path, backup)  # the older copy
     ino = path.stat().st_ino
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(6, 12)])
+    buf = builders.writer(path)
+    builders.add_full(buf, range(6, 12))
     buf.close()
     view = zreplay.open(path)
     view.sample(8)  # fills the cache file with the history about to be replaced
     del view
     restore(backup, path)
     assert path.stat().st_ino == ino
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(i) for i in range(50, 56)])  # other rows, same numbers
+    buf = builders.writer(path)
+    builders.add_full(buf, range(50, 56))  # other rows, same numbers
     buf.close()
     view = zreplay.open(path)
     got = all_rewards(view)
@@ -170,9 +171,8 @@ def test_a_bucket_prefix_restored_from_a_backup_and_written_again_serves_what_it
     key, backup = url[len("s3://") :], url[len("s3://") :] + "-backup"
 
     def add(tids):
-        opts = {"auto_save": True, "auto_save_path": url, "storage_options": s3}
-        with zreplay.TrajectoryReplayBuffer(**opts) as buf:
-            buf.add_trajectories([make_traj(i) for i in tids])
+        with closing(builders.writer(url, storage_options=s3)) as buf:
+            builders.add_full(buf, tids)
 
     add(range(6))
     fs.copy(key, backup, recursive=True)
@@ -192,15 +192,15 @@ def test_a_bucket_file_is_served_to_the_next_process_while_its_shards_are_unchan
     """In S3 rows are proven by their shards' ETags (one listing per key): a second view
     reads nothing, and after a commit only the rows of the shard it rewrote."""
     layout = {k: {"chunk_rows": 4, "shard_rows": 32} for k in KEYS}
-    opts = {"auto_save": True, "auto_save_path": url, "storage_options": s3, "layout": layout}
-    with zreplay.TrajectoryReplayBuffer(**opts) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(6)])  # 108 rows: 3 shards + 12
+    opts = {"storage_options": s3, "layout": layout}
+    with closing(builders.writer(url, **opts)) as buf:
+        builders.add_full(buf, range(6))  # 108 rows: 3 shards + 12
     zreplay.open(url, storage_options=s3).sample(8)
     view = zreplay.open(url, storage_options=s3)
     got = all_rewards(view)
     assert cache_of(view).last_read is None  # every row served from the file
-    with zreplay.TrajectoryReplayBuffer(**opts) as buf:
-        buf.add_trajectories([make_traj(6)])  # rows 108..125: shard 96 rewritten
+    with closing(builders.writer(url, **opts)) as buf:
+        builders.add_full(buf, [6])  # rows 108..125: shard 96 rewritten
     view = zreplay.open(url, storage_options=s3)
     got = all_rewards(view)
     assert cache_of(view).last_read == 96

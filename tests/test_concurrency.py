@@ -11,6 +11,7 @@ import threading
 import time
 import zlib
 
+import builders
 import numpy as np
 import pytest
 import zarr
@@ -23,16 +24,13 @@ from zreplay.store.commit import read_commit
 
 @pytest.mark.parametrize("enable_cache", [True, False])
 def test_sample_while_adding_never_tears_rows(bufpath, enable_cache):
-    buf = zreplay.TrajectoryReplayBuffer(
-        seed=0,
-        auto_save=True,
-        auto_save_path=bufpath,
-        enable_cache=enable_cache,
-        cache_size=2,  # the RAM ring wraps constantly: slots are reused under the samplers
-        sample_window_size=0,
+    buf = builders.writer(
+        bufpath,
+        # the RAM ring of 2 wraps constantly: slots are reused under the samplers
+        ram_trajectories=2 if enable_cache else 0,
         capacity=30 * 18,  # eviction runs too
     )
-    buf.add_trajectories([make_traj(0)])
+    builders.add_full(buf, [0])
     stop = threading.Event()
     errors: list[BaseException] = []
     seen: set[int] = set()
@@ -40,7 +38,7 @@ def test_sample_while_adding_never_tears_rows(bufpath, enable_cache):
     def sampler():
         try:
             while not stop.is_set():
-                seen.update((check_rows(buf.sample(128)) // 10000).tolist())
+                seen.update((check_rows(builders.nested(buf.sample(128))) // 10000).tolist())
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -49,7 +47,7 @@ def test_sample_while_adding_never_tears_rows(bufpath, enable_cache):
         t.start()
     try:
         for i in range(1, 120):
-            buf.add_trajectories([make_traj(i)])
+            builders.add_full(buf, [i])
     finally:
         stop.set()
         for t in threads:
@@ -57,8 +55,8 @@ def test_sample_while_adding_never_tears_rows(bufpath, enable_cache):
     assert not errors, errors[0]
     assert len(seen) > 10
     buf.flush()
-    assert len(buf) == 30
-    check_rows(buf.sample(2000))
+    assert buf.num_trajectories == 30
+    check_rows(builders.nested(buf.sample(2000)))
     buf.close()
 
 
@@ -446,9 +444,9 @@ def test_four_writer_and_two_reader_processes_agree(tmp_path):
 
 HOLDER = textwrap.dedent(
     """
-    import sys, time
-    import zreplay
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r})
+    import sys, time; sys.path.insert(0, {tests!r})
+    import builders
+    buf = builders.writer({path!r})
     print("locked", flush=True)
     time.sleep(60)
     """
@@ -457,16 +455,18 @@ HOLDER = textwrap.dedent(
 
 def test_second_writer_in_another_process_fails_fast(bufpath):
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.format(path=bufpath)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER.format(tests=os.path.dirname(__file__), path=bufpath)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "locked"
         with pytest.raises(WriterLockedError, match=f"pid {proc.pid}"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+            builders.writer(bufpath)
     finally:
         proc.kill()
         proc.wait()
-    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+    builders.writer(bufpath).close()
 
 
 def test_orphan_cleanup_skips_only_fully_committed_shards(tmp_path):

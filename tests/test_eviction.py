@@ -57,16 +57,17 @@ def test_eviction_leaves_headless_episodes_that_still_sample(tmp_path):
     core.close()
 
 
+XY = {"x": (3,), "y": ()}  # a 2-D and a 1-D key
+
+
 def test_reclaimed_shards_leave_no_empty_directories(tmp_path):
     """Evicted shards of a 2-D key are files c/<s>/0: their directories go with them (a
     leftover c/<s>/ made the kill -9 test's 'no shard below reclaimed_below' flaky)."""
     path = tmp_path / "b"
     lay = {"x": {"chunk_rows": 16, "shard_rows": 64}, "y": {"chunk_rows": 16, "shard_rows": 64}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
-    )
-    for _ in range(20):
-        buf.add_trajectories([{"x": np.zeros((10, 5, 3), np.float32), "y": np.zeros((10, 5))}])
+    buf = builders.writer(path, capacity=200, layout=lay)
+    for i in range(20):
+        builders.add(buf, i, T=10, B=5, keys=XY)
     buf.close()
     below = zreplay.store.commit.read_commit(path / "segments" / "default").reclaimed_below
     assert below >= 64 * 10
@@ -81,11 +82,9 @@ def test_reclaim_deletes_every_shard_wholly_below_as_it_goes(tmp_path):
     until the writer's next open)."""
     path = tmp_path / "b"
     lay = {"x": {"chunk_rows": 16, "shard_rows": 16}, "y": {"chunk_rows": 16, "shard_rows": 64}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=200, layout=lay, sample_window_size=0
-    )
+    buf = builders.writer(path, capacity=200, layout=lay)
     for i in range(30):
-        buf.add_trajectories([{"x": np.full((10, 5, 3), i, np.float32), "y": np.zeros((10, 5))}])
+        builders.add(buf, i, T=10, B=5, keys=XY)
         buf.flush()
         below = read_commit(path / "segments" / "default").reclaimed_below
         assert _shards_below(path, "default", below) == [], (i, below)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import closing
+from pathlib import Path
 
 import builders
 import numpy as np
@@ -70,8 +72,8 @@ def test_a_dropped_torchrl_storage_commits_and_lets_go(tmp_path):
 
 def test_a_dropped_learner_view_says_it_stopped(tmp_path):
     path = str(tmp_path / "b")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([make_traj(0)])
+    with closing(builders.writer(path)) as buf:
+        builders.add_full(buf, [0])
     view = zreplay.open(path, rate_limiter=zreplay.MinSize(1), learner_id="L")
     view.sample(4)
     del view
@@ -99,10 +101,8 @@ def test_a_learner_view_collected_on_the_s3_event_loop_closes_without_a_hang(s3,
 
     from zreplay.store.objectio import shared_loop
 
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3
-    ) as buf:
-        buf.add_trajectories([make_traj(0)])
+    with closing(builders.writer(url, storage_options=s3)) as buf:
+        builders.add_full(buf, [0])
     held = [zreplay.open(url, storage_options=s3, rate_limiter=zreplay.MinSize(1), learner_id="L")]
     held[0].sample(4)
 
@@ -226,9 +226,10 @@ def test_a_learner_view_left_open_at_exit_publishes_its_count_and_stop(tmp_path)
     path = str(tmp_path / "b")
     child = textwrap.dedent(
         f"""
-        import torch, zreplay
-        w = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r})
-        w.add_trajectories([{{"obs": torch.zeros(50, 4, 3), "rewards": torch.zeros(50, 4)}}])
+        import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import builders, zreplay
+        w = builders.writer({path!r})
+        builders.add(w, 0, T=50, B=4, keys={{"obs": (3,), "rewards": ()}})
         w.close()
         lim = zreplay.SampleToInsertRatio(1.0, min_size_to_sample=1, error_buffer=1e9,
                                           publish_every_s=1e9)
@@ -252,8 +253,8 @@ def test_a_dropped_learner_view_has_published_its_count_before_a_reopen(tmp_path
     from zreplay.store.progress import read_progress
 
     path = str(tmp_path / "b")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([make_traj(0)])
+    with closing(builders.writer(path)) as buf:
+        builders.add_full(buf, [0])
     lim = zreplay.SampleToInsertRatio(1.0, min_size_to_sample=1, error_buffer=1e9)
     view = zreplay.open(path, rate_limiter=lim, learner_id="L")
     view.sample(7)

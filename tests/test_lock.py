@@ -14,9 +14,10 @@ import sys
 import textwrap
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
-import numpy as np
+import builders
 import pytest
 from conftest import make_traj, processes, run_children
 from test_all_or_nothing import assert_exactly
@@ -26,17 +27,18 @@ import zreplay
 from zreplay.errors import WriterLockedError
 from zreplay.store import lock as lockmod
 
+TESTS = str(Path(__file__).parent)  # child processes build their writers with builders.py
+
 HOLDER = textwrap.dedent(
     """
-    import sys, numpy as np, zreplay
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r})
-    def traj(i):
-        return {{"obs": np.full((4, 2, 3), i, np.float32), "rewards": np.zeros((4, 2), np.float32)}}
-    buf.add_trajectories([traj(0), traj(1)])
+    import sys; sys.path.insert(0, {tests!r})
+    import builders
+    buf = builders.writer({path!r})
+    builders.add(buf, 0, T=4, B=2); builders.add(buf, 1, T=4, B=2)
     buf.flush()
     print("ready", flush=True)
     for line in sys.stdin:  # each line: add one more trajectory and flush
-        buf.add_trajectories([traj(int(line))])
+        builders.add(buf, int(line), T=4, B=2)
         buf.flush()
         print("flushed", flush=True)
     buf.close()
@@ -46,14 +48,14 @@ HOLDER = textwrap.dedent(
 
 CONTENDER = textwrap.dedent(
     """
-    import numpy as np, zreplay
+    import sys; sys.path.insert(0, {tests!r})
+    import builders, zreplay
     try:
-        buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r})
+        buf = builders.writer({path!r})
     except zreplay.WriterLockedError as e:
         print("locked:", e, flush=True)
         raise SystemExit(3)
-    buf.add_trajectories([{{"obs": np.full((4, 2, 3), 99, np.float32),
-                            "rewards": np.zeros((4, 2), np.float32)}}])
+    builders.add(buf, 99, T=4, B=2)
     buf.flush()
     buf.close()
     print("took it", flush=True)
@@ -63,7 +65,7 @@ CONTENDER = textwrap.dedent(
 
 def _holder(path, env=None):
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.format(path=path)],
+        [sys.executable, "-c", HOLDER.format(tests=TESTS, path=path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -83,8 +85,12 @@ def _finish(proc) -> None:
 
 
 def _obs_values(path) -> list[float]:
-    view = zreplay.open(path)
-    return sorted(float(view.trajectory(i)["obs"][0, 0, 0]) for i in range(view.num_trajectories))
+    """The trajectory each stored trajectory was built as (``builders.trajectory``'s
+    ``tid``), sorted."""
+    view = builders.reader(path)
+    got = [view.trajectory(i).columns["obs"][0, 0, 0] for i in range(view.num_trajectories)]
+    view.close()
+    return sorted(float(t) for t in builders.tids(got))
 
 
 def _unshare_works() -> bool:
@@ -103,7 +109,14 @@ def test_a_live_writer_in_another_pid_namespace_keeps_its_lock(bufpath):
     holder = _holder(bufpath)
     try:
         got = subprocess.run(
-            ["unshare", "--pid", "--fork", sys.executable, "-c", CONTENDER.format(path=bufpath)],
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                sys.executable,
+                "-c",
+                CONTENDER.format(tests=TESTS, path=bufpath),
+            ],
             capture_output=True,
             text=True,
             timeout=120,
@@ -129,9 +142,9 @@ def test_a_lock_whose_pid_means_nothing_here_is_judged_by_its_flock(bufpath):
         with open(lock, "w") as f:  # in place: the holder's flock stays on this file
             json.dump(info, f)
         with pytest.raises(WriterLockedError, match=f"pid {2**22 + 7}"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+            builders.writer(bufpath)
         with pytest.raises(WriterLockedError):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, capacity=8)
+            builders.writer(bufpath, capacity=8)
         _finish(holder)
     finally:
         holder.kill()
@@ -150,8 +163,8 @@ def test_a_dead_holder_on_this_kernel_is_taken_over_at_once_whatever_its_namespa
     with open(lock, "w") as f:
         json.dump(info, f)
     t0 = time.monotonic()
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        assert len(buf) == 2
+    with closing(builders.writer(bufpath)) as buf:
+        assert buf.num_trajectories == 2
     assert time.monotonic() - t0 < 10  # no lease to wait for: the flock is free
 
 
@@ -164,7 +177,7 @@ def test_where_only_a_lease_can_tell_a_live_holder_is_found_out(bufpath, monkeyp
         monkeypatch.setattr(lockmod, "BOOT_ID", "another-kernel")
         t0 = time.monotonic()
         with pytest.raises(WriterLockedError, match=f"pid {holder.pid}"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+            builders.writer(bufpath)
         assert time.monotonic() - t0 < 1.5 + 5
         _finish(holder)
     finally:
@@ -182,32 +195,32 @@ def test_where_only_a_lease_can_tell_a_dead_holder_is_taken_over_once_it_ran_out
     holder.wait()
     monkeypatch.setattr(lockmod, "BOOT_ID", "another-kernel")
     t0 = time.monotonic()
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
+    with closing(builders.writer(bufpath)) as buf:
         waited = time.monotonic() - t0
-        assert len(buf) == 2
+        assert buf.num_trajectories == 2
     assert 1.5 <= waited < 1.5 + 10  # the whole lease, then the takeover
 
 
 def _traj(i):
-    return {"obs": np.full((4, 2, 3), i, np.float32), "rewards": np.zeros((4, 2), np.float32)}
+    return builders.trajectory(i, T=4, B=2)
 
 
 def test_a_writer_whose_lock_was_taken_over_commits_nothing_more(bufpath, monkeypatch):
     """The old writer (stopped longer than its lease, then resumed) must fail, not
     overwrite the new writer's commits: both flush() calls returning was the bug."""
     monkeypatch.setenv("ZREPLAY_LOCK_LEASE_S", "1")
-    old = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
-    old.add_trajectories([_traj(0)])
+    old = builders.writer(bufpath)
+    old.add([_traj(0)])
     old.flush()
-    new = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, break_lock=True)
-    new.add_trajectories([_traj(1)])
+    new = builders.writer(bufpath, break_lock=True)
+    new.add([_traj(1)])
     new.flush()
-    old.add_trajectories([_traj(2)])  # accepted in RAM: the writer finds out at commit
+    old.add([_traj(2)])  # accepted in RAM: the writer finds out at commit
     with pytest.raises(WriterLockedError, match="no longer holds"):
         old.flush()
     with pytest.raises(WriterLockedError):
-        old.add_trajectories([_traj(3)])
-    new.add_trajectories([_traj(4)])
+        old.add([_traj(3)])
+    new.add([_traj(4)])
     new.close()
     old.close()  # closing the loser is quiet and touches nothing
     assert _obs_values(bufpath) == [0.0, 1.0, 4.0]
@@ -238,19 +251,19 @@ def test_a_lock_whose_first_lease_beat_failed_is_not_kept(bufpath, monkeypatch):
 
     monkeypatch.setattr(lockmod.WriterLock, "_beat", failing)
     with pytest.raises(OSError, match="beat could not"):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+        builders.writer(bufpath)
     monkeypatch.setattr(lockmod.WriterLock, "_beat", beat)
     lock = Path(bufpath) / "segments" / "default" / "zreplay" / "writer.lock"
     assert not lock.exists() or probe(lock) is False
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    buf = builders.writer(bufpath)
     buf.close()
 
 
 def test_the_same_process_is_told_what_holds_its_segment(bufpath):
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    a = builders.writer(bufpath)
     try:
         with pytest.raises(WriterLockedError, match="That is this process"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+            builders.writer(bufpath)
     finally:
         a.close()
 
@@ -282,8 +295,8 @@ def test_a_forked_child_never_releases_its_parents_lock(bufpath):
     live parent, and the parent's next flush failed, losing what it had added."""
     import gc
 
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
-    buf.add_trajectories([_traj(0)])
+    buf = builders.writer(bufpath)
+    buf.add([_traj(0)])
     buf.flush()
 
     def child():
@@ -295,27 +308,29 @@ def test_a_forked_child_never_releases_its_parents_lock(bufpath):
     lock = os.path.join(bufpath, "segments", "default", "zreplay", "writer.lock")
     assert os.path.exists(lock)
     got = subprocess.run(
-        [sys.executable, "-c", CONTENDER.format(path=bufpath)], capture_output=True, text=True
+        [sys.executable, "-c", CONTENDER.format(tests=TESTS, path=bufpath)],
+        capture_output=True,
+        text=True,
     )
     assert got.returncode == 3, got.stdout + got.stderr  # the parent still holds it
-    buf.add_trajectories([_traj(1)])
+    buf.add([_traj(1)])
     buf.close()
     assert _obs_values(bufpath) == [0.0, 1.0]
 
 
 def test_a_forked_child_cannot_write_through_its_parents_buffer(bufpath):
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    buf = builders.writer(bufpath)
 
     def child():
         try:
-            buf.add_trajectories([_traj(5)])
+            buf.add([_traj(5)])
         except zreplay.WriteFailedError as e:
             assert "forked" in str(e) and "another writer_id" in str(e)
             return
         raise AssertionError("a forked child wrote through its parent's buffer")
 
     assert _fork(child) == 0
-    buf.add_trajectories([_traj(1)])
+    buf.add([_traj(1)])
     buf.close()
     assert _obs_values(bufpath) == [1.0]
 
@@ -330,7 +345,7 @@ def test_a_child_forked_while_a_thread_holds_the_guard_never_keeps_it(bufpath):
     def loop():
         while not stop.is_set():
             t = time.monotonic()
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+            builders.writer(bufpath).close()
             worst[0] = max(worst[0], time.monotonic() - t)
 
     t = threading.Thread(target=loop)
@@ -355,26 +370,26 @@ def test_a_child_forked_while_a_thread_holds_the_guard_never_keeps_it(bufpath):
 
 HOLDER_IN_COMMIT = textwrap.dedent(
     """
-    import sys, time, numpy as np, zreplay
+    import sys, time; sys.path.insert(0, {tests!r})
+    import builders, zreplay
     from zreplay.store import segment
     path = sys.argv[1]
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
-    traj = lambda i: {{"obs": np.full((4, 2, 3), i, np.float32),
-                       "rewards": np.zeros((4, 2), np.float32)}}
-    buf.add_trajectories([traj(0)]); buf.flush()
+    buf = builders.writer(path)
+    traj = lambda i: builders.trajectory(i, T=4, B=2)
+    buf.add([traj(0)]); buf.flush()
     write_rows, slow = segment.Segment.write_rows, [True]
     def paused(self, *a, **k):
         if slow and slow.pop():
             print("in commit", flush=True); time.sleep({pause})
         return write_rows(self, *a, **k)
     segment.Segment.write_rows = paused
-    buf.add_trajectories([traj(1)])
+    buf.add([traj(1)])
     try:
         buf.flush(); print("flushed", flush=True)
     except zreplay.WriterLockedError:
         print("lost", flush=True)
     sys.stdin.readline()
-    buf.add_trajectories([traj(2)])
+    buf.add([traj(2)])
     try:
         buf.flush(); print("flushed", flush=True)
     except zreplay.WriterLockedError:
@@ -388,7 +403,7 @@ def _holder_in_commit(path, pause: float) -> subprocess.Popen:
     """A writer process that has committed trajectory 0 and is now paused ``pause`` s
     inside its next commit's row writes."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER_IN_COMMIT.format(pause=pause), path],
+        [sys.executable, "-c", HOLDER_IN_COMMIT.format(tests=TESTS, pause=pause), path],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -404,13 +419,11 @@ def test_a_takeover_never_lands_in_the_middle_of_a_commit(bufpath):
     holder = _holder_in_commit(bufpath, pause=2.0)
     try:
         t0 = time.monotonic()
-        new = zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=bufpath, break_lock=True
-        )
+        new = builders.writer(bufpath, break_lock=True)
         assert time.monotonic() - t0 > 1.0  # it waited for the commit to finish ...
         assert holder.stdout.readline().strip() == "flushed"  # ... which was the holder's
-        assert len(new) == 2
-        new.add_trajectories([_traj(9)])
+        assert new.num_trajectories == 2
+        new.add([_traj(9)])
         new.flush()
         holder.stdin.write("go\n")
         holder.stdin.flush()
@@ -427,7 +440,7 @@ def test_a_takeover_never_lands_in_the_middle_of_a_commit(bufpath):
 def test_the_lease_is_a_bounded_number_of_seconds(bufpath, monkeypatch, value):
     monkeypatch.setenv("ZREPLAY_LOCK_LEASE_S", value)
     with pytest.raises(ValueError, match="ZREPLAY_LOCK_LEASE_S"):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+        builders.writer(bufpath)
 
 
 def test_a_lock_released_while_a_contender_watched_its_lease_is_taken(tmp_path, monkeypatch):
@@ -474,7 +487,7 @@ def test_a_contender_gives_up_on_a_commit_longer_than_a_lease(bufpath, monkeypat
     try:
         t0 = time.monotonic()
         with pytest.raises(zreplay.WriterLockedError, match="in the middle of a commit"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, break_lock=True)
+            builders.writer(bufpath, break_lock=True)
         assert time.monotonic() - t0 > 0.9  # it waited a lease for the guard
         assert holder.stdout.readline().strip() == "flushed"  # the holder's commit stood
         holder.stdin.write("go\n")
@@ -495,9 +508,9 @@ def test_a_live_writers_lock_file_damaged_in_place_keeps_it_locked(bufpath):
         with open(lock, "w") as f:  # in place: the holder's flock stays on this file
             f.write("\x00garbage{")
         with pytest.raises(WriterLockedError, match="lock file is damaged"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+            builders.writer(bufpath)
         got = subprocess.run(
-            [sys.executable, "-c", CONTENDER.format(path=bufpath)],
+            [sys.executable, "-c", CONTENDER.format(tests=TESTS, path=bufpath)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -507,20 +520,18 @@ def test_a_live_writers_lock_file_damaged_in_place_keeps_it_locked(bufpath):
         holder.kill()
         holder.wait()
     # Once its holder is gone (flock free), the damaged lock is stale: taken at once.
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        assert len(buf) == 2
+    with closing(builders.writer(bufpath)) as buf:
+        assert buf.num_trajectories == 2
 
 
 def test_a_lock_file_naming_no_integer_pid_is_judged_not_crashed_on(bufpath):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        buf.add_trajectories(
-            [{"obs": np.zeros((4, 2, 3), np.float32), "rewards": np.zeros((4, 2), np.float32)}]
-        )
+    with closing(builders.writer(bufpath)) as buf:
+        builders.add(buf, 0, T=4, B=2)
     lock = os.path.join(bufpath, "segments", "default", "zreplay", "writer.lock")
     with open(lock, "w") as f:  # a crafted lock left behind: no holder keeps its flock
         json.dump({"host": socket.gethostname(), "pid": "not a pid", "token": "t"}, f)
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        assert len(buf) == 1
+    with closing(builders.writer(bufpath)) as buf:
+        assert buf.num_trajectories == 1
 
 
 def test_close_finishes_when_a_ctrl_c_left_the_writers_lock_held(tmp_path):
@@ -607,35 +618,31 @@ def test_ctrl_c_never_leaves_the_writers_lock_held():
 
 
 def test_second_writer_fails_fast(bufpath):
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+    a = builders.writer(bufpath)
     try:
         with pytest.raises(WriterLockedError, match=f"pid {os.getpid()}"):
-            zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath)
+            builders.writer(bufpath)
         # A different writer id is a different segment: allowed.
-        b = zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=bufpath, writer_id="rank1"
-        )
+        b = builders.writer(bufpath, writer_id="rank1")
         b.close()
     finally:
         a.close()
-    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath).close()
+    builders.writer(bufpath).close()
 
 
 def test_overwrite_refuses_a_buffer_with_a_live_writer(tmp_path):
     import zreplay
 
     path = str(tmp_path / "live")
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
-    a.add_trajectories([{"rewards": np.ones((2, 2, 1), np.float32)}])
+    a = builders.writer(path)
+    builders.add(a, 0, T=2, B=2)
     a.flush()
     with pytest.raises(zreplay.WriterLockedError, match="overwrite=True refused"):
-        zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=path, overwrite=True, writer_id="other"
-        )
+        builders.writer(path, overwrite=True, writer_id="other")
     assert zreplay.open(path).num_rows == 4
     a.close()
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, overwrite=True)
-    assert len(b) == 0
+    b = builders.writer(path, overwrite=True)
+    assert b.num_trajectories == 0
     b.close()
 
 

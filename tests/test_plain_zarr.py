@@ -11,16 +11,20 @@ import os
 import shutil
 import tarfile
 import warnings
+from contextlib import closing
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import zarr
 from conftest import check_rows, codes_of, make_traj, shard_files, traj_equal
 
 import zreplay
+from zreplay.core import Prepared
 from zreplay.errors import FormatError, ZReplayError
 from zreplay.samplers import Prioritized
+from zreplay.schema import flatten
 from zreplay.store.commit import read_commit
 from zreplay.store.format import FORMAT_VERSION
 from zreplay.store.layout import shard_number
@@ -37,17 +41,15 @@ def walk_without_warnings(path) -> list[str]:
 
 def test_zarr_walks_every_kind_of_buffer_without_warnings(tmp_path):
     path = tmp_path / "b"
-    a = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), writer_id="a", sampler=Prioritized()
-    )
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="b")
-    a.add_trajectories([make_traj(i) for i in range(3)])
-    b.add_trajectories([make_traj(10)])
+    a = builders.writer(path, writer_id="a", sampler=Prioritized())
+    b = builders.writer(path, writer_id="b")
+    builders.add_full(a, range(3))
+    builders.add_full(b, [10])
     a.flush(), b.flush()
     # live writers: locks held, priorities saved, writer numbers claimed
     names = walk_without_warnings(path)
     assert "segments/a/priority/0" in names and "segments/a/zreplay" in names
-    a.save_checkpoint(str(tmp_path / "ckpt"))
+    a.checkpoint(tmp_path / "ckpt")
     assert "segments/a/data/actions" in walk_without_warnings(tmp_path / "ckpt")
     # a killed writer's temp file of a commit in flight sits in the meta node too
     (path / "segments" / "a" / "zreplay" / "commit.json.1.2.tmp").write_text("{")
@@ -74,10 +76,8 @@ def _as_format_2(path) -> None:
 def test_format_2_buffers_are_refused_until_upgraded(tmp_path):
     path = tmp_path / "b"
     for wid in ("a", "b"):
-        with zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=str(path), writer_id=wid
-        ) as buf:
-            buf.add_trajectories([make_traj(i) for i in range(2)])
+        with closing(builders.writer(path, writer_id=wid)) as buf:
+            builders.add_full(buf, range(2))
     before = zreplay.open(path).sample(64, keys=["actions"])
     _as_format_2(path)
     with pytest.raises(FormatError, match="zreplay upgrade"):
@@ -86,8 +86,8 @@ def test_format_2_buffers_are_refused_until_upgraded(tmp_path):
     view = zreplay.open(path)
     assert view.num_trajectories == 4
     check_rows(view.sample(128))
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="a")
-    assert len(buf) == 2 and buf.add_trajectories([make_traj(5)])[0] == 2
+    buf = builders.writer(path, writer_id="a")
+    assert buf.num_trajectories == 2 and builders.add_full(buf, [5])[0] == 2
     buf.flush()
     assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == FORMAT_VERSION
     assert not (path / "segments" / "a" / "commit.json").exists()
@@ -99,7 +99,7 @@ def test_format_2_buffers_are_refused_until_upgraded(tmp_path):
         zreplay.open(path).sample(64, keys=["actions"])["actions"].shape == before["actions"].shape
     )
     buf.close()
-    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path), writer_id="b").close()
+    builders.writer(path, writer_id="b").close()
     walk_without_warnings(path)
     assert zreplay.verify(path).ok
 
@@ -139,11 +139,9 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     assert zreplay.verify(path).ok
     assert _nested_and_flat(path)[1] == []
 
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), writer_id="a", capacity=90
-    )
+    buf = builders.writer(path, writer_id="a", capacity=90)
     assert zarr.open_group(path, mode="r").attrs["zreplay"]["format"] == FORMAT_VERSION
-    buf.add_trajectories([make_traj(i) for i in range(8, 14)])
+    builders.add_full(buf, range(8, 14))
     buf.flush()
     commit = read_commit(path / "segments" / "a")
     assert commit.reclaimed_below >= 144  # shards of the old rows went
@@ -155,8 +153,8 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
         assert shards[0] == commit.reclaimed_below // 16, (key, shards)
     for r, dirs, files in os.walk(path):
         assert dirs or files, f"empty directory {r}"
-    check_rows(buf.sample(128))
-    buf.save_checkpoint(str(tmp_path / "ck"))
+    check_rows(builders.nested(buf.sample(128)))
+    buf.checkpoint(tmp_path / "ck")
     buf.close()
 
     other = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "new"))
@@ -171,11 +169,10 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     assert nested and flat == []
     check_rows(other.sample(256))
     other.close()
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), writer_id="b"
-    ) as b:  # emptied and refilled: its arrays are made again, flat
+    # emptied and refilled: its arrays are made again, flat
+    with closing(builders.writer(path, writer_id="b")) as b:
         b.clear()
-        b.add_trajectories([make_traj(90)])
+        builders.add_full(b, [90])
         b.flush()
     nested, flat = _nested_and_flat(path / "segments" / "b")
     assert nested == [] and flat
@@ -215,13 +212,11 @@ def test_plain_zarr_shows_exactly_the_committed_rows_and_evicted_rows_as_zeros(t
 
     path = tmp_path / "b"
     layout = {"obs": {"chunk_rows": 8, "shard_rows": 16}}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), capacity=60, layout=layout
-    )
+    buf = builders.writer(path, capacity=60, layout=layout)
     rows = []  # every row ever added, in stored order (env-major within a trajectory)
     for i in range(12):
         obs = np.arange(i * 100, i * 100 + 10, dtype=np.float32).reshape(5, 2)  # T=5, B=2
-        buf.add_trajectories([{"obs": obs, "reward": obs * 2}])
+        buf.add([Prepared({"obs": obs, "reward": obs * 2}, 5, 2)])
         rows.extend(obs.T.reshape(-1))
         buf.flush()
         commit = json.loads((path / "segments/default/zreplay/commit.json").read_text())
@@ -240,7 +235,7 @@ def test_plain_zarr_shows_exactly_the_committed_rows_and_evicted_rows_as_zeros(t
             }
         ).result()
         assert ts_obs.shape == (n,)
-        assert len(buf) == min(i + 1, 6)
+        assert buf.num_trajectories == min(i + 1, 6)
         np.testing.assert_array_equal(
             np.sort(data["obs"][low:]), np.sort(zreplay.open(path).rows(np.arange(n - low))["obs"])
         )
@@ -259,8 +254,8 @@ def test_a_commit_killed_after_its_arrays_grew_is_cut_back_by_the_next_writer(tm
     them longer than the commit (zreplay reads by the commit); the next writer cuts them
     back before anything else."""
     path = tmp_path / "b"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(2)])
+    with closing(builders.writer(path)) as buf:
+        builders.add_full(buf, range(2))
     n = 36
     longer = 1000  # as a killed commit leaves them (metadata only)
     for _, arr in zarr.open_group(path / "segments/default/data", mode="r+").arrays():
@@ -270,10 +265,10 @@ def test_a_commit_killed_after_its_arrays_grew_is_cut_back_by_the_next_writer(tm
     view = zreplay.open(path)
     assert view.num_rows == n
     check_rows(view.sample(64))
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    buf = builders.writer(path)
     data, live = _plain_rows(path)
     assert {v.shape[0] for v in data.values()} == {n} and live == [0, n]
-    buf.add_trajectories([make_traj(2)])
+    builders.add_full(buf, [2])
     buf.close()
     data, live = _plain_rows(path)
     assert {v.shape[0] for v in data.values()} == {n + 18} and live == [0, n + 18]
@@ -290,8 +285,8 @@ def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
     from zreplay.store import arrays
 
     path = tmp_path / "b"
-    buf = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
-    buf.add_trajectories([make_traj(0)])
+    buf = builders.writer(path)
+    builders.add_full(buf, [0])
     buf.flush()  # the writer's arrays are open (TensorStore) before the reader "forks"
     opened = Counter()
     real_open = arrays.ArrayHandle._open
@@ -306,7 +301,7 @@ def _opens_while_following(tmp_path, monkeypatch, commits: int, forked: bool):
     view = zreplay.open(path)
     opened.clear()
     for i in range(1, commits + 1):
-        buf.add_trajectories([make_traj(i)])
+        builders.add_full(buf, [i])
         buf.flush()
         view.refresh()
         assert view.num_trajectories == i + 1
@@ -341,17 +336,17 @@ def test_a_segment_is_never_taken_for_a_buffer(tmp_path):
     from zreplay.store.root import is_buffer
 
     a_path = tmp_path / "a"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(a_path)) as a:
-        a.add_trajectories([make_traj(i) for i in range(2)])
+    with closing(builders.writer(a_path)) as a:
+        builders.add_full(a, range(2))
     seg = a_path / "segments" / "default"
     assert zarr.open_group(seg, mode="r").attrs["live_rows"] == [0, 36]
     assert is_buffer(a_path) and not is_buffer(seg)
-    with zreplay.TrajectoryReplayBuffer() as b:
-        b.add_trajectories([make_traj(5)])
+    with closing(builders.writer()) as b:
+        builders.add_full(b, [5])
         with pytest.raises(ZReplayError):
-            b.save_checkpoint(str(seg))
+            b.checkpoint(seg)
     with pytest.raises(ZReplayError):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(seg), overwrite=True)
+        builders.writer(seg, overwrite=True)
     assert zreplay.open(a_path).num_trajectories == 2 and zreplay.verify(a_path).ok
 
 
@@ -467,10 +462,8 @@ def test_plain_zarr_reads_every_episode(tmp_path):
     import zarr
 
     path = str(tmp_path / "b")
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, continue_episodes=True
-    )
-    buf.add_trajectories(rollout_chunks(5, 8, 3, seed=4))
+    buf = builders.writer(path)
+    buf.add([Prepared(flatten(c), 8, 3, continues=True) for c in rollout_chunks(5, 8, 3, seed=4)])
     buf.close()
     root = zarr.open_group(path, mode="r")
     schema = root.attrs["zreplay"]["schema"]

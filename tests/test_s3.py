@@ -11,6 +11,7 @@ import multiprocessing as mp
 import threading
 import uuid
 
+import builders
 import numpy as np
 import pytest
 from conftest import S3_BUCKET, check_rows, make_traj, traj_equal
@@ -396,17 +397,15 @@ def test_s3_index_cache_follows_commits_while_the_newest_rows_are_sampled(
     """Every commit rewrites the newest shards (chunks fill up, shards complete); a view
     that samples the newest rows after each refresh reads them right, and never has to
     throw away an index it trusted (which would show as a third round of requests)."""
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
-    )
-    writer.add_trajectories([make_traj(0, T=5, B=3)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT)
+    writer.add([builders.full(0, T=5, B=3)])
     writer.flush()
     view = zreplay.open(url, storage_options=s3)
     req = Requests(_backend(url, s3), monkeypatch)
     rng = np.random.default_rng(1)
     index_gets = 0
     for t in range(1, 21):
-        writer.add_trajectories([make_traj(t, T=5, B=3 if t % 3 else 2)])
+        writer.add([builders.full(t, T=5, B=3 if t % 3 else 2)])
         writer.flush()
         assert view.refresh()
         n = view.num_rows
@@ -427,16 +426,14 @@ def test_s3_reader_samples_newest_rows_while_a_writer_commits(url, s3):
     """A writer commits as fast as it can while a view refreshes and reads the newest rows:
     shards (and chunks still filling up) are replaced between a reader's index GET and
     its chunk GETs, which the reader must take for a race, never for damage."""
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
-    )
-    writer.add_trajectories([make_traj(0, T=5, B=3)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT)
+    writer.add([builders.full(0, T=5, B=3)])
     writer.flush()
     done = threading.Event()
 
     def write():
         for t in range(1, 40):
-            writer.add_trajectories([make_traj(t, T=5, B=3)])
+            writer.add([builders.full(t, T=5, B=3)])
             writer.flush()
         done.set()
 
@@ -455,20 +452,18 @@ def test_s3_reader_samples_newest_rows_while_a_writer_commits(url, s3):
 
 
 def test_s3_writer_puts_whole_shards_and_reads_nothing(url, s3, monkeypatch):
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
-    )
-    writer.add_trajectories([make_traj(0, T=5, B=3)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT)
+    writer.add([builders.full(0, T=5, B=3)])
     writer.flush()
     req = Requests(_backend(url, s3), monkeypatch)
-    writer.add_trajectories([make_traj(1, T=5, B=3)])  # rows 15..29
+    writer.add([builders.full(1, T=5, B=3)])  # rows 15..29
     writer.flush()
     assert set(req.calls) == {"put"}, req.calls  # no GET, HEAD or LIST
     data = [k.split("/data/", 1)[1] for k in req.put_keys if "/data/" in k]
     assert len(data) == len(set(data)), data  # each shard object once
     images = sorted(k for k in data if k.startswith("curr_obs/main_images/c."))
     assert images == ["curr_obs/main_images/c.0.0.0.0", "curr_obs/main_images/c.1.0.0.0"]
-    assert len([k for k in data if "/c." in k]) == len(writer.core.keys) + 1
+    assert len([k for k in data if "/c." in k]) == len(writer.keys) + 1
     # the commit record is published after every row and index object; only the segment
     # group's live_rows attribute (for plain-zarr readers) may follow it
     last = max(i for i, k in enumerate(req.put_keys) if k.endswith("zreplay/commit.json"))
@@ -480,14 +475,12 @@ def test_s3_writer_puts_whole_shards_and_reads_nothing(url, s3, monkeypatch):
 def test_s3_failed_shard_upload_keeps_the_last_commit_and_retries(url, s3, monkeypatch):
     from zreplay.errors import WriteFailedError
 
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
-    )
-    writer.add_trajectories([make_traj(0, T=5, B=3)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT)
+    writer.add([builders.full(0, T=5, B=3)])
     writer.flush()
     req = Requests(_backend(url, s3), monkeypatch)
     req.fail_put = lambda key: "main_images/c.1." in key  # the second image shard
-    writer.add_trajectories([make_traj(1, T=5, B=3), make_traj(2, T=5, B=3)])
+    writer.add([builders.full(1, T=5, B=3), builders.full(2, T=5, B=3)])
     with pytest.raises(WriteFailedError, match="No space left"):
         writer.flush()
     view = zreplay.open(url, storage_options=s3)
@@ -516,17 +509,15 @@ def test_plain_zarr_reads_what_the_s3_writer_wrote(url, s3, tmp_path):
 
 
 def test_s3_reader_survives_eviction_and_reclaimed_shards(url, s3):
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT, capacity=60
-    )
-    writer.add_trajectories([make_traj(t, T=5, B=3) for t in range(4)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT, capacity=60)
+    writer.add([builders.full(t, T=5, B=3) for t in range(4)])
     writer.flush()
     # No column cache: it would serve these small rows of the old snapshot from RAM and
     # never meet the deleted shards this test is about.
     view = zreplay.open(url, storage_options=s3, column_cache_bytes=0)
     check_rows(view.rows(np.arange(view.num_rows)))  # every index cached
     for t in range(4, 12):  # the oldest shards are evicted and deleted meanwhile
-        writer.add_trajectories([make_traj(t, T=5, B=3)])
+        writer.add([builders.full(t, T=5, B=3)])
         writer.flush()
     # The view still has its old snapshot: rows whose shards are gone are drawn again
     # from a refreshed one, so the sample holds only rows that still exist.
@@ -540,10 +531,8 @@ def test_s3_reader_survives_eviction_and_reclaimed_shards(url, s3):
 def test_s3_damage_names_segment_key_and_rows_even_with_a_cached_index(url, s3):
     import s3fs
 
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
-    )
-    writer.add_trajectories([make_traj(t, T=5, B=3) for t in range(3)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT)
+    writer.add([builders.full(t, T=5, B=3) for t in range(3)])
     writer.close()
     # No column cache, no chunk cache: these images would be served from them once read.
     view = zreplay.open(url, storage_options=s3, column_cache_bytes=0, chunk_cache_bytes=0)
@@ -569,10 +558,8 @@ def test_s3_forked_dataloader_workers_read_through_s3fs(url, s3):
     same way through s3fs (a hang shows as the loader's timeout)."""
     from torch.utils.data import DataLoader
 
-    writer = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=url, storage_options=s3, layout=LAYOUT
-    )
-    writer.add_trajectories([make_traj(t, T=5, B=3) for t in range(4)])
+    writer = builders.writer(url, storage_options=s3, layout=LAYOUT)
+    writer.add([builders.full(t, T=5, B=3) for t in range(4)])
     writer.close()
     view = zreplay.open(url, storage_options=s3)
     check_rows(view.sample(32))  # obstore ran in this process before the fork
@@ -596,8 +583,8 @@ def test_s3_credentials_and_endpoints(url, s3, tmp_path, how):
     import subprocess
     import sys
 
-    writer = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, storage_options=s3)
-    writer.add_trajectories([make_traj(0)])
+    writer = builders.writer(url, storage_options=s3)
+    builders.add_full(writer, [0])
     writer.close()
     if how == "client_kwargs":  # s3fs's nested spelling of endpoint and region
         opts = {

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import closing
 
+import builders
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from conftest import check_rows, make_traj
 
 import zreplay
 from zreplay.engine.committer import Committer
+from zreplay.samplers import Window
 from zreplay.store.segment import Segment
 
 
@@ -36,25 +39,21 @@ def _buffer(path, n_staged: int, cache_size: int = 2, capacity: int | None = Non
     """A buffer whose staging budget holds ``n_staged`` of make_traj's trajectories
     (``capacity``: in trajectories; ``so``: storage options), with its committer held
     (one trajectory committed first, which fixes the schema)."""
-    probe = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path + ".probe", storage_options=so
-    )
-    probe.add_trajectories([make_traj(0)])
-    row_bytes = probe.core.engine.schema.row_bytes
-    rows = probe.get_stats()["total_samples"]
+    probe = builders.writer(path + ".probe", storage_options=so)
+    builders.add_full(probe, [0])
+    row_bytes = probe.engine.schema.row_bytes
+    rows = probe.stats()["rows"]
     probe.close()
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True,
-        auto_save_path=path,
-        cache_size=cache_size,
-        sample_window_size=0,
+    buf = builders.writer(
+        path,
+        ram_trajectories=cache_size,
         staging_bytes=n_staged * rows * row_bytes,
         capacity=None if capacity is None else capacity * rows,
         storage_options=so,
     )
-    buf.add_trajectories([make_traj(0)])
+    builders.add_full(buf, [0])
     buf.flush()
-    return buf, Gate(buf.core.engine._committer)
+    return buf, Gate(buf.engine._committer)
 
 
 def _adder(buf, ids):
@@ -62,7 +61,7 @@ def _adder(buf, ids):
 
     def run():
         for i in ids:
-            buf.add_trajectories([make_traj(i)])
+            builders.add_full(buf, [i])
             added.append(i)
 
     t = threading.Thread(target=run, daemon=True)
@@ -87,11 +86,11 @@ def test_adds_do_not_wait_while_the_budget_has_room(bufpath):
         t, added = _adder(buf, range(1, 9))
         t.join(60)
         assert not t.is_alive() and len(added) == 8
-        st = buf.get_stats()
+        st = buf.stats()
         assert st["committed_trajectories"] == 1 and st["pending_trajectories"] == 8
         # Staged rows are sampleable (from RAM) before they are on disk.
         batch = buf.sample(2000)
-        assert len(np.unique(batch["actions"][:, 0].numpy() // 10000)) == 9
+        assert len(np.unique(batch["actions"][:, 0] // 10000)) == 9
     finally:
         gate.open.set()
     buf.close()
@@ -108,7 +107,7 @@ def test_adds_wait_once_the_budget_is_used_up(bufpath):
         # Window 2 + staging 3 = 5 uncommitted trajectories; the sixth add must wait
         # for the (held) writer instead of overwriting rows that are not on disk.
         _waits_after(t, added, 5)
-        st = buf.get_stats()
+        st = buf.stats()
         assert st["committed_trajectories"] == 1 and st["pending_trajectories"] == 5
     finally:
         gate.open.set()
@@ -122,20 +121,20 @@ def test_adds_wait_once_the_budget_is_used_up(bufpath):
 
 def test_staging_does_not_change_what_the_ram_tier_keeps(bufpath):
     buf, gate = _buffer(bufpath, n_staged=6, cache_size=2)
-    rows = buf.get_stats()["total_samples"]
+    rows = buf.stats()["rows"]
     t, added = _adder(buf, range(1, 9))  # the ring grows to stage them
     t.join(60)
     assert not t.is_alive()
-    assert buf.get_stats()["cache_size"] == 8  # uncommitted rows are only in RAM
+    assert buf.stats()["trajectories_in_ram"] == 8  # uncommitted rows are only in RAM
     gate.open.set()
     buf.flush()
     # Committed: only the cache_size newest trajectories stay in RAM, as without staging.
-    st = buf.get_stats()
-    assert st["cache_size"] == 2 and st["rows_in_ram"] == 2 * rows
-    buf.add_trajectories([make_traj(9)])
+    st = buf.stats()
+    assert st["trajectories_in_ram"] == 2 and st["rows_in_ram"] == 2 * rows
+    builders.add_full(buf, [9])
     buf.flush()
-    st = buf.get_stats()
-    assert st["cache_size"] == 2 and st["rows_in_ram"] == 2 * rows
+    st = buf.stats()
+    assert st["trajectories_in_ram"] == 2 and st["rows_in_ram"] == 2 * rows
     buf.close()
 
 
@@ -187,14 +186,12 @@ def test_rows_evicted_before_their_commit_are_never_written(tmp_path, written, w
     # value"), live rows included.  Every block written must be the rows added there,
     # or fill values for rows evicted before their commit.
     seen, wrong = written
-    kw = {} if window is None else {"sample_window_size": window}
+    kw = {} if window is None else {"sampler": Window(window)}
     for trial in range(5):
         path = str(tmp_path / f"b{trial}")
-        with zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=path, capacity=40, **kw
-        ) as buf:
+        with closing(builders.writer(path, capacity=40, **kw)) as buf:
             for i in range(10):
-                buf.add_trajectories([make_traj(i, T=6, B=3)])  # 18 rows each
+                buf.add([builders.full(i, T=6, B=3)])  # 18 rows each
         assert not wrong, f"rows written that were not the rows added there: {wrong}"
         view = zreplay.open(path)
         for j, tid in enumerate([8, 9]):  # every bool chunk decodes, to the values added
@@ -208,12 +205,12 @@ def test_a_held_writer_writes_only_rows_added(shared_location, written):
     path, so = shared_location
     seen, wrong = written
     buf, gate = _buffer(path, n_staged=8, capacity=3, so=so)
-    seen["rows"] = rows = buf.get_stats()["total_samples"]
+    seen["rows"] = rows = buf.stats()["rows"]
     try:
         t, added = _adder(buf, range(1, 9))  # 9 trajectories, 3 kept
         t.join(60)
         assert not t.is_alive() and len(added) == 8
-        assert len(buf) == 3 and buf.get_stats()["committed_trajectories"] == 1
+        assert buf.num_trajectories == 3 and buf.stats()["committed_trajectories"] == 1
     finally:
         gate.open.set()
     buf.close()
@@ -238,26 +235,24 @@ def test_a_held_writer_writes_only_rows_added(shared_location, written):
 def test_ram_budget_caps_the_committed_rows_and_a_large_batch_gives_its_memory_back(tmp_path):
     """One large add regrew the ring to the whole batch, and it never shrank; the
     committed rows kept in RAM never exceed ram_budget_bytes."""
-    with zreplay.TrajectoryReplayBuffer() as probe:  # the row size of make_traj's rows
-        probe.add_trajectories([make_traj(0)])
+    with closing(builders.writer()) as probe:  # the row size of make_traj's rows
+        builders.add_full(probe, [0])
         row = probe.schema.row_bytes
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True,
-        auto_save_path=str(tmp_path / "b"),
-        sample_window_size=0,
-        cache_size=None,
-        ram_budget_bytes=40 * row,  # 40 rows: two trajectories fit, three do not
+    buf = builders.writer(
+        tmp_path / "b",
+        ram_trajectories=None,
+        ram_bytes=40 * row,  # 40 rows: two trajectories fit, three do not
         staging_bytes=0,
     )
-    buf.add_trajectories([make_traj(i) for i in range(1, 51)])  # one batch of 900 rows
+    builders.add_full(buf, range(1, 51))  # one batch of 900 rows
     buf.flush()
-    stats = buf.get_stats()
+    stats = buf.stats()
     assert stats["rows_in_ram"] <= 40  # committed rows kept: the budget
     assert stats["ram_bytes"] <= max(40, 18) * row  # the ring shrank back after the commit
-    check_rows(buf.sample(256))  # rows outside RAM still read right
-    buf.add_trajectories([make_traj(60)])
+    check_rows(builders.nested(buf.sample(256)))  # rows outside RAM still read right
+    builders.add_full(buf, [60])
     buf.flush()
-    assert buf.get_stats()["ram_bytes"] <= max(40, 18) * row
+    assert buf.stats()["ram_bytes"] <= max(40, 18) * row
     buf.close()
 
 
@@ -283,17 +278,11 @@ def test_an_add_that_waited_takes_the_ring_afresh(tmp_path):
     as garbage (zeros, or bool chunks no reader could decode, on disk)."""
     for trial in range(3):
         path = tmp_path / f"b{trial}"
-        buf = zreplay.TrajectoryReplayBuffer(
-            auto_save=True,
-            auto_save_path=str(path),
-            sample_window_size=0,
-            ram_budget_bytes=4000,
-            staging_bytes=0,
-        )
-        buf.add_trajectories([make_traj(0, T=50, B=10), make_traj(1, T=2, B=1)])
-        buf.add_trajectories([make_traj(2, T=11, B=6)])  # waits for the big one's commit
+        buf = builders.writer(path, ram_bytes=4000, staging_bytes=0)
+        buf.add([builders.full(0, T=50, B=10), builders.full(1, T=2, B=1)])
+        buf.add([builders.full(2, T=11, B=6)])  # waits for the big one's commit
         np.testing.assert_array_equal(
-            buf.trajectory(-1)["actions"][..., 0],
+            buf.trajectory(buf.num_trajectories - 1).columns["actions"][..., 0],
             20000 + np.arange(6)[None, :] * 100 + np.arange(11)[:, None],
         )
         buf.close()

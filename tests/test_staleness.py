@@ -5,6 +5,9 @@ at sample time and saved with the buffer; a full buffer drops stale arrivals fir
 
 from __future__ import annotations
 
+from contextlib import closing
+
+import builders
 import numpy as np
 import pytest
 import torch
@@ -121,16 +124,12 @@ def test_versions_from_model_weights_id(tmp_path):
 
 def test_current_version_is_saved_with_the_buffer(tmp_path):
     path = str(tmp_path / "b")
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, sampler=Staleness(1), sample_window_size=0
-    ) as buf:
-        buf.add_trajectories([make_traj(k) for k in range(6)])
+    with closing(builders.writer(path, sampler=Staleness(1))) as buf:
+        builders.add_full(buf, range(6))
         # no version given yet: staleness is counted from the newest version stored
         assert set(codes_of(buf.sample(300)) // 10000) == {4, 5}
-        buf.sample(4, version=3)
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, sampler=Staleness(1)
-    ) as buf:
+        buf.sample(4, version=3.0)
+    with closing(builders.writer(path, sampler=Staleness(1))) as buf:
         assert buf.sampler.current_version == 3
         assert set(codes_of(buf.sample(300)) // 10000) == {2, 3, 4, 5}  # newer: fresh
     view = zreplay.open(path, sampler=Staleness(0, current_version=4))
@@ -138,10 +137,10 @@ def test_current_version_is_saved_with_the_buffer(tmp_path):
 
 
 def test_all_stale_is_a_clear_error():
-    buf = zreplay.TrajectoryReplayBuffer(seed=0, sampler=Staleness(2))
-    buf.add_trajectories([make_traj(k) for k in range(3)])
+    buf = builders.writer(sampler=Staleness(2))
+    builders.add_full(buf, range(3))
     with pytest.raises(EmptyBufferError, match="max_staleness=2 versions behind version 9"):
-        buf.sample(4, version=9)
+        buf.sample(4, version=9.0)
     with pytest.raises(ValueError, match="stale_weight"):
         Staleness(2, stale_weight=2.0)
     with pytest.raises(ValueError, match="max_staleness"):
@@ -153,41 +152,36 @@ def test_all_stale_is_a_clear_error():
 def test_a_full_buffer_drops_stale_arrivals_first(tmp_path, evict_stale):
     path = str(tmp_path / "b")
     s = Staleness(1, evict_stale=evict_stale, current_version=5)
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, capacity=3 * 18, sampler=s, sample_window_size=0
-    )
-    assert buf.add_trajectories([make_traj(k) for k in (4, 5)]) == [0, 1]
+    buf = builders.writer(path, capacity=3 * 18, sampler=s)
+    assert builders.add_full(buf, (4, 5)) == [0, 1]
     # not full yet: a stale trajectory is kept either way
-    assert buf.add_trajectories([make_traj(1)]) == [2]
+    assert builders.add_full(buf, [1]) == [2]
     # full: the next stale one is dropped (with evict_stale), a fresh one evicts the oldest
-    got = buf.add_trajectories([make_traj(2), make_traj(5)])
-    kept = {int(t["versions"].flat[0]) for t in map(buf.trajectory, range(len(buf)))}
+    got = builders.add_full(buf, [2, 5])
+    trajs = map(buf.trajectory, range(buf.num_trajectories))
+    kept = {int(t.columns["versions"].flat[0]) for t in trajs}
     if evict_stale:
         assert got == [-1, 3] and kept == {5, 1}  # the version-4 one went, FIFO
         assert buf.sampler.num_dropped == 1
     else:
         assert got == [3, 4] and kept == {1, 2, 5}
     buf.close()
-    again = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, capacity=3 * 18, sampler=Staleness(1, evict_stale=True)
-    )
+    again = builders.writer(path, capacity=3 * 18, sampler=Staleness(1, evict_stale=True))
     assert again.sampler.num_dropped == int(evict_stale)
     again.close()
 
 
 def test_view_over_two_writers_follows_refresh(tmp_path):
     path = str(tmp_path / "b")
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, writer_id="a")
-    b = zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=path, writer_id="b", capacity=2 * 18
-    )
-    a.add_trajectories([make_traj(k) for k in range(3)])
-    b.add_trajectories([make_traj(k) for k in (10, 11)])
+    a = builders.writer(path, writer_id="a")
+    b = builders.writer(path, writer_id="b", capacity=2 * 18)
+    builders.add_full(a, range(3))
+    builders.add_full(b, (10, 11))
     a.flush(), b.flush()
     view = zreplay.open(path, sampler=Staleness(1), seed=0)
     assert set(codes_of(view.sample(500, version=11)) // 10000) == {10, 11}
-    b.add_trajectories([make_traj(12)])  # evicts 10 from b's segment
-    a.add_trajectories([make_traj(11)])
+    builders.add_full(b, [12])  # evicts 10 from b's segment
+    builders.add_full(a, [11])
     a.flush(), b.flush()
     view.refresh()
     got = codes_of(view.sample(800, version=12))
@@ -198,8 +192,8 @@ def test_view_over_two_writers_follows_refresh(tmp_path):
 
 def test_version_key_and_current_version_attribute():
     s = Staleness(0, version_key="rewards")  # any stored column: its smallest value
-    buf = zreplay.TrajectoryReplayBuffer(seed=0, sampler=s, sample_window_size=0)
-    buf.add_trajectories([make_traj(k) for k in range(4)])  # rewards == code >= 10000 * k
+    buf = builders.writer(sampler=s)
+    builders.add_full(buf, range(4))  # rewards == code >= 10000 * k
     s.current_version = 30000
     assert set(codes_of(buf.sample(200)) // 10000) == {3}
     buf.close()

@@ -13,11 +13,13 @@ import os
 import subprocess
 import sys
 import tracemalloc
+from contextlib import closing
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
-from conftest import make_traj, tree_state, zreplay_cli
+from conftest import tree_state, zreplay_cli
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -27,8 +29,8 @@ SRC = str(Path(zreplay.__file__).resolve().parents[1])
 
 
 def _buffer(root: Path, **kw) -> Path:
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(root), **kw) as buf:
-        buf.add_trajectories([make_traj(i, T=2, B=2) for i in range(4)])
+    with closing(builders.writer(root, **kw)) as buf:
+        buf.add([builders.full(i, T=2, B=2) for i in range(4)])
         if "sampler" in kw:
             buf.sample(4)
     return root
@@ -58,8 +60,8 @@ def _edit_commit(buf: Path, edit) -> None:
 
 
 def _resume_and_clear(buf: Path) -> None:
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
-        b.add_trajectories([make_traj(9, T=2, B=2)])
+    with closing(builders.writer(buf)) as b:
+        b.add([builders.full(9, T=2, B=2)])
         b.clear()
 
 
@@ -135,10 +137,8 @@ def test_a_link_that_stays_inside_the_buffer_is_refused_too(outer):
 def test_the_buffer_path_itself_may_be_a_link(outer):
     os.symlink(outer / "buf.zarr", outer / "alias.zarr")
     assert zreplay.open(outer / "alias.zarr").num_rows == 16
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(outer / "alias.zarr")
-    ) as b:
-        b.add_trajectories([make_traj(9, T=2, B=2)])
+    with closing(builders.writer(outer / "alias.zarr")) as b:
+        b.add([builders.full(9, T=2, B=2)])
     assert zreplay.verify(outer / "alias.zarr").ok
 
 
@@ -245,11 +245,11 @@ def test_commit_numbers_beyond_int64_are_damage_named_by_field(tmp_path, field, 
 def test_used_up_trajectory_ids_fail_the_add_clearly_and_add_nothing(tmp_path):
     buf = _buffer(tmp_path / "buf.zarr")
     _edit_commit(buf, lambda d: d.update(next_trajectory_id=2**63 - 1))
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
-        b.add_trajectories([make_traj(9, T=2, B=2)])  # takes the last id, 2**63 - 1
+    with closing(builders.writer(buf)) as b:
+        b.add([builders.full(9, T=2, B=2)])  # takes the last id, 2**63 - 1
         with pytest.raises(zreplay.CapacityError, match="trajectory ids"):
-            b.add_trajectories([make_traj(10, T=2, B=2)])
-        assert len(b) == 5
+            b.add([builders.full(10, T=2, B=2)])
+        assert b.num_trajectories == 5
     assert zreplay.verify(buf).ok
     view = zreplay.open(buf)
     assert view.num_trajectories == 5 and view.next_trajectory_id == 2**63
@@ -340,10 +340,8 @@ def test_the_roots_directories_linked_out_are_refused_and_nothing_outside_change
     (moved / f"precious.{dead}.abcdef.tmp").write_text("keep me")
     before = tree_state(outer, skip=buf)
     with pytest.raises(CorruptBufferError, match="symbolic link"):
-        with zreplay.TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=str(buf), writer_id="w2"
-        ) as b:
-            b.add_trajectories([make_traj(9, T=2, B=2)])
+        with closing(builders.writer(buf, writer_id="w2")) as b:
+            b.add([builders.full(9, T=2, B=2)])
     with pytest.raises(CorruptBufferError, match="symbolic link"):
         zreplay.open(buf, rate_limiter=zreplay.MinSize(1), learner_id="evil_target_name")
     assert tree_state(outer, skip=buf) == before
@@ -357,7 +355,7 @@ def _crafted_lock(buf: Path, field: str) -> None:
     """A writer's lock files as another machine's writer left them, with JSON Infinity
     where an integer goes."""
     ref = buf.parent / "ref.zarr"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(ref)):
+    with closing(builders.writer(ref)):
         z = ref / "segments" / "default" / "zreplay"
         lock = json.loads((z / "writer.lock").read_text())
         beat_path = z / "writer.lock.beat"
@@ -376,8 +374,8 @@ def test_a_lock_holding_infinity_is_judged_not_crashed_on(outer, field):
     buf = outer / "buf.zarr"
     _crafted_lock(buf, field)
     try:  # another machine's lock: taken over once its lease runs out, or refused
-        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
-            b.add_trajectories([make_traj(9, T=2, B=2)])
+        with closing(builders.writer(buf)) as b:
+            b.add([builders.full(9, T=2, B=2)])
     except zreplay.WriterLockedError:
         pass
     assert zreplay.open(buf).num_trajectories >= 4
@@ -398,7 +396,7 @@ def test_a_crafted_load_record_is_refused_and_the_commit_kept(outer, how):
     text = "{{{" if how == "not json" else json.dumps(dict(intent, children=[]))
     (z / "replace.json").write_text(text)
     with pytest.raises(CorruptBufferError, match="replace.json"):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf))
+        builders.writer(buf)
     assert (z / "commit.json").read_bytes() == before
 
 
@@ -417,7 +415,7 @@ def test_a_crafted_random_stream_is_damage_named(outer, how):
 
     _edit_commit(buf, craft)
     with pytest.raises(CorruptBufferError, match="random stream"):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf))
+        builders.writer(buf)
 
 
 @pytest.mark.parametrize("rel", ["segments/default/zreplay/commit.json", "zarr.json"])
@@ -430,7 +428,7 @@ def test_a_sparse_giant_record_is_refused_without_reading_it(outer, rel):
     try:
         for open_it in (
             lambda: zreplay.open(buf),
-            lambda: zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)),
+            lambda: builders.writer(buf),
         ):
             with pytest.raises(CorruptBufferError, match="more than any file zreplay reads"):
                 open_it()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from contextlib import closing
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import zarr
-from conftest import check_rows, make_traj, shard_files, tree_state
+from conftest import check_rows, shard_files, tree_state
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -18,8 +20,8 @@ from zreplay import CorruptBufferError
 
 @pytest.fixture
 def written(bufpath):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])
+    with closing(builders.writer(bufpath)) as buf:
+        builders.add_full(buf, range(4))
     return Path(bufpath)
 
 
@@ -42,12 +44,10 @@ def test_flipped_byte_is_an_error_naming_the_key_never_wrong_data(written):
     report = zreplay.verify(written)
     assert not report.ok and len(report.problems) == 1
     assert "key 'rewards'" in report.problems[0] and "rows [0, " in report.problems[0]
-    with zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(written), enable_cache=False, sample_window_size=0
-    ) as buf:
+    with closing(builders.writer(written, ram_trajectories=0)) as buf:
         with pytest.raises(CorruptBufferError, match="key 'rewards'"):
             for _ in range(20):
-                check_rows(buf.sample(64))
+                check_rows(builders.nested(buf.sample(64)))
     with pytest.raises(CorruptBufferError, match="rewards"):
         zreplay.open(written).trajectory(0)
 
@@ -65,7 +65,7 @@ def test_truncated_commit_record(written):
     report = zreplay.verify(written)
     assert not report.ok and "commit record is unreadable" in report.problems[0]
     with pytest.raises(CorruptBufferError, match="commit record is unreadable"):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(written))
+        builders.writer(written)
     with pytest.raises(CorruptBufferError):
         zreplay.open(written)
 
@@ -181,8 +181,8 @@ DAMAGE = {  # name: (damage, what the error says)
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     path = tmp_path_factory.mktemp("pristine") / "buf"
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path)) as buf:
-        buf.add_trajectories([make_traj(i) for i in range(4)])  # 72 rows
+    with closing(builders.writer(path)) as buf:
+        builders.add_full(buf, range(4))  # 72 rows
     return path
 
 
@@ -204,8 +204,8 @@ def test_damage_is_a_specific_error_everywhere_and_reported(pristine, tmp_path, 
         read_all()
     assert tree_state(root) == before  # readers change nothing
     with pytest.raises(CorruptBufferError, match=re.escape(says)):
-        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(root)) as buf:
-            check_rows(buf.sample(500))
+        with closing(builders.writer(root)) as buf:
+            check_rows(builders.nested(buf.sample(500)))
     assert not (root / SEG / "zreplay" / "writer.lock").exists()  # the refused writer let go
     report = zreplay.verify(root)
     assert not report.ok and any(says in p for p in report.problems), str(report)
@@ -235,10 +235,12 @@ def test_every_bit_flip_in_an_index_chunk_is_caught(pristine, tmp_path, rel):
 
 OPEN_ALL = """
 import json, sys, zreplay
+sys.path.insert(0, sys.argv[2])
+import builders
 out = {}
 for name, fn in [
     ("view", lambda: zreplay.open(sys.argv[1]).sample(8)),
-    ("writer", lambda: zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=sys.argv[1]).sample(8)),
+    ("writer", lambda: builders.writer(sys.argv[1]).sample(8)),
 ]:
     try:
         fn()
@@ -279,7 +281,10 @@ def test_absurd_recorded_sizes_are_errors_not_aborts(pristine, tmp_path, damage)
     shutil.copytree(pristine, root)
     damage(root)
     done = subprocess.run(
-        [sys.executable, "-c", OPEN_ALL, str(root)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", OPEN_ALL, str(root), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
@@ -346,7 +351,7 @@ def test_damage_the_index_or_commit_can_show_is_reported_not_acted_on(written, d
     report = zreplay.verify(written)
     assert not report.ok, f"{damage}: verify said OK"
     with pytest.raises(CorruptBufferError):
-        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(written))
+        builders.writer(written)
     with pytest.raises(CorruptBufferError):
         zreplay.open(written)
     assert files(written) == before  # nothing acted on it
@@ -367,22 +372,16 @@ def test_verify_beside_a_live_writer_reports_no_damage(tmp_path):
 
     path = tmp_path / "b"
     lay = {k: {"chunk_rows": 4, "shard_rows": 8} for k in ("rewards",)}
-    buf = zreplay.TrajectoryReplayBuffer(
-        auto_save=True,
-        auto_save_path=str(path),
-        capacity=60,
-        layout=lay,
-        sampler=Prioritized(save_every_s=0.0),
-    )
-    buf.add_trajectories([make_traj(0)])
+    buf = builders.writer(path, capacity=60, layout=lay, sampler=Prioritized(save_every_s=0.0))
+    builders.add_full(buf, [0])
     buf.flush()
     stop = threading.Event()
 
     def write():
         i = 1
         while not stop.is_set():
-            buf.add_trajectories([make_traj(i % 50)])
-            buf.update_priorities(buf.sample(8)["index"], float(i % 7 + 1))
+            builders.add_full(buf, [i % 50])
+            buf.update_priorities(buf.sample(8)["index"], np.full(8, float(i % 7 + 1)))
             buf.flush()
             i += 1
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from contextlib import closing
 
+import builders
 import numpy as np
 import pytest
 from conftest import check_rows, traj_equal
 
 import zreplay
+from zreplay.core import Prepared
 
 
 def test_view_basics(written):
@@ -35,10 +38,10 @@ def test_refresh_sees_commits_from_another_process(written):
     code = textwrap.dedent(
         f"""
         import sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
-        from conftest import make_traj
-        import zreplay
-        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path={path!r}) as b:
-            b.add_trajectories([make_traj(i) for i in range(4, 7)])
+        from contextlib import closing
+        import builders
+        with closing(builders.writer({path!r})) as b:
+            builders.add_full(b, range(4, 7))
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -49,8 +52,7 @@ def test_refresh_sees_commits_from_another_process(written):
 
 
 def test_view_of_empty_and_non_buffer(tmp_path):
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "e")):
-        pass
+    builders.writer(tmp_path / "e").close()
     v = zreplay.open(tmp_path / "e")
     assert v.num_rows == 0 and v.keys() == []
     with pytest.raises(zreplay.EmptyBufferError):
@@ -137,6 +139,11 @@ def _coded(v: float, T: int = 10, B: int = 2) -> dict:
     }
 
 
+def _add_coded(core, *values: float) -> None:
+    """Add a :func:`_coded` trajectory of each of ``values`` to a core."""
+    core.add([Prepared(_coded(v), 10, 2) for v in values])
+
+
 def _replace_contents(how: str, path: str, ckpt: str) -> None:
     """Replace the 40 rows (value 1) at ``path`` by 20 rows of value 2, ``how``."""
     if how == "restart":  # the writer starts the buffer afresh
@@ -164,8 +171,8 @@ def test_a_view_is_a_snapshot_until_refresh_after_its_rows_are_replaced(tmp_path
     says 40 rows in every method, and a positional read returns the snapshot's rows or
     raises StaleViewError: never the new rows at the old positions, never IndexError."""
     path = str(tmp_path / "buf")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([_coded(1.0), _coded(1.0)])
+    with closing(builders.writer(path)) as buf:
+        _add_coded(buf, 1.0, 1.0)
     view = zreplay.open(path, seed=0, column_cache_bytes=cache)
     view.sample(4)  # the column cache (when on) now holds the old rows
     before = (len(view), view.num_trajectories, view.num_episodes, view.keys())
@@ -209,11 +216,11 @@ def test_a_view_keeps_its_rows_across_a_writer_restart_that_appends(tmp_path):
     """A writer that reopens the buffer and appends leaves the view's rows in place: the
     view keeps serving them until refresh()."""
     path = str(tmp_path / "buf")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([_coded(1.0), _coded(1.0)])
+    with closing(builders.writer(path)) as buf:
+        _add_coded(buf, 1.0, 1.0)
     view = zreplay.open(path)
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([_coded(2.0)])
+    with closing(builders.writer(path)) as buf:
+        _add_coded(buf, 2.0)
     assert len(view) == 40 and view[39]["rewards"] == 1 and view.num_trajectories == 2
     assert np.all(view.rows(np.arange(40), keys=["frame"])["frame"] == 1)
     view.refresh()
@@ -230,8 +237,8 @@ def test_view_positions_read_as_numpy_indexes_an_array(tmp_path):
     import torch
 
     path = str(tmp_path / "buf")
-    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buf:
-        buf.add_trajectories([_coded(1.0), _coded(2.0)])
+    with closing(builders.writer(path)) as buf:
+        _add_coded(buf, 1.0, 2.0)
     view = zreplay.open(path)
     r = view.rows(np.arange(40), keys=["rewards"])["rewards"][:, 0]
     mask = np.zeros(40, bool)

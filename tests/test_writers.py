@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from contextlib import closing
 
+import builders
 import pytest
-from conftest import check_rows, make_traj, shard_files
+from conftest import check_rows, shard_files
 
 import zreplay
 from zreplay.store.format import ID_BITS
@@ -13,25 +15,25 @@ from zreplay.store.root import BufferRoot
 
 
 def test_trajectory_ids_are_unique_across_writers_and_survive_reopen(bufpath):
-    a = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, writer_id="a")
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, writer_id="b")
-    a.add_trajectories([make_traj(0), make_traj(1)])
-    b.add_trajectories([make_traj(2)])
+    a = builders.writer(bufpath, writer_id="a")
+    b = builders.writer(bufpath, writer_id="b")
+    builders.add_full(a, [0, 1])
+    builders.add_full(b, [2])
     a.close()
     b.close()
     # The first writer keeps RLinf's 0, 1, 2...; the next one counts from 1 << ID_BITS.
     view = zreplay.open(bufpath)
     ids = [view.trajectory(i)["trajectory_id"] for i in range(view.num_trajectories)]
     assert ids == [0, 1, 1 << ID_BITS]
-    b = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=bufpath, writer_id="b")
-    b.add_trajectories([make_traj(3)])
-    assert b.trajectory(len(b) - 1)["trajectory_id"] == (1 << ID_BITS) + 1
+    b = builders.writer(bufpath, writer_id="b")
+    builders.add_full(b, [3])
+    assert b.trajectory(b.num_trajectories - 1).trajectory_id == (1 << ID_BITS) + 1
     # A checkpoint of writer b keeps b's number claimed: a new writer there gets another.
     ckpt = bufpath + ".ckpt"
-    b.save_checkpoint(ckpt)
+    b.checkpoint(ckpt)
     b.close()
-    c = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=ckpt, writer_id="w3")
-    c.add_trajectories([make_traj(4)])
+    c = builders.writer(ckpt, writer_id="w3")
+    builders.add_full(c, [4])
     c.close()
     view = zreplay.open(ckpt)
     ids = [view.trajectory(i)["trajectory_id"] for i in range(view.num_trajectories)]
@@ -58,9 +60,7 @@ def test_writer_numbers_are_claimed_once_even_when_racing(tmp_path):
 
 
 def _writer(path, wid, lay):
-    return zreplay.TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), writer_id=wid, layout=lay, sample_window_size=0
-    )
+    return builders.writer(path, writer_id=wid, layout=lay)
 
 
 def test_writers_of_a_new_buffer_cannot_fix_two_layouts(tmp_path):
@@ -71,17 +71,17 @@ def test_writers_of_a_new_buffer_cannot_fix_two_layouts(tmp_path):
     small = {"rewards": {"chunk_rows": 4, "shard_rows": 16}}
     other = {"rewards": {"chunk_rows": 8, "shard_rows": 32}}
     a, b = _writer(path, "a", small), _writer(path, "b", other)
-    a.add_trajectories([make_traj(0)])
+    builders.add_full(a, [0])
     with pytest.raises(zreplay.SchemaError, match="layout for key 'rewards'"):
-        b.add_trajectories([make_traj(1)])  # refused before anything is written
+        builders.add_full(b, [1])  # refused before anything is written
     assert shard_files(path, "rewards", "b") == []
     b.close()
-    a.add_trajectories([make_traj(1)])
+    builders.add_full(a, [1])
     a.close()
     with pytest.raises(zreplay.SchemaError, match="created with"):
         _writer(path, "a", other)  # reopening with another layout is refused too
-    with _writer(path, "b", small) as b:  # the recorded layout is fine
-        b.add_trajectories([make_traj(2)])
+    with closing(_writer(path, "b", small)) as b:  # the recorded layout is fine
+        builders.add_full(b, [2])
     view = zreplay.open(path)
     assert view.num_trajectories == 3
     check_rows(view.sample(256))
@@ -97,7 +97,7 @@ def test_racing_writers_of_a_new_buffer_agree_on_one_layout(tmp_path):
     def add(i):
         go.wait()
         try:
-            writers[i].add_trajectories([make_traj(i)])
+            builders.add_full(writers[i], [i])
             writers[i].flush()
         except zreplay.SchemaError as e:
             errors.append(e)

@@ -314,9 +314,11 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         # Indices and their IndexErrors are stable-worldmodel's (tests/test_swm_protocol.py
-        # compares them with its own buffer's), not numpy's as a view's are.
+        # compares them with its own buffer's), not numpy's as a view's are.  A float or a
+        # bool is refused: stable-worldmodel's buffer would truncate it to some clip.
+        idx = as_int(idx, "index")
         if self._in_worker:  # a DataLoader worker: columns in the same order
-            clip = self._in_order(flatten(self._worker_dataset()[int(idx)]), self._order)
+            clip = self._in_order(flatten(self._worker_dataset()[idx]), self._order)
             return self.transform(clip) if self.transform is not None else clip
         n = len(self)
         if n == 0:
@@ -325,7 +327,7 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
             idx += n
         if not 0 <= idx < n:
             raise IndexError(idx)
-        got = self.core.clips(self.spec, [int(idx)])
+        got = self.core.clips(self.spec, [idx])
         clip = self._ordered({k: v[0] for k, v in got.items()})
         return self.transform(clip) if self.transform is not None else clip
 

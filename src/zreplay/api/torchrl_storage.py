@@ -20,7 +20,8 @@ TorchRL's writers' cursors (:mod:`.torchrl_writers`), checkpoints coming in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Unpack
@@ -410,10 +411,22 @@ class ZarrStorage(TensorStorage):
     def _empty(self) -> None:
         """``rb.empty()``: drop every row (on disk too; the schema stays)."""
         self._check_writable("empty it")
-        self.core.facade_state.update(shift=0, guessed=False)
-        self.core.clear()
-        self._open_ring()  # empty: the ring starts where the rows go on
+        with self._replacing():
+            self.core.facade_state.update(shift=0, guessed=False)
+            self.core.clear()
+            self._open_ring()  # empty: the ring starts where the rows go on
         self._bump_mutation_revision()
+
+    @contextmanager
+    def _replacing(self) -> Iterator[None]:
+        """Around ``empty()`` and loads, which replace the contents: a sequence count,
+        odd while they run, so a read on another thread that overlapped one says the
+        storage was emptied (see :meth:`_read`) instead of failing on rows that went."""
+        self._replacements = self.__dict__.get("_replacements", 0) + 1
+        try:
+            yield
+        finally:
+            self._replacements += 1
 
     # -- reading --------------------------------------------------------------------
 
@@ -426,18 +439,22 @@ class ZarrStorage(TensorStorage):
             return self._get_along_dims(index)
         if isinstance(index, slice) and self._lazy_ok():
             return self._view(index)
+        began = self.__dict__.get("_replacements", 0)  # before len(), which checks the slots
         slots = slot_index(index, len(self))
-        return self._build(self._rows_at(lambda: slots.reshape(-1)), slots.shape)
+        return self._build(self._rows_at(lambda: slots.reshape(-1), began=began), slots.shape)
 
-    def _rows_at(self, slots, keys: list[str] | None = None) -> dict:
+    def _rows_at(self, slots, keys: list[str] | None = None, began: int | None = None) -> dict:
         """``core.rows`` of the rows the slots ``slots()`` show.  When rows a read-only
         copy showed have left the disk (its reader raises ``StaleViewError``), the copy
         refreshes, follows the newest commit (see :meth:`refresh`) and reads again, so no
-        read mixes two commits' rows."""
+        read mixes two commits' rows.  ``began``: the replacement count (see
+        :meth:`_replacing`) when the slots were chosen, default now."""
+        if began is None:
+            began = self.__dict__.get("_replacements", 0)
         while True:
             want = slots()
             try:
-                got = self._read_ring_rows(self._ring.rows_of(want, self._W), keys)
+                got = self._read(want, keys, began)
             except IndexError:  # positions of an older commit than the reader's now
                 if self.core.writable or not self._follow_commit():
                     raise
@@ -468,6 +485,31 @@ class ZarrStorage(TensorStorage):
             return self.core.read_global_rows(rows, keys)
         return self.core.rows(rows, keys)
 
+    def _read(self, want: np.ndarray, keys: list[str] | None, began: int) -> dict:
+        """``core.rows`` of slots ``want``.  In a writing storage, a read that overlapped
+        ``empty()`` or a load on another thread (a legal race, not damage) raises
+        ``IndexError`` in slots, never the rows underneath: its rows may have gone, or
+        be another contents'."""
+        try:
+            got = self._read_ring_rows(self._ring.rows_of(want, self._W), keys)
+        except Exception as e:
+            if self.core.writable and self._replaced_since(began):
+                raise self._emptied(want) from e
+            raise
+        if self.core.writable and self._replaced_since(began):
+            raise self._emptied(want)
+        return got
+
+    def _replaced_since(self, began: int) -> bool:
+        return began % 2 == 1 or self.__dict__.get("_replacements", 0) != began
+
+    def _emptied(self, want: np.ndarray) -> IndexError:
+        return IndexError(
+            f"ZarrStorage at {self.core.path} was emptied or loaded (empty(), loads(), "
+            f"load_state_dict()) on another thread while {len(want)} of its slots were "
+            f"being read; it now holds {len(self)}: sample or index it again"
+        )
+
     def _build(self, flat: dict, lead: tuple[int, ...]):
         """Rows as the data they were given as (see :mod:`.torchrl_forms`)."""
         return self._form.build(flat, lead, self.device, self._class)
@@ -484,11 +526,13 @@ class ZarrStorage(TensorStorage):
         """``storage[index]`` of an ``ndim > 1`` storage (shape ``[len along dim 0,
         *dims]``): the slots ``index[0]`` names are read once each, and the index is
         applied to them with its first part renumbered (torch's semantics, dense)."""
+        began = self.__dict__.get("_replacements", 0)  # before L0, which checks the slots
         L0 = self._ring.length(self._W)
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
         parts = index if isinstance(index, tuple) else (index,)
         if any(p is Ellipsis or p is None for p in parts):  # dims move: index every row
-            return take(self._build(self._rows_at(lambda: np.arange(L0)), (L0,)), index)
+            rows = self._rows_at(lambda: np.arange(L0), began=began)
+            return take(self._build(rows, (L0,)), index)
         if isinstance(first, slice):
             slots, pos = np.arange(*first.indices(L0)), slice(None)
         else:
@@ -496,7 +540,8 @@ class ZarrStorage(TensorStorage):
             slots, inv = np.unique(wanted.reshape(-1), return_inverse=True)
             pos = torch.from_numpy(inv.reshape(wanted.shape))
             pos = int(pos) if pos.dim() == 0 else pos
-        return take(self._build(self._rows_at(lambda: slots), (len(slots),)), (pos, *rest))
+        rows = self._rows_at(lambda: slots, began=began)
+        return take(self._build(rows, (len(slots),)), (pos, *rest))
 
     def _lazy_ok(self) -> bool:
         """Whether ``storage[slice or tuple]`` is a lazy view (TensorDicts, ``ndim=1``)."""
@@ -581,36 +626,37 @@ class ZarrStorage(TensorStorage):
             )
         if not 0 <= n <= M:
             raise ValueError(f"the checkpoint's len {n} is not in [0, {M}]")
-        classes = {}
-        if rows is None or not n:
-            self.core.facade_state.update(shift=0, guessed=False)
-            self.core.clear()  # empty: the ring starts where the rows go on
-        else:
-            order, c = import_order(n, M, next_slot)
-            form, cols, classes = encode(take(rows, order), single=False)
-            old = self._form
-            if (
-                old is not None
-                and old.classes
-                and not form.classes
-                and not old.differs(replace(form, classes=old.classes))
-            ):  # a state dict holds TensorDicts: the storage keeps its tensorclasses
-                form = replace(form, classes=dict(old.classes))
-            # Until the restored writer's first extend says where its cursor is (ZarrStorage).
-            guessed = n == M and next_slot is None
-            ring = record(self._given_max, self.ndim, dims, Ring(M, 0, c), guessed, form)
-            state = self.core.state()  # read when the block ends: the ring goes in below
-            try:
-                with self.core.replacing(state) as staging:  # all or nothing
-                    staging.add(pieces(cols, n, self._piece))
-                    ring["start"] = staging.next_row - n  # rows go on from the old ones
-                    state["facade"] = ring
-            except BaseException:
-                if not self.core.closed:
-                    self._open_ring()  # the ring of what the segment holds now, old or new
-                raise
-            self.core.facade_state = ring
-        self._open_ring()
+        with self._replacing():
+            classes = {}
+            if rows is None or not n:
+                self.core.facade_state.update(shift=0, guessed=False)
+                self.core.clear()  # empty: the ring starts where the rows go on
+            else:
+                order, c = import_order(n, M, next_slot)
+                form, cols, classes = encode(take(rows, order), single=False)
+                old = self._form
+                if (
+                    old is not None
+                    and old.classes
+                    and not form.classes
+                    and not old.differs(replace(form, classes=old.classes))
+                ):  # a state dict holds TensorDicts: the storage keeps its tensorclasses
+                    form = replace(form, classes=dict(old.classes))
+                # Until the restored writer's first extend says where its cursor is (ZarrStorage).
+                guessed = n == M and next_slot is None
+                ring = record(self._given_max, self.ndim, dims, Ring(M, 0, c), guessed, form)
+                state = self.core.state()  # read when the block ends: the ring goes in below
+                try:
+                    with self.core.replacing(state) as staging:  # all or nothing
+                        staging.add(pieces(cols, n, self._piece))
+                        ring["start"] = staging.next_row - n  # rows go on from the old ones
+                        state["facade"] = ring
+                except BaseException:
+                    if not self.core.closed:
+                        self._open_ring()  # the ring of what the segment holds now, old or new
+                    raise
+                self.core.facade_state = ring
+            self._open_ring()
         self._classes.update(classes)
         self._bump_mutation_revision()
         if sync:
@@ -637,13 +683,14 @@ class ZarrStorage(TensorStorage):
         wid, commit = found
         state = dict(commit.sampler)
         facade = dict(state["facade"])
-        try:
-            self.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
-        except BaseException:
-            if not self.core.closed:
-                self._open_ring()  # the ring of what the segment holds now, old or new
-            raise
-        self._open_ring(facade)
+        with self._replacing():
+            try:
+                self.core.adopt(src, wid, commit.low_traj, commit.n_traj, state)
+            except BaseException:
+                if not self.core.closed:
+                    self._open_ring()  # the ring of what the segment holds now, old or new
+                raise
+            self._open_ring(facade)
         self.core.flush()
         self._bump_mutation_revision()
         self._sync_writers()

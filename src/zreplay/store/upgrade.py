@@ -72,8 +72,10 @@ def upgrade(path: str | Path | Location, storage_options: Mapping | None = None)
     # Every file is linked or copied as it is: a link (to a file outside the buffer) or a
     # FIFO anywhere in it is refused first (the buffer is untrusted data).
     root.backend.check_files(root.path)
+    locked = False
     try:
         with new_tree(root.path, "zreplay upgrade") as tmp:
+            locked = True
             # Another upgrade, or a writer that made the buffer anew, may have come between
             # the checks above and the locks now held: what is rewritten is read under them.
             info = root.stored_meta()
@@ -85,7 +87,28 @@ def upgrade(path: str | Path | Location, storage_options: Mapping | None = None)
             _build(root, info, tmp)
     except _NothingToDo:
         return None  # the staged tree was discarded; the buffer is as it was
+    except WriterLockedError:
+        if locked:  # an older zreplay's writer, found under the locks: its own message
+            raise
+        raise _held(root) from None
     return version
+
+
+def _held(root: BufferRoot) -> WriterLockedError:
+    """The segment locks an upgrade takes are held: by a writer, or by another upgrade of
+    the same buffer (two ``zreplay upgrade`` runs at once), which holds them all."""
+    who = "another process"  # (if it let go meanwhile)
+    for seg in root.segment_dirs():
+        info = WriterLock(seg).live_holder()
+        if info is not None:
+            who = f"pid {info.get('pid')} on host {info.get('host')!r} (segment {seg.name!r})"
+            break
+    return WriterLockedError(
+        f"zreplay upgrade: {root.path} is held by {who}: another `zreplay upgrade` of it, "
+        "or a writer. Nothing was changed. Wait until that upgrade is done (or close that "
+        "writer) and run the upgrade again: that is safe, and does nothing once the "
+        "buffer is current"
+    )
 
 
 class _NothingToDo(Exception):
