@@ -1,0 +1,156 @@
+"""How deep a sample goes: zreplay frames between a facade's ``sample`` and the array read.
+
+The read path is kept short on purpose (issue 34: "a sample reaches the data in at most 5
+zreplay frames"); these tests count frames, not time, so a layer that only passes a call
+through fails them wherever it is added back.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zreplay
+from zreplay import ReplayBuffer, TrajectoryReplayBuffer
+from zreplay.engine.colcache import ColumnCache
+from zreplay.engine.ramtier import RamTier
+
+SRC = str(Path(zreplay.__file__).resolve().parent)
+
+
+def _ours(frame) -> bool:
+    return frame.f_code.co_filename.startswith(SRC)
+
+
+def _names(frame) -> list[str]:
+    """The zreplay frames on the stack from ``frame`` up, outermost first."""
+    out = []
+    while frame is not None:
+        if _ours(frame):
+            out.append(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
+        frame = frame.f_back
+    return out[::-1]
+
+
+def _trajectory(t=50, b=4):
+    return {
+        "obs": np.arange(t * b * 8, dtype=np.float32).reshape(t, b, 8),
+        "actions": np.zeros((t, b, 2), np.float32),
+        "rewards": np.zeros((t, b), np.float32),
+        "dones": np.zeros((t, b), bool),
+    }
+
+
+def _stacks_at_reads(monkeypatch, sample) -> list[list[str]]:
+    """The zreplay frames down to each array read (a RAM tier's or a column cache's
+    ``gather``, itself included) during ``sample()``."""
+    stacks = []
+    for cls in (RamTier, ColumnCache):
+        real = cls.gather
+
+        def spy(self, *a, _real=real, **kw):
+            stacks.append([*_names(sys._getframe(1)), f"{_real.__module__}.gather"])
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "gather", spy)
+    sample()
+    monkeypatch.undo()
+    return stacks
+
+
+def _deepest(sample) -> list[str]:
+    """The deepest stack of zreplay frames any call reached during ``sample()`` (as
+    benchmarks/bench_inside.py counts)."""
+    deepest: list[str] = []
+
+    def hook(frame, event, _arg):
+        nonlocal deepest
+        if event == "call" and _ours(frame):
+            names = _names(frame)
+            if len(names) > len(deepest):
+                deepest = names
+
+    sys.setprofile(hook)
+    try:
+        sample()
+    finally:
+        sys.setprofile(None)
+    return deepest
+
+
+@pytest.fixture
+def rlinf(tmp_path):
+    rb = TrajectoryReplayBuffer(
+        seed=0, auto_save=True, auto_save_path=str(tmp_path / "rl"), sample_window_size=0
+    )
+    rb.add_trajectories([_trajectory(), _trajectory()])
+    rb.flush()
+    rb.sample(8)  # what is built once per add (the snapshot's row space) is built
+    yield rb
+    rb.close()
+
+
+def test_rlinf_sample_reaches_the_ram_tier_in_five_frames(rlinf, monkeypatch):
+    stacks = _stacks_at_reads(monkeypatch, lambda: rlinf.sample(256))
+    assert len(stacks) == 4  # one fancy index per key
+    for stack in stacks:
+        assert stack[0] == "trajectory_buffer.sample"
+        assert stack[-1] == "zreplay.engine.ramtier.gather"
+        assert len(stack) <= 5, " > ".join(stack)
+    deepest = _deepest(lambda: rlinf.sample(256))
+    assert len(deepest) <= 5, " > ".join(deepest)
+
+
+def test_view_sample_reaches_the_column_cache_in_five_frames(rlinf, monkeypatch):
+    view = zreplay.open(rlinf.path)
+    try:
+        view.sample(8)  # the first sample fills the column cache
+        stacks = _stacks_at_reads(monkeypatch, lambda: view.sample(256))
+        assert len(stacks) == 4
+        for stack in stacks:
+            assert stack[0] == "view.sample"
+            assert stack[-1] == "zreplay.engine.colcache.gather"
+            assert len(stack) <= 5, " > ".join(stack)
+        deepest = _deepest(lambda: view.sample(256))
+        assert len(deepest) <= 5, " > ".join(deepest)
+    finally:
+        view.close()
+
+
+def test_rows_read_on_the_short_path_are_the_stored_rows(rlinf):
+    """The short path reads what the long one does: each sampled row's obs is the row a
+    view reads at the same position."""
+    got = rlinf.sample(64)
+    obs = got["obs"].numpy()
+    # obs rows are distinct aranges: row r of a [50, 4] trajectory holds 8 * k .. 8 * k + 7
+    assert np.all(obs[:, 1:] - obs[:, :1] == np.arange(1, 8, dtype=np.float32))
+    assert np.all(obs[:, 0] % 8 == 0)
+    view = zreplay.open(rlinf.path)
+    try:
+        view.sample(1)
+        batch = view.sample(64)
+        assert np.all(batch["obs"][:, 0] % 8 == 0)
+        pos = np.arange(view.num_rows)
+        assert np.array_equal(view.rows(pos)["obs"][:, 0] % 8, np.zeros(len(pos)))
+    finally:
+        view.close()
+
+
+def test_stable_worldmodel_sample_reaches_the_ram_tier(tmp_path, monkeypatch):
+    swm = ReplayBuffer(100_000, path=str(tmp_path / "swm"), history_len=1)
+    ep = {"obs": np.zeros((50, 8), np.float32), "action": np.zeros((50, 2), np.float32)}
+    swm.write_episodes([ep, ep])
+    swm.flush()
+    swm.sample(8)
+    try:
+        stacks = _stacks_at_reads(monkeypatch, lambda: swm.sample(256))
+        assert len(stacks) == 2
+        for stack in stacks:
+            assert stack[0] == "episode_buffer.sample"
+            assert stack[-1] == "zreplay.engine.ramtier.gather"
+            assert len(stack) <= 6, " > ".join(stack)
+    finally:
+        swm.close()
