@@ -151,6 +151,6 @@ def test_stable_worldmodel_sample_reaches_the_ram_tier(tmp_path, monkeypatch):
         for stack in stacks:
             assert stack[0] == "episode_buffer.sample"
             assert stack[-1] == "zreplay.engine.ramtier.gather"
-            assert len(stack) <= 6, " > ".join(stack)
+            assert len(stack) <= 5, " > ".join(stack)
     finally:
         swm.close()

@@ -271,10 +271,10 @@ class BufferCore:
         ``n``, ``step`` and ``version`` as the facade checked them."""
         self._check_process()
         with self._gate(n):
-            pick = self.pick(n, step, version)
+            fn, finish = plans.clip_read(spec, keys or self.keys, self.pick(n, step, version))
             # A random draw (the process was checked above): drawn again on a refreshed
             # snapshot if its rows went.
-            return plans.gather_clips(self.engine.read, spec, keys or self.keys, pick)
+            return finish(self.engine.read(fn)[1])
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""

@@ -73,6 +73,14 @@ def add_extra(out: dict, extra: Mapping[str, np.ndarray]) -> dict:
 
 def gather_clips(read: Read, spec: ClipSpec, keys: list[str], pick: Pick) -> dict[str, np.ndarray]:
     """Clips ``{key: [n, history_len, ...]}`` (plus ``is_pad`` when padding is on)."""
+    fn, finish = clip_read(spec, keys, pick)
+    return finish(read(fn)[1])
+
+
+def clip_read(spec: ClipSpec, keys: list[str], pick: Pick) -> tuple[Callable, Callable]:
+    """:func:`gather_clips` in two halves, for a caller that reads itself (a sample, kept
+    a few calls deep): ``(fn, finish)``, where ``fn(snapshot)`` picks the clips and
+    returns their requests, and ``finish(gathered)`` makes the clips of what was read."""
     box = {}
 
     def fn(snapshot) -> dict:
@@ -87,12 +95,14 @@ def gather_clips(read: Read, spec: ClipSpec, keys: list[str], pick: Pick) -> dic
         plan = box["plan"] = plan_clips(view, spec, _picked(pick, units, snapshot, box), keys)
         return {k: (k, plan.rows[k]) for k in keys}
 
-    _, got = read(fn)
-    plan = box["plan"]
-    out = finish_clips(plan, got, spec)
-    if spec.pad:
-        out["is_pad"] = plan.is_pad
-    return add_extra(out, box["extra"])
+    def finish(got: dict) -> dict[str, np.ndarray]:
+        plan = box["plan"]
+        out = finish_clips(plan, got, spec)
+        if spec.pad:
+            out["is_pad"] = plan.is_pad
+        return add_extra(out, box["extra"])
+
+    return fn, finish
 
 
 def gather_nstep(
