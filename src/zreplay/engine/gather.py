@@ -96,7 +96,8 @@ class Part:
 class Snapshot:
     """What one read sees: consistent at one instant (taken under the writer's lock, or
     from one refresh of a view).  ``episodes``, ``space`` and ``bounds`` (part ``i`` holds
-    positions ``[bounds[i], bounds[i + 1])``) are computed on first use (a plain class:
+    positions ``[bounds[i], bounds[i + 1])``) are computed on first use (a writer's
+    ``space`` comes built: it lasts until its index changes) (a plain class:
     ``functools.cached_property`` takes a lock per first access on Python 3.11, a
     measurable cost on the sampling path)."""
 
