@@ -159,3 +159,23 @@ def test_stable_worldmodel_sample_reaches_the_ram_tier(tmp_path, monkeypatch):
             assert len(stack) <= 5, " > ".join(stack)
     finally:
         swm.close()
+
+
+def test_the_short_path_gathers_into_the_callers_arrays(rlinf):
+    """With ``alloc`` (pinned memory, where CUDA is), RAM-tier rows land in the arrays it
+    gave, and they are the rows a sample without it reads."""
+    given = {}
+
+    def alloc(name, shape, dtype):
+        given[name] = np.full(shape, -1, dtype)
+        return given[name]
+
+    got = rlinf.core.sample(64, alloc=alloc)
+    assert set(given) == {"obs", "actions", "rewards", "dones"}
+    for name, arr in got.items():
+        assert arr is given[name]
+    view = zreplay.open(rlinf.path)
+    try:
+        _check_rows(got, view.rows(np.arange(view.num_rows))["obs"])
+    finally:
+        view.close()
