@@ -179,3 +179,22 @@ def test_the_short_path_gathers_into_the_callers_arrays(rlinf):
         _check_rows(got, view.rows(np.arange(view.num_rows))["obs"])
     finally:
         view.close()
+
+
+def test_rows_whose_cache_slots_were_reused_meanwhile_are_read_from_the_store(rlinf, monkeypatch):
+    """When another process reuses the column cache's slots during a view's gather (its
+    ``lo`` moved past the rows), the short path reads those rows from the store instead."""
+    view = zreplay.open(rlinf.path)
+    try:
+        stored = view.rows(np.arange(view.num_rows))["obs"]
+        view.sample(1)
+        real = ColumnCache.gather
+
+        def reused(self, key, slots, out=None):
+            return np.zeros_like(real(self, key, slots, out))  # what reused slots hold
+
+        monkeypatch.setattr(ColumnCache, "gather", reused)
+        monkeypatch.setattr(ColumnCache, "kept", lambda self, lo: False)
+        _check_rows(view.sample(256), stored)
+    finally:
+        view.close()
