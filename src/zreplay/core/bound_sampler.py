@@ -55,16 +55,14 @@ class BoundSampler:
     def prioritized(self) -> bool:
         return self.sampler.prioritized
 
-    def context(self, rng: np.random.Generator, snapshot, step: int, version=None) -> Context:
-        return Context(rng, snapshot.space, step, self._owner(), version)
-
-    def draw_rows(self, rng, snapshot, n: int, step: int, version=None) -> Drawn:
-        return self.sampler.draw_rows(self.context(rng, snapshot, step, version), n)
-
     def pick(self, rng, n: int, step: int, version=None) -> Callable[[Units, object], Drawn]:
         """A ``pick(units, snapshot)`` for the clip and n-step plans."""
-        s = self.sampler
-        return lambda units, snap: s.draw_units(self.context(rng, snap, step, version), units, n)
+        s, owner = self.sampler, self._owner
+
+        def pick(units: Units, snap) -> Drawn:
+            return s.draw_units(Context(rng, snap.space, step, owner(), version), units, n)
+
+        return pick
 
     def admit(self, items: list, free_rows: int | None) -> list[bool]:
         """Which of ``items`` (in order) to add to a buffer with ``free_rows`` rows left

@@ -42,6 +42,7 @@ from ..engine.protocol import Engine
 from ..errors import EmptyBufferError
 from ..index.episodes import EpisodeView
 from ..samplers import Sampler, as_sampler
+from ..samplers.contract import Context
 from ..sampling import plans
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
@@ -215,18 +216,10 @@ class BufferCore:
         self._check_process()
         return self.engine.read(draw, alloc, redraw)
 
-    def _read(self, fn) -> dict:
-        # A random draw (the caller checked the process first): drawn again on a
-        # refreshed snapshot if its rows went.
-        return self.engine.read(fn)[1]
-
     def _read_at(self, draw, alloc=None) -> tuple[object, dict]:
         # Positions the caller chose (an index, an episode, a trajectory) mean rows of
         # the snapshot it counted them in: never drawn again on another one.
         return self.read(draw, alloc, redraw=False)
-
-    def _read_fixed(self, fn) -> dict:
-        return self._read_at(fn)[1]
 
     def pick(self, n: int, step: int | None = None, version: float | None = None):
         """The sampler's ``pick(units, snapshot)`` for ``n`` units (the stream's step is
@@ -248,26 +241,26 @@ class BufferCore:
         >= 1) and ``version`` (a float or None) come checked by the facade the user
         called, in its own words; a rate-limited sample passes the gate once."""
         self._check_process()
-        clips = self._bound.sampler.clips
-        if clips is not None:
-            return self.sample_clips(clips, n, keys, version=version)
-        extra: dict = {}
-        box: dict = {}
+        sampler = self._bound.sampler
+        if sampler.clips is not None:
+            return self.sample_clips(sampler.clips, n, keys, version=version)
+        stream, owner = self.stream, self._owner_ref()
+        took: list = []  # [step, extra] of the draw: a view's retry draws again, same step
 
         def draw(snap):
             if snap.num_rows <= 0:
                 raise EmptyBufferError(self.engine.empty_message())
-            if "step" not in box:  # a view's retry draws again with the same step
-                box["step"] = self.stream.take_step()
-            rows, got = self._bound.draw_rows(self.stream.rng, snap, n, box["step"], version)
-            extra.clear()
-            extra.update(got)
+            if not took:
+                took.append(stream.take_step())
+            ctx = Context(stream.rng, snap.space, took[0], owner, version)
+            rows, extra = sampler.draw_rows(ctx, n)
+            took[1:] = [extra]
             return rows if keys is None else {k: (k, rows) for k in keys}
 
         with self._gate(n):
             _, out = self.engine.read(draw, alloc)  # a retried read draws again: counted once
-            self.stream.num_sampled += n
-        return plans.add_extra(out, extra)
+            stream.num_sampled += n
+        return plans.add_extra(out, took[1]) if took[1] else out
 
     def sample_clips(
         self, spec: ClipSpec, n: int, keys: list[str] | None = None, step=None, version=None
@@ -277,12 +270,14 @@ class BufferCore:
         ``n``, ``step`` and ``version`` as the facade checked them."""
         self._check_process()
         with self._gate(n):
-            pick = self.pick(n, step, version)
-            return plans.gather_clips(self._read, spec, keys or self.keys, pick)
+            fn, finish = plans.clip_read(spec, keys or self.keys, self.pick(n, step, version))
+            # A random draw (the process was checked above): drawn again on a refreshed
+            # snapshot if its rows went.
+            return finish(self.engine.read(fn)[1])
 
     def clips(self, spec: ClipSpec, indices, keys: list[str] | None = None) -> dict:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
-        return plans.gather_clips(self._read_fixed, spec, keys or self.keys, plans.fixed(indices))
+        return plans.gather_clips(self._read_at, spec, keys or self.keys, plans.fixed(indices))
 
     def num_clips(self, spec: ClipSpec) -> int:
         return spec.num_clips(self.episodes())
@@ -295,12 +290,12 @@ class BufferCore:
         self._check_process()
         with self._gate(n):
             pick = self.pick(n, step, version)
-            return plans.gather_nstep(self._read, spec, self.keys, pick, keys)
+            return plans.gather_nstep(self.engine.read, spec, self.keys, pick, keys)
 
     def episode(self, e: int, keys=None, start: int = 0, stop=None) -> dict[str, np.ndarray]:
         """Visible steps ``[start, stop)`` (default all) of episode ``e`` as arrays (ints,
         as the facade checked them)."""
-        return plans.gather_episode(self._read_fixed, keys or self.keys, e, start, stop)
+        return plans.gather_episode(self._read_at, keys or self.keys, e, start, stop)
 
     def rows(self, positions, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at visible positions ``[0, num_rows)``, oldest first (a writer's as a

@@ -729,6 +729,32 @@ class ColumnCache:
                     break
         return proven
 
+    def holding(self, low_row: int, hi: int, ident: str | None, members) -> int | None:
+        """What :meth:`cover` returns where it would find nothing to do (the ring of
+        contents ``ident`` already holds every row of ``[low_row, hi)`` that fits, this
+        process proved them, and no other process superseded its file), without binding
+        or locking anything; None otherwise (then call :meth:`cover`), or where a key of
+        ``members`` (``(name, key)`` pairs) is not cached here.  A sample's fast path."""
+        r = self._ring
+        if r is None or ident != self._ident or r is not self._trusted or self._private:
+            return None
+        h = r.header
+        if r.path is None or h[_H_SUPERSEDED] or int(h[_H_HI]) < hi:
+            return None
+        lo = int(h[_H_LO])
+        if lo > max(int(low_row), int(hi) - self.max_rows):
+            return None
+        for _, key in members:
+            if key not in self._key_set:
+                return None
+        self.last_read = None
+        return lo
+
+    def kept(self, lo: int) -> bool:
+        """Are the rows from ``lo`` on still in the ring (no other process reused their
+        slots since :meth:`holding` or :meth:`cover` returned ``lo``)?"""
+        return int(self._ring.header[_H_LO]) <= lo
+
     def slots(self, rows: GlobalRows, below: GlobalRow | None = None) -> CacheSlots:
         """Where rows (all within ``[lo, hi)``, and below ``below`` if given) are, for
         :meth:`gather` (as :meth:`RamTier.slots <zreplay.engine.ramtier.RamTier.slots>`:

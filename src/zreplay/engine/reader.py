@@ -35,7 +35,7 @@ from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
 from .colcache import ColumnCache, contents_ident, default_budget, small_keys
-from .gather import Evicted, Part, Snapshot, as_requests, gather
+from .gather import Evicted, Part, Snapshot, as_requests, gather, gather_begin, gather_finish
 
 RETRIES = 5
 
@@ -441,7 +441,8 @@ class BufferReader:
                 drawn = draw(snap)
                 if self.schema is None:
                     return drawn, {}
-                return drawn, gather(snap, as_requests(drawn, self.schema), alloc)
+                pending = gather_begin(snap, as_requests(drawn, self.schema), alloc)
+                return drawn, gather_finish(pending)
             except Evicted:
                 if not redraw:
                     raise StaleViewError(

@@ -72,6 +72,7 @@ class WriterState:
             old.discard(old_id)  # the rows it held are gone (a clear, a loaded checkpoint)
         self.columns = self._column_cache()
         self._ident_of, self._ident = None, None
+        self._space_of: tuple | None = None  # (index, its low, its n, the space built for them)
         self.tier_rows = 0  # the tier's size by the RAM policy (the ring may grow beyond)
         # Trajectory counts at which an add's batch ends: a commit never splits a batch.
         self.batch_ends: list[int] = []
@@ -338,17 +339,27 @@ class WriterState:
             cache_id=self._cache_id(),
         )
 
-        def space() -> RowSpace:
-            # The index stands for its rows' epoch: a clear or a load makes a new one.
-            seg = VisibleRows(
-                key=0, epoch=idx, low_row=lo, n_rows=hi, first=0, persisted=persisted, index=idx
-            )
-            return RowSpace.of_index(
-                idx, seg, lambda key, pos: gather(snap, {key: (key, pos)})[key]
-            )
+        return Snapshot(self.schema, [part], idx.episodes, None, space=self._space(persisted))
 
-        snap = Snapshot(self.schema, [part], idx.episodes, space)
-        return snap
+    def _space(self, persisted) -> RowSpace:
+        """The visible rows as sampler positions, built once per change of the index (an
+        add, an eviction, a clear or a load) rather than per draw: a sample only reads it."""
+        idx = self.index
+        got = self._space_of
+        if got is not None and got[0] is idx and got[1] == idx.low and got[2] == idx.n:
+            return got[3]
+        lo, hi = idx.low_row, idx.n_rows
+        # The index stands for its rows' epoch: a clear or a load makes a new one.
+        seg = VisibleRows(
+            key=0, epoch=idx, low_row=lo, n_rows=hi, first=0, persisted=persisted, index=idx
+        )
+        # A stored column is read through the snapshot of the moment it is read (the
+        # caller holds the writer's lock): this space outlives the snapshot it came with.
+        space = RowSpace.of_index(
+            idx, seg, lambda key, pos: gather(self.snapshot(persisted), {key: (key, pos)})[key]
+        )
+        self._space_of = (idx, idx.low, idx.n, space)
+        return space
 
     def stats(self) -> dict:
         """Counts: visible trajectories/rows, what the RAM tier holds (whole trajectories

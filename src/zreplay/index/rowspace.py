@@ -74,7 +74,7 @@ class RowSpace:
     :attr:`offsets`, so a draw that needs only the range or a few trajectories
     (:meth:`starts`) never converts the whole table."""
 
-    __slots__ = ("_stored", "_origin", "_offsets", "bounds", "segments", "read")
+    __slots__ = ("_stored", "_origin", "_offsets", "bounds", "segments", "read", "lo", "hi")
 
     def __init__(
         self,
@@ -86,6 +86,9 @@ class RowSpace:
     ):
         self._stored, self._origin = offsets, int(origin)
         self._offsets = offsets if not self._origin else None
+        # The range, as plain ints: a uniform draw reads only these.
+        self.lo: Position = int(offsets[0]) - self._origin if len(offsets) else 0
+        self.hi: Position = int(offsets[-1]) - self._origin if len(offsets) else 0
         self.bounds = bounds
         self.segments: list[VisibleRows] = [] if segments is None else segments
         # read(key, positions) -> the stored rows of ``key`` at ``positions`` (the
@@ -110,14 +113,6 @@ class RowSpace:
         """Position of the first row of trajectories ``g`` (int64, any shape; ``g`` up to
         ``G``: ``starts(G)`` is ``hi``), without converting the whole table."""
         return positions_of(self._stored[g], self._origin, 0)
-
-    @property
-    def lo(self) -> Position:
-        return int(self.starts(0))
-
-    @property
-    def hi(self) -> Position:
-        return int(self.starts(-1))
 
     @property
     def num_rows(self) -> int:

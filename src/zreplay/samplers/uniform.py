@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import EmptyBufferError
 from ..numbers import as_int
 from .contract import (
     Context,
@@ -17,13 +18,17 @@ from .contract import (
     uniform_within,
 )
 
+EMPTY = "Cannot sample from an empty buffer."  # require_rows's words
+
 
 class Uniform(Sampler):
     """Every visible row (or clip, or n-step transition) equally likely, with replacement."""
 
     def draw_rows(self, ctx: Context, n: int) -> Drawn:
-        require_rows(ctx.space)
-        return ctx.rng.integers(ctx.space.lo, ctx.space.hi, size=n), {}
+        lo, hi = ctx.space.lo, ctx.space.hi  # plain ints: the sampling path calls nothing more
+        if hi <= lo:
+            raise EmptyBufferError(EMPTY)
+        return ctx.rng.integers(lo, hi, size=n), {}
 
     def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
         return ctx.rng.integers(0, units.total, size=n), {}
@@ -49,20 +54,22 @@ class Window(Uniform):
         return {"size": self.size}
 
     def draw_rows(self, ctx: Context, n: int) -> Drawn:
-        if self.size == 0:
-            return super().draw_rows(ctx, n)
         sp = ctx.space
-        tails = [(g0, g1) for g0, g1 in sp.tails(self.size) if g1 > g0]
-        if len(tails) == 1:
+        if self.size == 0:  # Uniform's draw, written out: RLinf's default sample path
+            lo, hi = sp.lo, sp.hi
+        else:
+            tails = [(g0, g1) for g0, g1 in sp.tails(self.size) if g1 > g0]
+            if len(tails) != 1:
+                require_rows(sp)
+                g = np.concatenate([np.arange(g0, g1) for g0, g1 in tails])
+                starts = sp.starts(g)
+                sizes = sp.starts(g + 1) - starts
+                pick = draw_weighted(ctx.rng, sizes.astype(np.float64), n)
+                return starts[pick] + uniform_within(ctx.rng, sizes[pick]), {}
             lo, hi = int(sp.starts(tails[0][0])), int(sp.starts(tails[0][1]))
-            require_rows(sp)
-            return ctx.rng.integers(lo, hi, size=n), {}
-        require_rows(sp)
-        g = np.concatenate([np.arange(g0, g1) for g0, g1 in tails])
-        starts = sp.starts(g)
-        sizes = sp.starts(g + 1) - starts
-        pick = draw_weighted(ctx.rng, sizes.astype(np.float64), n)
-        return starts[pick] + uniform_within(ctx.rng, sizes[pick]), {}
+        if hi <= lo:
+            raise EmptyBufferError(EMPTY)
+        return ctx.rng.integers(lo, hi, size=n), {}
 
     def draw_units(self, ctx: Context, units: Units, n: int) -> Drawn:
         if self.size == 0:

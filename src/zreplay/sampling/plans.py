@@ -1,7 +1,8 @@
 """Clip, n-step and whole-episode reads, planned over the episodes of a snapshot.
 
-A *read* is ``read(fn) -> {name: array}``: the buffer calls ``fn(snapshot)`` at a
-consistent instant (under a writer's lock, or on one refreshed view), where
+A *read* is ``read(fn) -> (what fn returned, {name: array})`` (an engine's ``read``):
+the buffer calls ``fn(snapshot)`` at a consistent instant (under a writer's lock, or on
+one refreshed view), where
 ``snapshot.episodes`` is an :class:`~zreplay.index.episodes.EpisodeView` and
 ``snapshot.space`` a :class:`~zreplay.index.rowspace.RowSpace`; ``fn`` returns requests
 ``{name: (key, positions)}``, and the buffer gathers them (:mod:`zreplay.engine.gather`).
@@ -22,7 +23,7 @@ from .clips import ClipSpec, finish_clips, plan_clips
 from .nstep import NStepSpec, finish_nstep, next_name, nstep_counts, plan_nstep
 from .samplers.base import Units
 
-Read = Callable[[Callable[[object], dict]], dict]
+Read = Callable[[Callable[[object], dict]], tuple[object, dict]]
 # pick(units, snapshot) -> flat unit indices, or (flat indices, extra outputs: index/weight)
 Pick = Callable[[Units, object], object]
 
@@ -72,6 +73,14 @@ def add_extra(out: dict, extra: Mapping[str, np.ndarray]) -> dict:
 
 def gather_clips(read: Read, spec: ClipSpec, keys: list[str], pick: Pick) -> dict[str, np.ndarray]:
     """Clips ``{key: [n, history_len, ...]}`` (plus ``is_pad`` when padding is on)."""
+    fn, finish = clip_read(spec, keys, pick)
+    return finish(read(fn)[1])
+
+
+def clip_read(spec: ClipSpec, keys: list[str], pick: Pick) -> tuple[Callable, Callable]:
+    """:func:`gather_clips` in two halves, for a caller that reads itself (a sample, kept
+    a few calls deep): ``(fn, finish)``, where ``fn(snapshot)`` picks the clips and
+    returns their requests, and ``finish(gathered)`` makes the clips of what was read."""
     box = {}
 
     def fn(snapshot) -> dict:
@@ -86,12 +95,14 @@ def gather_clips(read: Read, spec: ClipSpec, keys: list[str], pick: Pick) -> dic
         plan = box["plan"] = plan_clips(view, spec, _picked(pick, units, snapshot, box), keys)
         return {k: (k, plan.rows[k]) for k in keys}
 
-    got = read(fn)
-    plan = box["plan"]
-    out = finish_clips(plan, got, spec)
-    if spec.pad:
-        out["is_pad"] = plan.is_pad
-    return add_extra(out, box["extra"])
+    def finish(got: dict) -> dict[str, np.ndarray]:
+        plan = box["plan"]
+        out = finish_clips(plan, got, spec)
+        if spec.pad:
+            out["is_pad"] = plan.is_pad
+        return add_extra(out, box["extra"])
+
+    return fn, finish
 
 
 def gather_nstep(
@@ -117,7 +128,7 @@ def gather_nstep(
         plan = box["plan"] = plan_nstep(view, spec, flat, keys, reward, obs, nxt)
         return plan.requests
 
-    got = read(fn)
+    _, got = read(fn)
     return add_extra(finish_nstep(box["plan"], got, spec, obs_root), box["extra"])
 
 
@@ -151,4 +162,4 @@ def gather_episode(
         rows = view.rows(np.full(hi - start, ep), np.arange(start, hi))
         return {k: (k, rows) for k in keys}
 
-    return read(fn)
+    return read(fn)[1]
