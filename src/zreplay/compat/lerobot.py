@@ -3,8 +3,8 @@
 Each LeRobot episode becomes one trajectory ``[L, 1]`` (one episode of the buffer's
 episode table), in ``episode_index`` order.  Features keep their names and the dtypes and
 shapes ``info.json`` declares, but ``next.reward`` is stored as ``rewards`` and
-``next.done`` as ``terminated``, with a ``truncated`` column set on the last frame of an
-episode that does not end done (so the episode table says how each one ended).  Frames of
+``next.done`` as ``terminated`` (scalar rows where LeRobot declares shape (1,)), with a
+``truncated`` column set on the last frame of an episode that does not end done (so the episode table says how each one ended).  Frames of
 ``video`` features are decoded once, sequentially per mp4 (PyAV), and ``image`` features
 (PNG in the parquet) per row; both are stored as uint8 ``[H, W, C]`` rows.
 
@@ -39,9 +39,10 @@ from .lerobot_format import (
     VIDEO,
     Feature,
     Info,
+    need,
     read_info,
 )
-from .lerobot_read import TOLERANCE_S, Episode, Videos, iter_episodes, need, plan
+from .lerobot_read import TOLERANCE_S, Episode, Videos, iter_episodes, plan
 
 # The group of the buffer that holds what the dataset said beyond its rows.
 GROUP = "lerobot"
@@ -112,8 +113,14 @@ def frame_layout(feat: Feature) -> dict:
 
 
 def as_buffer_columns(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One episode's LeRobot columns under their buffer keys, ``truncated`` added."""
+    """One episode's LeRobot columns under their buffer keys, ``truncated`` added; a
+    shape-(1,) ``next.reward``/``next.done`` as ``[L]`` scalar rows (zreplay's rewards
+    and flags: what n-step returns and the episode table read; export writes them back
+    as shape (1,), as LeRobot does)."""
     out = {buffer_key(k): v for k, v in cols.items()}
+    for key in (REWARDS_KEY, TERMINATED_KEY):
+        if key in out and out[key].shape[1:] == (1,):
+            out[key] = out[key].reshape(-1)
     if TERMINATED_KEY in out:
         done = out[TERMINATED_KEY]
         truncated = np.zeros_like(done, dtype=bool)
@@ -140,7 +147,8 @@ def import_lerobot(
 
     Each episode becomes one trajectory ``[L, 1]``, in ``episode_index`` order.  Feature
     names are kept as keys, with the dtypes and shapes of ``info.json``; ``next.reward``
-    is stored as ``rewards``, ``next.done`` as ``terminated`` (bool, as declared), and a
+    is stored as ``rewards``, ``next.done`` as ``terminated`` (bool, as declared; both as
+    ``[N]`` scalar rows when declared shape (1,), as LeRobot writes them), and a
     ``truncated`` column marks the last frame of an episode that does not end done.
     ``video`` and ``image`` features are stored as uint8 ``[H, W, C]`` frames (videos
     decoded once with PyAV, each episode exactly its ``length`` frames, each within
@@ -240,3 +248,24 @@ def _write_group(tmp, info: Info, episodes: list[Episode], tasks: list[str], roo
         "episode_index": [ep.index for ep in episodes],
         "episode_tasks": [[number.get(t, -1) for t in ep.tasks] for ep in episodes],
     }
+
+
+def imported_tasks(location) -> dict[int, str] | None:
+    """The task string of each episode an earlier :func:`import_lerobot` made in the
+    buffer at ``location`` (buffer episode id -> its first task), None for a buffer no
+    import made.  The import's episodes are the buffer's first ones, ids ``0..E-1``."""
+    import zarr
+
+    try:
+        store = location.backend.zarr_store(location, read_only=True)
+        group = zarr.open_group(store=store, mode="r")
+        attrs = group[GROUP].attrs[GROUP]
+        tasks, per_episode = attrs["tasks"], attrs["episode_tasks"]
+    except (KeyError, TypeError, FileNotFoundError):
+        return None
+    out = {}
+    for e, ids in enumerate(per_episode):
+        # A dataset's damaged task numbers are left out (the export then says "").
+        if isinstance(ids, list) and ids and isinstance(ids[0], int) and 0 <= ids[0] < len(tasks):
+            out[e] = str(tasks[ids[0]])
+    return out
