@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import RamPolicy
 from ..errors import FormatError
-from ..store.guard import new_tree
 from ..store.layout import SHARD_TARGET_BYTES
 from ..store.location import locate
-from ..threads import deferred_interrupts
+from .dataset_import import import_episodes
 from .lerobot_format import (
     DONE,
     IMAGE,
@@ -182,39 +181,29 @@ def import_lerobot(
     layout.update(options.pop("layout", None) or {})
     target = locate(dst, options.get("storage_options"))
     videos = Videos(float(tolerance_s))
-    with new_tree(target, "import_lerobot", overwrite=overwrite, sources=[locate(root)]) as tmp:
-        core = None
-        try:
-            with deferred_interrupts():  # the writer is made and then closed, or never made
-                core = BufferCore.writer(
-                    tmp,
-                    stream=RandomStream(tag="swm"),
-                    ram=RamPolicy(enabled=False),
-                    layout=layout,
-                    **options,
-                )
-            batch, nbytes = [], 0
-            for cols in map(as_buffer_columns, iter_episodes(root, info, episodes, videos)):
-                if not core.facade_state.get("columns"):  # its ReplayBuffer reopens the order
-                    core.facade_state["columns"] = list(cols)
-                n = len(next(iter(cols.values())))
-                batch.append(
-                    Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)
-                )
-                nbytes += sum(v.nbytes for v in cols.values())
-                # Episodes are added in batches: one add per episode cost ~15 ms each.
-                if nbytes >= BATCH_BYTES or len(batch) >= BATCH_EPISODES:
-                    core.add(batch)
-                    batch, nbytes = [], 0
-                if progress is not None:
-                    progress(n)
-            core.add(batch)
-            core.flush()
-        finally:
-            videos.close()
-            if core is not None:
-                core.close()
-        _write_group(tmp, info, episodes, tasks, root)
+
+    def read():
+        for cols in map(as_buffer_columns, iter_episodes(root, info, episodes, videos)):
+            yield cols
+            if progress is not None:
+                progress(len(cols["index"]))
+
+    try:
+        import_episodes(
+            target,
+            "import_lerobot",
+            locate(root),
+            read(),
+            overwrite=overwrite,
+            batch_episodes=BATCH_EPISODES,
+            batch_bytes=BATCH_BYTES,
+            finish=lambda tmp: _write_group(tmp, info, episodes, tasks, root),
+            ram=RamPolicy(enabled=False),
+            layout=layout,
+            **options,
+        )
+    finally:
+        videos.close()
     return LeRobotImport(
         path=str(target),
         source=str(root),

@@ -32,20 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import RamPolicy
 from ..errors import FormatError
 from ..schema import flatten
-from ..store.guard import new_tree
 from ..store.location import locate
 from ..threads import import_whole
+from .dataset_import import import_episodes
 
 METADATA = "metadata.json"
 MAIN_FILE = "main_data.hdf5"
 STEP_DATASETS = {"rewards": "rewards", "terminations": "terminated", "truncations": "truncated"}
 # RAM the writer keeps decoded while the buffer is built (as a stable-worldmodel dump's).
 IMPORT_RAM_BYTES = 1 << 30
-# Episodes added together (each is staged whole in RAM).
+# Episodes added together (each is staged whole in RAM): at most this many, or bytes.
 BATCH = 16
+BATCH_BYTES = 64 << 20
 
 
 @dataclass
@@ -298,24 +299,23 @@ def import_minari(
             for i, g in zip(ids, episodes, strict=True)
         )
         out = locate(dst, options.get("storage_options"))
-        with new_tree(out, "import_minari", overwrite=overwrite, sources=[locate(src)]) as tmp:
-            core = BufferCore.writer(
-                tmp,
-                stream=RandomStream(tag="swm"),
-                capacity=max(1, total),
-                ram=RamPolicy(enabled=True, trajectories=None, max_bytes=IMPORT_RAM_BYTES),
-                **options,
-            )
-            try:
-                _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress)
-                report.keys = list(core.keys)
-            finally:
-                core.close()
+        report.keys = import_episodes(
+            out,
+            "import_minari",
+            locate(src),
+            _episodes(episodes, ids, spaces, jpeg, path, report, progress),
+            overwrite=overwrite,
+            batch_episodes=BATCH,
+            batch_bytes=BATCH_BYTES,
+            capacity=max(1, total),
+            ram=RamPolicy(enabled=True, trajectories=None, max_bytes=IMPORT_RAM_BYTES),
+            **options,
+        )
     return report
 
 
-def _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress) -> None:
-    batch: list[Prepared] = []
+def _episodes(episodes, ids, spaces, jpeg, path, report, progress):
+    """The episodes' flat columns, counted in ``report``; those of no steps skipped."""
     for i, group in zip(ids, episodes, strict=True):
         cols, n = read_episode(group, spaces, jpeg, f"{path}:episode_{i}")
         if progress is not None:
@@ -323,13 +323,6 @@ def _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress) -> 
         if n == 0:
             report.skipped_empty += 1
             continue
-        flat = {k: np.ascontiguousarray(v)[:, None] for k, v in flatten(cols).items()}
-        if not core.facade_state.get("columns"):
-            core.facade_state["columns"] = list(flat)  # stable-worldmodel's order
-        batch.append(Prepared(flat, n, 1, split_episodes=False))
         report.episodes += 1
         report.steps += n
-        if len(batch) >= BATCH:
-            core.add(batch)
-            batch = []
-    core.add(batch)
+        yield flatten(cols)
