@@ -169,7 +169,8 @@ def read_node(node, sp: dict | None, jpeg: bool, where: str) -> Any:
     dt = node.dtype
     vlen = h5py.check_vlen_dtype(dt)
     if (jpeg and is_image_space(sp)) or (vlen is not None and vlen == np.uint8):
-        return decode_jpegs(node[()], where)
+        declared = sp.get("shape") if is_image_space(sp) else None
+        return decode_jpegs(node[()], where, declared)
     if dt.kind not in "biuf":
         raise FormatError(
             f"{where}: {dt} data (text or objects) is not something a zreplay buffer "
@@ -178,15 +179,24 @@ def read_node(node, sp: dict | None, jpeg: bool, where: str) -> Any:
     return node[()]
 
 
-def decode_jpegs(frames, where: str) -> np.ndarray:
-    """JPEG byte strings (rows of uint8) as uint8 frames ``[N, H, W(, C)]``."""
+def decode_jpegs(frames, where: str, declared=None) -> np.ndarray:
+    """JPEG byte strings (rows of uint8) as uint8 frames ``[N, H, W(, C)]``; with the
+    image space's ``declared`` shape, a frame of another height or width is refused
+    before it is decoded (its header is untrusted: it could claim any size)."""
     image = import_whole("PIL.Image")
     out = None
     for i, data in enumerate(frames):
         try:
-            frame = np.asarray(
-                image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())), np.uint8
-            )
+            # Only JPEG: Pillow would open any format it knows (Minari writes JPEG).
+            img = image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes()), formats=["JPEG"])
+            if declared is not None and (img.height, img.width) != tuple(declared[:2]):
+                raise FormatError(
+                    f"{where}: frame {i} is {img.height}x{img.width}; the observation space "
+                    f"declares {declared[0]}x{declared[1]}"
+                )
+            frame = np.asarray(img, np.uint8)
+        except FormatError:
+            raise
         except Exception as e:
             raise FormatError(f"{where}: frame {i} is not a readable JPEG ({e})") from None
         if out is None:
