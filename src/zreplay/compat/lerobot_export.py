@@ -275,22 +275,9 @@ def export_lerobot(
         report = LeRobotExport(str(out))
         report.skipped_partial, report.skipped_unfinished = plan.skipped
         tasks = _tasks(task, core, plan)
+        files = Files(fps, robot_type, data_file_size_mb, video_file_size_mb, chunks_size)
         with new_tree(out, "export_lerobot", overwrite=False, sources=[core.path]) as tmp:
-            _write(
-                core,
-                tmp,
-                feats,
-                plan,
-                tasks,
-                fps,
-                robot_type,
-                report,
-                progress,
-                int(data_file_size_mb * MB),
-                int(video_file_size_mb * MB),
-                chunks_size,
-                (data_file_size_mb, video_file_size_mb),
-            )
+            _write(core, tmp, feats, plan, tasks, files, report, progress)
         return report
     finally:
         if view is not None:
@@ -335,26 +322,27 @@ def _tasks(task, core: BufferCore, plan: EpisodePlan) -> list[str]:
     return tasks
 
 
-def _write(
-    core,
-    root: Path,
-    feats,
-    plan,
-    tasks,
-    fps,
-    robot_type,
-    report,
-    progress,
-    data_limit,
-    video_limit,
-    chunks_size,
-    sizes_mb,
-) -> None:
+@dataclass(frozen=True)
+class Files:
+    """How the dataset's files are laid out: its ``fps``, ``robot_type``, the sizes
+    (MB) data and video files roll over at, and files per chunk directory."""
+
+    fps: int
+    robot_type: str | None
+    data_file_size_mb: float
+    video_file_size_mb: float
+    chunks_size: int
+
+
+def _write(core, root: Path, feats, plan, tasks, files: Files, report, progress) -> None:
+    fps, chunks_size = files.fps, files.chunks_size
     pa, pq = need("pyarrow"), need("pyarrow.parquet")
     task_ids = {t: i for i, t in enumerate(dict.fromkeys(tasks))}
-    data = DataFiles(root, feats, data_limit, chunks_size)
+    data = DataFiles(root, feats, int(files.data_file_size_mb * MB), chunks_size)
     videos = {
-        f.name: VideoFiles(root, f, fps, video_limit, chunks_size) for f in feats if f.kind == VIDEO
+        f.name: VideoFiles(root, f, fps, int(files.video_file_size_mb * MB), chunks_size)
+        for f in feats
+        if f.kind == VIDEO
     }
     table = EpisodeFiles(root, EPISODES_PER_FILE, chunks_size)
     totals = {f.name: Totals() for f in feats}
@@ -399,13 +387,13 @@ def _write(
     write_json(root / STATS_PATH, {n: nested(t.result()) for n, t in totals.items()})
     info = {
         "codebase_version": V30,
-        "robot_type": robot_type,
+        "robot_type": files.robot_type,
         "total_episodes": table.written,
         "total_frames": index,
         "total_tasks": len(task_ids),
         "chunks_size": chunks_size,
-        "data_files_size_in_mb": sizes_mb[0],
-        "video_files_size_in_mb": sizes_mb[1],
+        "data_files_size_in_mb": files.data_file_size_mb,
+        "video_files_size_in_mb": files.video_file_size_mb,
         "fps": fps,
         "splits": {"train": f"0:{table.written}"},
         "data_path": V30_DATA_PATH,
