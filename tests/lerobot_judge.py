@@ -16,6 +16,9 @@ API (small on purpose; shared by the LeRobot import, export and Minari tests):
   returns its stdout, raises ``AssertionError`` with its output when it fails.
 * :func:`run_judge_module(module, *args, scratch)`: the same for ``python -m module``
   (LeRobot's own scripts, e.g. its v2.1-to-v3.0 converter).
+* :func:`run_judge_source(source, *args, scratch)`: the same for a script given as
+  Python source (written to ``scratch``).
+* :func:`judge_python`: the interpreter, or a skip naming the variable (read when called).
 """
 
 from __future__ import annotations
@@ -58,17 +61,27 @@ def judge_env(scratch: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         HF_HOME=str(hf),
         HF_DATASETS_CACHE=str(hf / "datasets"),
+        MINARI_DATASETS_PATH=str(Path(scratch) / "minari"),
         PYTHONPATH=os.pathsep.join([str(SRC), str(JUDGES)]),
         PYTHONUNBUFFERED="1",
     )
     return env
 
 
+def judge_python() -> str:
+    """The judge venv's python, or a skip saying how to get one."""
+    python = os.environ.get(ENV_VAR)
+    if not python:
+        pytest.skip(
+            f"{ENV_VAR} is unset: build LeRobot's environment with .ci/lerobot-env DIR and "
+            f"set {ENV_VAR}=DIR/bin/python (.ci/run does both)"
+        )
+    return python
+
+
 def _run(argv: list[str], scratch: Path) -> str:
-    if JUDGE_PYTHON is None:
-        pytest.skip(f"{ENV_VAR} is not set")
     proc = subprocess.run(
-        [JUDGE_PYTHON, *argv],
+        [judge_python(), *argv],
         env=judge_env(scratch),
         capture_output=True,
         text=True,
@@ -91,6 +104,13 @@ def run_judge(script: str, *args: object, scratch: Path) -> str:
 def run_judge_module(module: str, *args: object, scratch: Path) -> str:
     """Run ``python -m module args`` in the judge venv; its stdout."""
     return _run(["-m", module, *map(str, args)], Path(scratch))
+
+
+def run_judge_source(source: str, *args: object, scratch: Path) -> str:
+    """Run Python ``source`` with ``args`` in the judge venv; its stdout."""
+    path = Path(scratch) / "judge_script.py"
+    path.write_text(source)
+    return _run([str(path), *map(str, args)], Path(scratch))
 
 
 def project_python() -> str:

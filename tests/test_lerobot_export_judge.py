@@ -1,6 +1,6 @@
 """export_lerobot judged by LeRobot 0.4.4's own reader (``LeRobotDataset(repo_id,
 root=...)``, offline, ``video_backend="pyav"``) in its own environment
-(tests/lerobot_export_judge.py): the same episodes, lengths and items; PNG images exact,
+(tests/lerobot_judge.py): the same episodes, lengths and items; PNG images exact,
 AV1 video within its loss (PSNR printed); exported then imported exact in image mode."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from lerobot_export_judge import VARIABLE, judge_python, run_judge
+from lerobot_judge import ENV_VAR, judge_python, run_judge_source
 
 import zreplay
 
@@ -101,7 +101,7 @@ def buf(tmp_path):
 
 def lerobot_read(root, tmp_path):
     out = tmp_path / "items.npz"
-    meta = json.loads(run_judge(READ, root, out, tmp=tmp_path).splitlines()[-1])
+    meta = json.loads(run_judge_source(READ, root, out, scratch=tmp_path).splitlines()[-1])
     return meta, dict(np.load(out))
 
 
@@ -149,7 +149,7 @@ def test_image_export_loads_in_lerobot_item_for_item_exactly(buf, tmp_path):
     check_items(meta, got, exact_cameras=True)
     assert meta["tasks"] == [t for t, n in zip(tasks, LENGTHS, strict=True) for _ in range(n)]
 
-    run_judge(CHUNKS, root, tmp_path / "chunks.npz", tmp=tmp_path)
+    run_judge_source(CHUNKS, root, tmp_path / "chunks.npz", scratch=tmp_path)
     chunks = np.load(tmp_path / "chunks.npz")
     action = expected()["action"]
     last = np.repeat(np.cumsum(LENGTHS) - 1, LENGTHS)
@@ -182,8 +182,6 @@ def test_video_export_loads_in_lerobot_within_av1_loss(buf, tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_exported_then_imported_is_exact_in_image_mode(buf, tmp_path):
-    if not hasattr(zreplay, "import_lerobot"):
-        pytest.skip("zreplay.import_lerobot (issue 35 item 1) is not on this branch yet")
     root = tmp_path / "ds"
     zreplay.export_lerobot(buf, root, fps=FPS, images="image")
     zreplay.import_lerobot(root, tmp_path / "back")
@@ -191,11 +189,15 @@ def test_exported_then_imported_is_exact_in_image_mode(buf, tmp_path):
     assert list(view.core.episode_table()["length"]) == list(LENGTHS)
     want = expected()
     rows = view.core.rows(np.arange(view.num_rows))
-    for key in (FRONT, WRIST, "observation.state", "action"):
-        np.testing.assert_array_equal(np.asarray(rows[key]), want[key], err_msg=key)
+    # next.reward / next.done (shape (1,) in LeRobot) come back as scalar rows.
+    renamed = {"next.reward": "rewards", "next.done": "terminated"}
+    for key in (FRONT, WRIST, "observation.state", "action", "next.reward", "next.done"):
+        got = np.asarray(rows[renamed.get(key, key)])
+        assert got.shape == want[key].shape, key
+        np.testing.assert_array_equal(got, want[key], err_msg=key)
 
 
 def test_without_the_judge_environment_the_judge_tests_skip_and_say_why(monkeypatch):
-    monkeypatch.delenv(VARIABLE, raising=False)
-    with pytest.raises(pytest.skip.Exception, match=f"{VARIABLE} is unset.*lerobot-env"):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=f"{ENV_VAR} is unset.*lerobot-env"):
         judge_python()

@@ -1,6 +1,7 @@
 """``import_lerobot`` judged by LeRobot's own code (0.4.4, in its judge venv; see
-tests/lerobot_judge.py): datasets written by LeRobot's writer with real photos, a video
-camera (AV1) and an image camera, files rolling over, are imported equal to what
+tests/lerobot_judge.py): datasets written by LeRobot's writer with real photos and Atari
+screens (ale-py), two video cameras (AV1) and an image camera, files rolling over, are
+imported equal to what
 ``LeRobotDataset(...)[i]`` returns item by item; a v2.1 layout imports equal to its
 conversion by LeRobot's own v2.1-to-v3.0 converter."""
 
@@ -82,6 +83,8 @@ def test_import_equals_lerobots_reader_item_by_item(lerobot_v30, tmp_path):
     rows = all_rows(tmp_path / "buf")
     n = len(items["index"])
     assert report.frames == n and report.episodes == 8
+    atari = items["observation.images.atari"]
+    assert atari.shape == (n, 210, 160, 3) and len(np.unique(atari)) > 4  # a real game screen
     for name, want in items.items():
         if name.startswith("__"):
             continue

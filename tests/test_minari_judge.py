@@ -1,5 +1,5 @@
 """import_minari judged by Minari 0.5.4 itself, in LeRobot's judge environment
-(tests/lerobot_export_judge.py, ``ZREPLAY_LEROBOT_PYTHON``): a dataset made by
+(tests/lerobot_judge.py, ``ZREPLAY_LEROBOT_PYTHON``): a dataset made by
 ``minari.create_dataset_from_buffers`` (a Dict observation space with a JPEG-encoded image,
 both of Minari's JPEG layouts: equal-size frames as rows, others as vlen) imports equal to
 ``minari.load_dataset(...).iterate_episodes()`` episode by episode."""
@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from lerobot_export_judge import run_judge
+from lerobot_judge import run_judge_source
 
 import zreplay
 
@@ -68,7 +68,7 @@ print(json.dumps({"path": str(ds.storage.data_path.parent), "episodes": ds.total
 
 def test_minari_made_dataset_imports_as_minari_reads_it(tmp_path):
     out = tmp_path / "minari_read.npz"
-    made = json.loads(run_judge(MAKE, out, tmp=tmp_path).splitlines()[-1])
+    made = json.loads(run_judge_source(MAKE, out, scratch=tmp_path).splitlines()[-1])
     assert made["episodes"] == len(LENGTHS) and made["jpeg"] is True
     want = np.load(out)
     report = zreplay.import_minari(made["path"], tmp_path / "buf")

@@ -72,7 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         default="video",
         help="lerobot: uint8 [H, W, 3] keys as AV1 video (lossy) or PNG images (lossless)",
     )
-    p.add_argument("--task", default="", help="lerobot: the task string of every episode")
+    p.add_argument(
+        "--task",
+        default=None,
+        help="lerobot: the task string of every episode (default: the tasks an earlier "
+        "import stored, else empty)",
+    )
     p.set_defaults(run=convert.run_export)
 
     p = sub.add_parser(

@@ -3,8 +3,8 @@
 Each LeRobot episode becomes one trajectory ``[L, 1]`` (one episode of the buffer's
 episode table), in ``episode_index`` order.  Features keep their names and the dtypes and
 shapes ``info.json`` declares, but ``next.reward`` is stored as ``rewards`` and
-``next.done`` as ``terminated``, with a ``truncated`` column set on the last frame of an
-episode that does not end done (so the episode table says how each one ended).  Frames of
+``next.done`` as ``terminated`` (scalar rows where LeRobot declares shape (1,)), with a
+``truncated`` column set on the last frame of an episode that does not end done (so the episode table says how each one ended).  Frames of
 ``video`` features are decoded once, sequentially per mp4 (PyAV), and ``image`` features
 (PNG in the parquet) per row; both are stored as uint8 ``[H, W, C]`` rows.
 
@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import RamPolicy
 from ..errors import FormatError
-from ..store.guard import new_tree
 from ..store.layout import SHARD_TARGET_BYTES
 from ..store.location import locate
-from ..threads import deferred_interrupts
+from .dataset_import import import_episodes
 from .lerobot_format import (
     DONE,
     IMAGE,
@@ -39,9 +38,10 @@ from .lerobot_format import (
     VIDEO,
     Feature,
     Info,
+    need,
     read_info,
 )
-from .lerobot_read import TOLERANCE_S, Episode, Videos, iter_episodes, need, plan
+from .lerobot_read import TOLERANCE_S, Episode, Videos, iter_episodes, plan
 
 # The group of the buffer that holds what the dataset said beyond its rows.
 GROUP = "lerobot"
@@ -112,8 +112,14 @@ def frame_layout(feat: Feature) -> dict:
 
 
 def as_buffer_columns(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One episode's LeRobot columns under their buffer keys, ``truncated`` added."""
+    """One episode's LeRobot columns under their buffer keys, ``truncated`` added; a
+    shape-(1,) ``next.reward``/``next.done`` as ``[L]`` scalar rows (zreplay's rewards
+    and flags: what n-step returns and the episode table read; export writes them back
+    as shape (1,), as LeRobot does)."""
     out = {buffer_key(k): v for k, v in cols.items()}
+    for key in (REWARDS_KEY, TERMINATED_KEY):
+        if key in out and out[key].shape[1:] == (1,):
+            out[key] = out[key].reshape(-1)
     if TERMINATED_KEY in out:
         done = out[TERMINATED_KEY]
         truncated = np.zeros_like(done, dtype=bool)
@@ -140,7 +146,8 @@ def import_lerobot(
 
     Each episode becomes one trajectory ``[L, 1]``, in ``episode_index`` order.  Feature
     names are kept as keys, with the dtypes and shapes of ``info.json``; ``next.reward``
-    is stored as ``rewards``, ``next.done`` as ``terminated`` (bool, as declared), and a
+    is stored as ``rewards``, ``next.done`` as ``terminated`` (bool, as declared; both as
+    ``[N]`` scalar rows when declared shape (1,), as LeRobot writes them), and a
     ``truncated`` column marks the last frame of an episode that does not end done.
     ``video`` and ``image`` features are stored as uint8 ``[H, W, C]`` frames (videos
     decoded once with PyAV, each episode exactly its ``length`` frames, each within
@@ -174,39 +181,29 @@ def import_lerobot(
     layout.update(options.pop("layout", None) or {})
     target = locate(dst, options.get("storage_options"))
     videos = Videos(float(tolerance_s))
-    with new_tree(target, "import_lerobot", overwrite=overwrite, sources=[locate(root)]) as tmp:
-        core = None
-        try:
-            with deferred_interrupts():  # the writer is made and then closed, or never made
-                core = BufferCore.writer(
-                    tmp,
-                    stream=RandomStream(tag="swm"),
-                    ram=RamPolicy(enabled=False),
-                    layout=layout,
-                    **options,
-                )
-            batch, nbytes = [], 0
-            for cols in map(as_buffer_columns, iter_episodes(root, info, episodes, videos)):
-                if not core.facade_state.get("columns"):  # its ReplayBuffer reopens the order
-                    core.facade_state["columns"] = list(cols)
-                n = len(next(iter(cols.values())))
-                batch.append(
-                    Prepared({k: v[:, None] for k, v in cols.items()}, n, 1, split_episodes=False)
-                )
-                nbytes += sum(v.nbytes for v in cols.values())
-                # Episodes are added in batches: one add per episode cost ~15 ms each.
-                if nbytes >= BATCH_BYTES or len(batch) >= BATCH_EPISODES:
-                    core.add(batch)
-                    batch, nbytes = [], 0
-                if progress is not None:
-                    progress(n)
-            core.add(batch)
-            core.flush()
-        finally:
-            videos.close()
-            if core is not None:
-                core.close()
-        _write_group(tmp, info, episodes, tasks, root)
+
+    def read():
+        for cols in map(as_buffer_columns, iter_episodes(root, info, episodes, videos)):
+            yield cols
+            if progress is not None:
+                progress(len(cols["index"]))
+
+    try:
+        import_episodes(
+            target,
+            "import_lerobot",
+            locate(root),
+            read(),
+            overwrite=overwrite,
+            batch_episodes=BATCH_EPISODES,
+            batch_bytes=BATCH_BYTES,
+            finish=lambda tmp: _write_group(tmp, info, episodes, tasks, root),
+            ram=RamPolicy(enabled=False),
+            layout=layout,
+            **options,
+        )
+    finally:
+        videos.close()
     return LeRobotImport(
         path=str(target),
         source=str(root),
@@ -240,3 +237,24 @@ def _write_group(tmp, info: Info, episodes: list[Episode], tasks: list[str], roo
         "episode_index": [ep.index for ep in episodes],
         "episode_tasks": [[number.get(t, -1) for t in ep.tasks] for ep in episodes],
     }
+
+
+def imported_tasks(location) -> dict[int, str] | None:
+    """The task string of each episode an earlier :func:`import_lerobot` made in the
+    buffer at ``location`` (buffer episode id -> its first task), None for a buffer no
+    import made.  The import's episodes are the buffer's first ones, ids ``0..E-1``."""
+    import zarr
+
+    try:
+        store = location.backend.zarr_store(location, read_only=True)
+        group = zarr.open_group(store=store, mode="r")
+        attrs = group[GROUP].attrs[GROUP]
+        tasks, per_episode = attrs["tasks"], attrs["episode_tasks"]
+    except (KeyError, TypeError, FileNotFoundError):
+        return None
+    out = {}
+    for e, ids in enumerate(per_episode):
+        # A dataset's damaged task numbers are left out (the export then says "").
+        if isinstance(ids, list) and ids and isinstance(ids[0], int) and 0 <= ids[0] < len(tasks):
+            out[e] = str(tasks[ids[0]])
+    return out

@@ -50,22 +50,33 @@ from ..core import BufferCore
 from ..errors import DestinationError, EmptyBufferError, SchemaError
 from ..store.guard import new_tree
 from ..store.location import locate
+from .lerobot import imported_tasks
 from .lerobot_files import (
-    CODEBASE_VERSION,
-    DATA_PATH,
-    DEFAULT_FEATURES,
     EPISODES_PER_FILE,
-    IMAGE_MODES,
     MB,
     VIDEO_COLUMNS,
-    VIDEO_PATH,
     DataFiles,
     EpisodeFiles,
-    Feature,
     VideoFiles,
-    need,
     write_json,
     write_tasks,
+)
+from .lerobot_format import (
+    ARRAY,
+    DEFAULT_FEATURES,
+    DONE,
+    IMAGE_MODES,
+    INFO,
+    REWARD,
+    STATS_PATH,
+    V30,
+    V30_DATA_PATH,
+    V30_TASKS_PATH,
+    V30_VIDEO_PATH,
+    VIDEO,
+    Feature,
+    default_features,
+    need,
 )
 from .lerobot_stats import Totals, feature_stats, nested
 
@@ -103,9 +114,9 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
                     f"key {key!r}: frames of {row[0]}x{row[1]} cannot be AV1 yuv420p video "
                     "(height and width must be even); export with images='image' (PNG)"
                 )
-            out.append(Feature(feature_name(key), key, images, row))
+            out.append(Feature(feature_name(key), images, np.dtype(np.uint8), row, key))
         elif len(row) <= 1 and dt.kind in "biuf":
-            out.append(Feature(feature_name(key), key, dt.name, row or (1,)))
+            out.append(Feature(feature_name(key), ARRAY, dt, row or (1,), key))
         else:
             raise SchemaError(
                 f"key {key!r} ({dt} rows of shape {list(row)}) is no LeRobot feature this "
@@ -121,9 +132,9 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
                 f"reward key {reward!r} has rows of shape {list(spec.row_shape)}; "
                 "next.reward takes a scalar or a vector per frame"
             )
-        out.append(Feature("next.reward", reward, dtype, shape))
+        out.append(Feature(REWARD, ARRAY, np.dtype(dtype), shape, reward))
     if done is not None:
-        out.append(Feature("next.done", done, "bool", (1,)))
+        out.append(Feature(DONE, ARRAY, np.dtype(bool), (1,), done))
     names = [f.name for f in out]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -131,10 +142,7 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
             f"features {twice} would each come from more than one key (nested keys are "
             "named with '.'); rename the keys or choose some with keys=[...]"
         )
-    out += [
-        Feature(n, None, "float32" if n == "timestamp" else "int64", (1,)) for n in DEFAULT_FEATURES
-    ]
-    return out
+    return out + default_features()
 
 
 def feature_name(key: str) -> str:
@@ -155,11 +163,11 @@ def frame_columns(
         if f.key is None:
             continue
         v = cols[f.key]
-        if f.name == "next.done":
+        if f.name == DONE:
             v = v.reshape(n, -1).astype(bool).any(axis=1)
-        elif f.name == "next.reward":
+        elif f.name == REWARD:
             v = v.astype(f.dtype)
-        out[f.name] = v.reshape(n, *f.shape) if not f.camera else v
+        out[f.name] = v.reshape(n, *f.shape) if not f.is_frame else v
     return out
 
 
@@ -203,7 +211,7 @@ def export_lerobot(
     *,
     fps: int = 30,
     images: str = "video",
-    task: str | Sequence[str] = "",
+    task: str | Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     unfinished: str = "keep",
     robot_type: str | None = None,
@@ -219,7 +227,9 @@ def export_lerobot(
     ``fps``: the frame rate LeRobot records (timestamps are ``frame_index / fps``);
     ``images``: ``"video"`` (AV1 mp4, LeRobot's default, lossy) or ``"image"`` (PNG in
     the parquet, lossless) for uint8 ``[H, W, 3]`` keys; ``task``: one task string for
-    every episode, or one per exported episode; ``keys``: the buffer keys to export
+    every episode, or one per exported episode (default: the task each episode had when
+    :func:`~zreplay.import_lerobot` made the buffer, ``""`` for episodes added since);
+    ``keys``: the buffer keys to export
     (default: all but ``next_obs``); ``unfinished``: ``"keep"`` or ``"skip"`` episodes
     with no end flag yet; ``progress(1)`` after each episode.  Which key becomes which
     feature: see :mod:`zreplay.compat.lerobot_export`.  All or nothing: built beside
@@ -264,23 +274,10 @@ def export_lerobot(
         feats = lerobot_features(core, images, keys)
         report = LeRobotExport(str(out))
         report.skipped_partial, report.skipped_unfinished = plan.skipped
-        tasks = _tasks(task, len(plan.exported))
+        tasks = _tasks(task, core, plan)
+        files = Files(fps, robot_type, data_file_size_mb, video_file_size_mb, chunks_size)
         with new_tree(out, "export_lerobot", overwrite=False, sources=[core.path]) as tmp:
-            _write(
-                core,
-                tmp,
-                feats,
-                plan,
-                tasks,
-                fps,
-                robot_type,
-                report,
-                progress,
-                int(data_file_size_mb * MB),
-                int(video_file_size_mb * MB),
-                chunks_size,
-                (data_file_size_mb, video_file_size_mb),
-            )
+            _write(core, tmp, feats, plan, tasks, files, report, progress)
         return report
     finally:
         if view is not None:
@@ -308,7 +305,12 @@ def _episode_plan(core: BufferCore, unfinished: str) -> EpisodePlan:
     return EpisodePlan(np.flatnonzero(keep), skipped)
 
 
-def _tasks(task, n: int) -> list[str]:
+def _tasks(task, core: BufferCore, plan: EpisodePlan) -> list[str]:
+    n = len(plan.exported)
+    if task is None:
+        known = imported_tasks(core.path) or {}
+        ids = core.episode_table()["episode"][plan.exported]
+        return [known.get(int(e), "") for e in ids]
     if isinstance(task, str):
         return [task] * n
     tasks = list(task)
@@ -320,28 +322,27 @@ def _tasks(task, n: int) -> list[str]:
     return tasks
 
 
-def _write(
-    core,
-    root: Path,
-    feats,
-    plan,
-    tasks,
-    fps,
-    robot_type,
-    report,
-    progress,
-    data_limit,
-    video_limit,
-    chunks_size,
-    sizes_mb,
-) -> None:
+@dataclass(frozen=True)
+class Files:
+    """How the dataset's files are laid out: its ``fps``, ``robot_type``, the sizes
+    (MB) data and video files roll over at, and files per chunk directory."""
+
+    fps: int
+    robot_type: str | None
+    data_file_size_mb: float
+    video_file_size_mb: float
+    chunks_size: int
+
+
+def _write(core, root: Path, feats, plan, tasks, files: Files, report, progress) -> None:
+    fps, chunks_size = files.fps, files.chunks_size
     pa, pq = need("pyarrow"), need("pyarrow.parquet")
     task_ids = {t: i for i, t in enumerate(dict.fromkeys(tasks))}
-    data = DataFiles(root, feats, data_limit, chunks_size)
+    data = DataFiles(root, feats, int(files.data_file_size_mb * MB), chunks_size)
     videos = {
-        f.name: VideoFiles(root, f, fps, video_limit, chunks_size)
+        f.name: VideoFiles(root, f, fps, int(files.video_file_size_mb * MB), chunks_size)
         for f in feats
-        if f.dtype == "video"
+        if f.kind == VIDEO
     }
     table = EpisodeFiles(root, EPISODES_PER_FILE, chunks_size)
     totals = {f.name: Totals() for f in feats}
@@ -382,24 +383,24 @@ def _write(
         for vf in videos.values():
             vf.abandon()
         raise
-    write_tasks(pa, pq, root / "meta/tasks.parquet", list(task_ids))
-    write_json(root / "meta/stats.json", {n: nested(t.result()) for n, t in totals.items()})
+    write_tasks(pa, pq, root / V30_TASKS_PATH, list(task_ids))
+    write_json(root / STATS_PATH, {n: nested(t.result()) for n, t in totals.items()})
     info = {
-        "codebase_version": CODEBASE_VERSION,
-        "robot_type": robot_type,
+        "codebase_version": V30,
+        "robot_type": files.robot_type,
         "total_episodes": table.written,
         "total_frames": index,
         "total_tasks": len(task_ids),
         "chunks_size": chunks_size,
-        "data_files_size_in_mb": sizes_mb[0],
-        "video_files_size_in_mb": sizes_mb[1],
+        "data_files_size_in_mb": files.data_file_size_mb,
+        "video_files_size_in_mb": files.video_file_size_mb,
         "fps": fps,
         "splits": {"train": f"0:{table.written}"},
-        "data_path": DATA_PATH,
-        "video_path": VIDEO_PATH if videos else None,
+        "data_path": V30_DATA_PATH,
+        "video_path": V30_VIDEO_PATH if videos else None,
         "features": {f.name: f.info(fps) for f in feats},
     }
-    write_json(root / "meta/info.json", info)
+    write_json(root / INFO, info)
     report.episodes, report.frames = table.written, index
     report.features = info["features"]
     report.data_files = data.files

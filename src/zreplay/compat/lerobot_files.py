@@ -1,9 +1,10 @@
 """The files of a LeRobot v3.0 dataset as LeRobot 0.4.4 writes them, for
-:mod:`zreplay.compat.lerobot_export`: a :class:`Feature` (one column or camera), the data
-parquet files (``datasets``' column types and schema metadata, PNG images), the AV1 mp4
-files of a camera, the ``meta/episodes`` files, ``meta/tasks.parquet``; each kind rolls
-over to a new file between episodes (:class:`Rollover`).  pyarrow, PyAV and Pillow are
-imported when first needed (:func:`need`)."""
+:mod:`zreplay.compat.lerobot_export`: the data parquet files (``datasets``' column types
+and schema metadata, PNG images), the AV1 mp4 files of a camera, the ``meta/episodes``
+files, ``meta/tasks.parquet``; each kind rolls over to a new file between episodes
+(:class:`Rollover`).  The layout's facts (path templates, feature kinds, the default
+encoding) are :mod:`.lerobot_format`'s; pyarrow, PyAV and Pillow are imported when
+first needed (:func:`~.lerobot_format.need`)."""
 
 from __future__ import annotations
 
@@ -17,80 +18,32 @@ from typing import Any
 
 import numpy as np
 
-from ..threads import import_whole
+from .lerobot_format import (
+    IMAGE,
+    V30_DATA_PATH,
+    V30_EPISODES_PATH,
+    V30_VIDEO_PATH,
+    VIDEO,
+    VIDEO_CODEC,
+    VIDEO_OPTIONS,
+    VIDEO_PIX_FMT,
+    Feature,
+    need,
+)
 
-CODEBASE_VERSION = "v3.0"
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-# LeRobot's own per-frame columns, in its order (DEFAULT_FEATURES).
-DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-# LeRobot 0.4.4's default encoding (LeRobotDataset.create, video_utils._get_codec_options).
-VIDEO_CODEC = "libsvtav1"
-VIDEO_PIX_FMT = "yuv420p"
-VIDEO_OPTIONS = {"g": "2", "crf": "30", "preset": "12"}
 PNG_LEVEL = 1  # LeRobot's own (image_writer.write_image); PNG is lossless at any level
 MB = 1 << 20
 EPISODES_PER_FILE = 1000  # rows of a meta/episodes file
 VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
-IMAGE_MODES = ("video", "image")
-
-
-def need(module: str):
-    """``module`` imported (Ctrl-C safe), or ImportError naming the extra that has it."""
-    try:
-        return import_whole(module)
-    except ImportError:
-        raise ImportError(
-            f"LeRobot export and import need {module!r}: pip install 'zreplay[lerobot]' "
-            "(pyarrow and PyAV)"
-        ) from None
-
-
-# -- features --------------------------------------------------------------------
-
-
-@dataclass
-class Feature:
-    """One LeRobot feature: its ``name``, the buffer ``key`` it comes from (None for
-    LeRobot's own columns), its ``dtype`` (a numpy dtype name, ``"image"`` or
-    ``"video"``) and ``shape`` (``[H, W, C]`` for cameras, ``(1,)`` for scalars)."""
-
-    name: str
-    key: str | None
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def camera(self) -> bool:
-        return self.dtype in IMAGE_MODES
-
-    def info(self, fps: int) -> dict:
-        """The feature as ``info.json`` lists it (a video's probed stream info too)."""
-        names = ["height", "width", "channels"] if self.camera else None
-        out: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "names": names}
-        if self.dtype == "video":
-            h, w, c = self.shape
-            out["info"] = {
-                "video.height": h,
-                "video.width": w,
-                "video.codec": "av1",
-                "video.pix_fmt": VIDEO_PIX_FMT,
-                "video.is_depth_map": False,
-                "video.fps": fps,
-                "video.channels": c,
-                "has_audio": False,
-            }
-        return out
 
 
 def hf_feature(f: Feature) -> dict:
     """``datasets``' serialized feature type of a data column (LeRobot 0.4.4's
     ``get_hf_features_from_features``: an image is ``Image()``, a one-element row a
     ``Value``, a vector a fixed-length ``List``)."""
-    if f.dtype == "image":
+    if f.kind == IMAGE:
         return {"_type": "Image"}
-    value = {"dtype": f.dtype, "_type": "Value"}
+    value = {"dtype": f.dtype.name, "_type": "Value"}
     if f.shape == (1,):
         return value
     return {"feature": value, "length": int(f.shape[0]), "_type": "List"}
@@ -108,7 +61,7 @@ def png(frame: np.ndarray) -> bytes:
 
 
 def arrow_column(pa, f: Feature, v: np.ndarray):
-    if f.dtype == "image":
+    if f.kind == IMAGE:
         # Pillow's encoder lets go of the GIL: frames are encoded side by side.  Imported
         # here first: threads importing it at once would see it half initialised.
         need("PIL.Image")
@@ -156,7 +109,7 @@ class DataFiles:
     def __init__(self, root: Path, feats: list[Feature], limit: int, chunks_size: int):
         self.pa, self.pq = need("pyarrow"), need("pyarrow.parquet")
         self.root, self.roll = root, Rollover(limit, chunks_size)
-        self.feats = [f for f in feats if f.dtype != "video"]
+        self.feats = [f for f in feats if f.kind != VIDEO]
         hf = {"info": {"features": {f.name: hf_feature(f) for f in self.feats}}}
         self.meta = {b"huggingface": json.dumps(hf).encode()}
         self.writer = None
@@ -170,7 +123,7 @@ class DataFiles:
         table = table.replace_schema_metadata(self.meta)
         if self.roll.place(table.nbytes) or self.writer is None:
             self.close()
-            path = self.root / DATA_PATH.format(
+            path = self.root / V30_DATA_PATH.format(
                 chunk_index=self.roll.chunk, file_index=self.roll.file
             )
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +164,7 @@ class EpisodeFiles:
         if not self.rows:
             return
         first = self.rows[0]
-        path = self.root / EPISODES_PATH.format(
+        path = self.root / V30_EPISODES_PATH.format(
             chunk_index=first["meta/episodes/chunk_index"],
             file_index=first["meta/episodes/file_index"],
         )
@@ -254,7 +207,7 @@ class VideoFiles:
 
     def _open(self) -> None:
         av, (h, w, _) = self.av, self.f.shape
-        path = self.root / VIDEO_PATH.format(
+        path = self.root / V30_VIDEO_PATH.format(
             video_key=self.f.name, chunk_index=self.roll.chunk, file_index=self.roll.file
         )
         path.parent.mkdir(parents=True, exist_ok=True)

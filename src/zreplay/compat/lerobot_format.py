@@ -18,8 +18,10 @@ v2.1 (LeRobot < 0.4): one ``data/chunk-XXX/episode_EEEEEE.parquet`` and one
 ``meta/episodes.jsonl`` {episode_index, tasks, length} and ``meta/tasks.jsonl``
 {task_index, task}.
 
-Nothing here imports LeRobot, pyarrow or PyAV; a dataset directory is untrusted data, so
-every file a template names must stay inside it.
+The reader (:mod:`.lerobot_read`) and the writer (:mod:`.lerobot_files`,
+:mod:`.lerobot_export`) both take these facts from here.  Nothing here imports LeRobot;
+pyarrow, PyAV and Pillow are imported when first needed (:func:`need`).  A dataset
+directory is untrusted data, so every file a template names must stay inside it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..schema import check_key_component
+from ..threads import import_whole
 
 V30, V21 = "v3.0", "v2.1"
 VERSIONS = (V30, V21)
@@ -47,18 +50,33 @@ V21_DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parq
 V21_VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
 V21_EPISODES_PATH = "meta/episodes.jsonl"
 V21_TASKS_PATH = "meta/tasks.jsonl"
+STATS_PATH = "meta/stats.json"
 DEFAULT_CHUNKS_SIZE = 1000
 DEFAULT_DATA_FILE_MB = 100
 DEFAULT_VIDEO_FILE_MB = 200
 
-# Columns LeRobot adds to every dataset (int64 but timestamp, all shape (1,)).
-DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+# Columns LeRobot adds to every dataset, in its order, with their dtypes (all shape (1,)).
+DEFAULT_DTYPES = {
+    "timestamp": "float32",
+    "frame_index": "int64",
+    "episode_index": "int64",
+    "index": "int64",
+    "task_index": "int64",
+}
+DEFAULT_FEATURES = tuple(DEFAULT_DTYPES)
 # LeRobot's reward and done features, and the buffer keys they are stored under (the
 # names zreplay's conventions know: n-step returns, episode ends).
 REWARD, DONE = "next.reward", "next.done"
 REWARDS_KEY, TERMINATED_KEY, TRUNCATED_KEY = "rewards", "terminated", "truncated"
 
 VIDEO, IMAGE, ARRAY = "video", "image", "array"
+IMAGE_MODES = (VIDEO, IMAGE)  # how a camera is stored; export_lerobot's ``images=``
+FRAME_NAMES = ["height", "width", "channels"]
+# A video's stream as LeRobot 0.4.4 encodes it by default (LeRobotDataset.create,
+# video_utils._get_codec_options), and the ``info`` it probes from it.
+VIDEO_CODEC = "libsvtav1"
+VIDEO_PIX_FMT = "yuv420p"
+VIDEO_OPTIONS = {"g": "2", "crf": "30", "preset": "12"}
 # numpy dtype strings LeRobot features may declare for plain arrays.
 ARRAY_DTYPES = frozenset(
     ["bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"]
@@ -66,20 +84,62 @@ ARRAY_DTYPES = frozenset(
 )
 
 
+def need(module: str):
+    """``module`` imported (Ctrl-C safe), or ImportError naming the extra that has it."""
+    try:
+        return import_whole(module)
+    except ImportError:
+        raise ImportError(
+            f"LeRobot import and export need {module!r}: pip install 'zreplay[lerobot]' "
+            "(pyarrow and PyAV)"
+        ) from None
+
+
 @dataclass(frozen=True)
 class Feature:
     """One LeRobot feature: its verbatim ``name``, ``kind`` (``"video"``, ``"image"``
     or ``"array"``), numpy ``dtype`` (uint8 for frames) and per-frame ``shape``
-    (``[H, W, C]`` for frames)."""
+    (``[H, W, C]`` for frames); in an export, the buffer ``key`` it comes from (None
+    for LeRobot's own columns)."""
 
     name: str
     kind: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    key: str | None = None
 
     @property
     def is_frame(self) -> bool:
-        return self.kind in (VIDEO, IMAGE)
+        return self.kind in IMAGE_MODES
+
+    @property
+    def declared(self) -> str:
+        """The ``dtype`` info.json lists: ``"video"``, ``"image"`` or a numpy name."""
+        return self.kind if self.is_frame else self.dtype.name
+
+    def info(self, fps: int) -> dict:
+        """The feature as ``info.json`` lists it (a video's stream info too, as LeRobot
+        probes it from the files it encodes)."""
+        names = FRAME_NAMES if self.is_frame else None
+        out: dict[str, Any] = {"dtype": self.declared, "shape": list(self.shape), "names": names}
+        if self.kind == VIDEO:
+            h, w, c = self.shape
+            out["info"] = {
+                "video.height": h,
+                "video.width": w,
+                "video.codec": "av1",
+                "video.pix_fmt": VIDEO_PIX_FMT,
+                "video.is_depth_map": False,
+                "video.fps": fps,
+                "video.channels": c,
+                "has_audio": False,
+            }
+        return out
+
+
+def default_features() -> list[Feature]:
+    """LeRobot's own columns as features, in its order."""
+    return [Feature(n, ARRAY, np.dtype(d), (1,)) for n, d in DEFAULT_DTYPES.items()]
 
 
 def feature(name: Any, spec: Any) -> Feature:
@@ -233,11 +293,3 @@ def dataset_file(root: Path, template: str, **fields: Any) -> Path:
     if Path(rel).is_absolute() or ".." in parts or not parts:
         raise FormatError(f"{root / INFO}: path template {template!r} leads out of {root}")
     return Path(root) / rel
-
-
-def feature_spec(dtype: np.dtype | str, shape: tuple[int, ...], kind: str = ARRAY) -> dict:
-    """LeRobot's ``features`` entry for a column of per-frame ``shape`` and ``dtype``
-    (``kind="video"`` or ``"image"``: a uint8 ``[H, W, C]`` frame stored as such)."""
-    if kind in (VIDEO, IMAGE):
-        return {"dtype": kind, "shape": list(shape), "names": ["height", "width", "channels"]}
-    return {"dtype": np.dtype(dtype).name, "shape": list(shape) or [1], "names": None}

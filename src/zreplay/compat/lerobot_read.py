@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
-from ..threads import import_whole
 from .lerobot_format import (
     IMAGE,
     V21,
@@ -32,22 +31,13 @@ from .lerobot_format import (
     Feature,
     Info,
     dataset_file,
+    need,
 )
 
 # LeRobot's reader takes a frame within this many seconds of the time it asks for.
 TOLERANCE_S = 1e-4
 # Frames of each channel count as PyAV converts them.
 PIX_FMT = {1: "gray", 3: "rgb24", 4: "rgba"}
-
-
-def need(name: str):
-    """Module ``name`` (pyarrow or PyAV), or an ``ImportError`` naming the extra."""
-    try:
-        return import_whole(name)
-    except ImportError:
-        raise ImportError(
-            f"import_lerobot needs {name}: pip install 'zreplay[lerobot]' (pyarrow and PyAV)"
-        ) from None
 
 
 @dataclass

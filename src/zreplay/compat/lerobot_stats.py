@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .lerobot_files import Feature
+from .lerobot_format import Feature
 
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 # Camera stats are estimated, as LeRobot 0.4.4 does (compute_stats.sample_images), on
@@ -21,13 +21,13 @@ def feature_stats(f: Feature, v: np.ndarray) -> dict[str, np.ndarray]:
     """LeRobot's per-episode stats of ``v`` (``[n, *shape]``): min, max, mean, std,
     count and the quantiles q01..q99, each of the feature's shape (a camera's:
     :func:`camera_stats`)."""
-    if f.camera:
+    if f.is_frame:
         return camera_stats(f, v)
     n = len(v)
     rows = v.reshape(n, -1)
     px = rows.astype(np.float64)
     lo, hi = rows.min(axis=0), rows.max(axis=0)
-    if f.dtype != "bool":
+    if f.dtype != np.bool_:
         kind = np.float64 if v.dtype.kind == "f" else np.int64
         lo, hi = lo.astype(kind), hi.astype(kind)
     qs = np.quantile(px, list(QUANTILES.values()), axis=0)

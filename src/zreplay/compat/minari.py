@@ -32,20 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import RamPolicy
 from ..errors import FormatError
 from ..schema import flatten
-from ..store.guard import new_tree
 from ..store.location import locate
 from ..threads import import_whole
+from .dataset_import import import_episodes
 
 METADATA = "metadata.json"
 MAIN_FILE = "main_data.hdf5"
 STEP_DATASETS = {"rewards": "rewards", "terminations": "terminated", "truncations": "truncated"}
 # RAM the writer keeps decoded while the buffer is built (as a stable-worldmodel dump's).
 IMPORT_RAM_BYTES = 1 << 30
-# Episodes added together (each is staged whole in RAM).
+# Episodes added together (each is staged whole in RAM): at most this many, or bytes.
 BATCH = 16
+BATCH_BYTES = 64 << 20
 
 
 @dataclass
@@ -168,7 +169,8 @@ def read_node(node, sp: dict | None, jpeg: bool, where: str) -> Any:
     dt = node.dtype
     vlen = h5py.check_vlen_dtype(dt)
     if (jpeg and is_image_space(sp)) or (vlen is not None and vlen == np.uint8):
-        return decode_jpegs(node[()], where)
+        declared = sp.get("shape") if is_image_space(sp) else None
+        return decode_jpegs(node[()], where, declared)
     if dt.kind not in "biuf":
         raise FormatError(
             f"{where}: {dt} data (text or objects) is not something a zreplay buffer "
@@ -177,15 +179,24 @@ def read_node(node, sp: dict | None, jpeg: bool, where: str) -> Any:
     return node[()]
 
 
-def decode_jpegs(frames, where: str) -> np.ndarray:
-    """JPEG byte strings (rows of uint8) as uint8 frames ``[N, H, W(, C)]``."""
+def decode_jpegs(frames, where: str, declared=None) -> np.ndarray:
+    """JPEG byte strings (rows of uint8) as uint8 frames ``[N, H, W(, C)]``; with the
+    image space's ``declared`` shape, a frame of another height or width is refused
+    before it is decoded (its header is untrusted: it could claim any size)."""
     image = import_whole("PIL.Image")
     out = None
     for i, data in enumerate(frames):
         try:
-            frame = np.asarray(
-                image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())), np.uint8
-            )
+            # Only JPEG: Pillow would open any format it knows (Minari writes JPEG).
+            img = image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes()), formats=["JPEG"])
+            if declared is not None and (img.height, img.width) != tuple(declared[:2]):
+                raise FormatError(
+                    f"{where}: frame {i} is {img.height}x{img.width}; the observation space "
+                    f"declares {declared[0]}x{declared[1]}"
+                )
+            frame = np.asarray(img, np.uint8)
+        except FormatError:
+            raise
         except Exception as e:
             raise FormatError(f"{where}: frame {i} is not a readable JPEG ({e})") from None
         if out is None:
@@ -298,24 +309,23 @@ def import_minari(
             for i, g in zip(ids, episodes, strict=True)
         )
         out = locate(dst, options.get("storage_options"))
-        with new_tree(out, "import_minari", overwrite=overwrite, sources=[locate(src)]) as tmp:
-            core = BufferCore.writer(
-                tmp,
-                stream=RandomStream(tag="swm"),
-                capacity=max(1, total),
-                ram=RamPolicy(enabled=True, trajectories=None, max_bytes=IMPORT_RAM_BYTES),
-                **options,
-            )
-            try:
-                _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress)
-                report.keys = list(core.keys)
-            finally:
-                core.close()
+        report.keys = import_episodes(
+            out,
+            "import_minari",
+            locate(src),
+            _episodes(episodes, ids, spaces, jpeg, path, report, progress),
+            overwrite=overwrite,
+            batch_episodes=BATCH,
+            batch_bytes=BATCH_BYTES,
+            capacity=max(1, total),
+            ram=RamPolicy(enabled=True, trajectories=None, max_bytes=IMPORT_RAM_BYTES),
+            **options,
+        )
     return report
 
 
-def _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress) -> None:
-    batch: list[Prepared] = []
+def _episodes(episodes, ids, spaces, jpeg, path, report, progress):
+    """The episodes' flat columns, counted in ``report``; those of no steps skipped."""
     for i, group in zip(ids, episodes, strict=True):
         cols, n = read_episode(group, spaces, jpeg, f"{path}:episode_{i}")
         if progress is not None:
@@ -323,13 +333,6 @@ def _add_episodes(core, episodes, ids, spaces, jpeg, path, report, progress) -> 
         if n == 0:
             report.skipped_empty += 1
             continue
-        flat = {k: np.ascontiguousarray(v)[:, None] for k, v in flatten(cols).items()}
-        if not core.facade_state.get("columns"):
-            core.facade_state["columns"] = list(flat)  # stable-worldmodel's order
-        batch.append(Prepared(flat, n, 1, split_episodes=False))
         report.episodes += 1
         report.steps += n
-        if len(batch) >= BATCH:
-            core.add(batch)
-            batch = []
-    core.add(batch)
+        yield flatten(cols)
