@@ -72,7 +72,7 @@ def test_reader_core_sees_every_segment_and_refuses_writes(tmp_path):
         w.add([prepare(make_traj(10 * i))])
         w.flush()
     view = BufferCore.reader(path, seed=0)
-    assert [wid for wid, _ in view.segments()] == ["a", "b"]
+    assert [wid for wid, _ in view.engine.segments()] == ["a", "b"]
     assert view.num_rows == 36 and not view.writable
     assert not hasattr(view, "add")  # a view's core has no writes, by its type
     writers[0].add([prepare(make_traj(1))])

@@ -50,7 +50,9 @@ def column_order(core: BufferCore) -> list[str]:
     if core.writable:
         order = core.facade_state.get("columns")
     else:  # a view: what the writers' commits say
-        saved = [(c.sampler or {}).get("facade", {}).get("columns") for _, c in core.segments()]
+        saved = [
+            (c.sampler or {}).get("facade", {}).get("columns") for _, c in core.engine.segments()
+        ]
         order = next((o for o in saved if o), None)
     if not order:
         return keys
