@@ -241,7 +241,7 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
 
     def num_valid_ends(self, history_len: int | None = None) -> int:
         """Number of valid clips of ``history_len`` frames (``frameskip`` apart)."""
-        return self.core.num_clips(self._clip_spec(history_len))
+        return self._clip_spec(history_len).num_clips(self.core.episodes())
 
     def _clip_spec(self, history_len: int | None) -> ClipSpec:
         h = self.spec.history_len if history_len is None else history_len

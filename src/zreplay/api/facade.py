@@ -6,7 +6,7 @@ meaning is the same in all of them.
 keeps only its own ecosystem's names and conversions (nested numpy dicts for a view,
 tensors for RLinf, stable-worldmodel's names).  :class:`WritableFacade` adds what both
 writable facades mean alike.  Every facade makes its core with ``owner=self``, so that
-dropping it closes the core (the drop finaliser, ``BufferCore.close_when_dropped``), and
+dropping it closes the core (the drop finaliser ``BufferCore`` registers on its owner), and
 crosses a process boundary through ``core.handoff``.
 """
 
@@ -103,7 +103,7 @@ class WritableFacade(Facade):
         doc="Block until everything added is committed to the store (with the sampler state).",
     )
     clear = Of(
-        "core",
+        "core.engine",
         doc="Remove every trajectory / episode, on disk too, in one commit; the schema "
         "stays, and trajectory ids, the step counter and the random stream go on "
         "(nothing is reused).",

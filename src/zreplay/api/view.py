@@ -118,7 +118,7 @@ class BufferView(Facade):
 
     def num_clips(self, history_len: int = 1, frameskip: int = 1, pad: str | None = None) -> int:
         """Valid clips of ``history_len`` frames ``frameskip`` apart (see sample_clips)."""
-        return self.core.num_clips(ClipSpec(history_len, frameskip, pad))
+        return ClipSpec(history_len, frameskip, pad).num_clips(self.core.episodes())
 
     def sample_clips(self, batch_size: int, history_len: int = 1, **kw) -> dict[str, Any]:
         """``batch_size`` clips ``[batch, history_len, ...]`` drawn by the sampler over all

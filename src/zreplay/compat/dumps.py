@@ -93,7 +93,9 @@ def dump(
     if core.writable and core.view_rows is not None:
         # A writer that keeps rows views must not show (a ZarrStorage's overwritten ring
         # slots) is dumped as a view of what it committed shows it.
-        view = core = BufferCore.reader(core.path, storage_options=core.storage_options)
+        view = core = BufferCore.reader(
+            core.path, storage_options=core.path.backend.storage_options
+        )
     try:
         if format == "hdf5":
             write_hdf5(episode_batches(core, progress), path, mode, **kw)

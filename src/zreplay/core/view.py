@@ -39,10 +39,7 @@ class ViewCore(BufferCore, kind="reader"):
         column_cache_bytes, chunk_cache_bytes)."""
         sampler = as_sampler(sampler)
         BoundSampler.check(sampler)  # before the store is opened
-        core = cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
-        if owner is not None:
-            core.close_when_dropped(owner)  # a learner's progress file says it stopped
-        return core
+        return cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
 
     def _check_process(self) -> None:
         # A reader handed to another process (DataLoader workers) reopens there, and must
