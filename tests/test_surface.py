@@ -57,3 +57,34 @@ def test_closed_writable_facades_refuse_their_shared_calls_alike(tmp_path):
                 call()
     with pytest.raises(BufferClosedError, match="make the buffer again"):
         rl.clear_cache()
+
+
+def test_a_dropped_learner_tells_its_rate_gate_whichever_facade_it_is(tmp_path, monkeypatch):
+    """A learner's drop says "closing soon" to its rate gate before its close runs on a
+    thread of its own (so a learner declared again under its name waits for that close):
+    a writable learner's core as a view's (its override once told only the writer lock)."""
+    import gc
+
+    from zreplay.core.rate import RateGate
+
+    told, real = [], RateGate.closing_soon
+    monkeypatch.setattr(RateGate, "closing_soon", lambda g: (told.append(g.learner_id), real(g)))
+    path = str(tmp_path / "b")
+    lim = zreplay.MinSize(1)
+    rl = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, rate_limiter=lim, learner_id="rl"
+    )
+    rl.add_trajectories([make_traj(0)])
+    rl.sample(4)
+    del rl
+    gc.collect()
+    view = zreplay.open(path, rate_limiter=lim, learner_id="view")
+    view.sample(4)
+    del view
+    gc.collect()
+    assert told == ["rl", "view"]
+    again = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, rate_limiter=lim, learner_id="rl"
+    )  # waits for the dropped one's close, then resumes its count
+    assert again.total_samples == 18 and again.sample(2)["rewards"].shape[0] == 2
+    again.close()
