@@ -131,7 +131,7 @@ def _interrupt_adds(tmp_path) -> None:
         assert got in (0, 2)
         if got:
             added += [tid, None]
-        tid = buf.core.next_trajectory_id
+        tid = buf.core.engine.next_trajectory_id
     assert interrupted > 5 and len(added) > 8  # some adds were cut short, some went through
     check_rows(buf.sample(2048))
     buf.close()

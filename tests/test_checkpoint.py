@@ -29,7 +29,7 @@ def test_checkpoint_includes_pending_writes_and_is_frozen(tmp_path):
     core = builders.writer(tmp_path / "live", seed=3)
     for tid in range(5):
         builders.add(core, tid)  # no flush: the checkpoint must wait for them
-    core.checkpoint(str(tmp_path / "ck"))
+    core.engine.checkpoint(str(tmp_path / "ck"))
     for tid in range(5, 9):
         builders.add(core, tid)
     core.flush()
@@ -48,7 +48,7 @@ def test_checkpoint_hard_links_data_files(tmp_path):
     core = builders.writer(tmp_path / "live")
     for tid in range(4):
         builders.add(core, tid)
-    core.checkpoint(str(tmp_path / "ck"))
+    core.engine.checkpoint(str(tmp_path / "ck"))
     core.close()
     data = tmp_path / "ck" / "segments" / "default" / "data"
     files = [os.path.join(r, f) for r, _, fs in os.walk(data) for f in fs if f != "zarr.json"]
@@ -58,9 +58,9 @@ def test_checkpoint_hard_links_data_files(tmp_path):
 def test_checkpoint_overwrites_an_older_checkpoint(tmp_path):
     core = builders.writer(tmp_path / "live")
     builders.add(core, 0)
-    core.checkpoint(str(tmp_path / "ck"))
+    core.engine.checkpoint(str(tmp_path / "ck"))
     builders.add(core, 1)
-    core.checkpoint(str(tmp_path / "ck"))
+    core.engine.checkpoint(str(tmp_path / "ck"))
     core.close()
     view = builders.reader(tmp_path / "ck")
     assert view.num_trajectories == 2

@@ -39,7 +39,7 @@ def test_clear_removes_data_on_disk(bufpath):
     core.flush()
     shard_files = chunk_files(bufpath)
     assert any(f.startswith("c.") for f in shard_files)  # data shards among them
-    core.clear()
+    core.engine.clear()
     assert core.num_trajectories == 0 and core.num_rows == 0
     assert chunk_files(bufpath) == []
     assert builders.add(core, 9) == 3  # ids are never reused

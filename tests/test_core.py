@@ -72,7 +72,7 @@ def test_reader_core_sees_every_segment_and_refuses_writes(tmp_path):
         w.add([prepare(make_traj(10 * i))])
         w.flush()
     view = BufferCore.reader(path, seed=0)
-    assert [wid for wid, _ in view.segments()] == ["a", "b"]
+    assert [wid for wid, _ in view.engine.segments()] == ["a", "b"]
     assert view.num_rows == 36 and not view.writable
     assert not hasattr(view, "add")  # a view's core has no writes, by its type
     writers[0].add([prepare(make_traj(1))])
@@ -103,11 +103,11 @@ def test_state_round_trips_through_a_commit_and_full_state(tmp_path):
 def test_set_sampler_and_reseed_per_rank(tmp_path):
     core = BufferCore.writer(None, ram=RamPolicy(trajectories=2))
     core.add([Prepared({"x": np.arange(20.0).reshape(10, 2)}, 10, 2)])
-    core.reseed(5, rank=0)
+    core.stream.reseed(5, rank=0)
     a = core.sample(8)["x"]
-    core.reseed(5, rank=1)
+    core.stream.reseed(5, rank=1)
     assert not np.array_equal(core.sample(8)["x"], a)  # ranks draw different streams
-    core.reseed(5, rank=0)
+    core.stream.reseed(5, rank=0)
     np.testing.assert_array_equal(core.sample(8)["x"], a)
     core.set_sampler(Prioritized())
     assert "weight" in core.sample(4)

@@ -17,7 +17,8 @@ from zreplay.core.saved import SavedState
 from zreplay.engine.protocol import Engine
 from zreplay.samplers import Prioritized, Uniform
 
-WRITES = ("add", "clear", "checkpoint", "adopt", "replacing", "set_capacity", "drop_ram")
+WRITES = ("add", "adopt", "replacing")  # the core's; the writer's own are its engine's:
+ENGINE_WRITES = ("clear", "checkpoint", "set_capacity", "drop_ram")
 
 
 def test_writer_and_reader_make_their_kind_over_one_engine_protocol(tmp_path):
@@ -29,6 +30,8 @@ def test_writer_and_reader_make_their_kind_over_one_engine_protocol(tmp_path):
     assert isinstance(core.engine, Engine) and isinstance(view.engine, Engine)
     for m in WRITES:  # a view's core cannot write: its type has no such method
         assert hasattr(core, m) and not hasattr(view, m), m
+    for m in ENGINE_WRITES:
+        assert hasattr(core.engine, m) and not hasattr(view.engine, m), m
     # The read side is one code over either engine: same rows, same episodes.
     assert core.num_rows == view.num_rows == 18
     np.testing.assert_array_equal(
@@ -50,10 +53,10 @@ def test_the_writer_commits_a_saved_state_not_the_core(tmp_path):
     core.add([prepare(make_traj(0))])
     core.sample(4)
     core.flush()
-    saved = dict(core.last_commit.sampler)
+    saved = dict(core.engine.commit.sampler)
     assert saved["facade"] == {"mine": 1} and saved["view_rows"] == 7
     assert saved["step"] == 1 and saved["seed"] == 5
-    assert saved == json.loads(json.dumps(core.state()))
+    assert saved == json.loads(json.dumps(core.saved.state()))
     core.close()
 
 
@@ -65,7 +68,7 @@ def test_a_sampler_set_later_is_the_one_whose_state_is_committed(tmp_path):
     core.update_priorities(b["index"], np.full(8, 3.0))
     leaves = core.priorities(b["index"])
     core.close()
-    assert core.last_commit.sampler["sampler"]["kind"] == "Prioritized"
+    assert core.engine.commit.sampler["sampler"]["kind"] == "Prioritized"
     again = BufferCore.writer(tmp_path / "b", sampler=Prioritized())
     np.testing.assert_array_equal(again.priorities(b["index"]), leaves)  # saved leaves
     again.close()
@@ -83,11 +86,11 @@ def test_priorities_are_saved_without_the_core_being_asked(tmp_path, monkeypatch
     def refused(*a, **k):
         raise AssertionError("the committer called back into the core")
 
-    for name in ("priorities", "state", "full_state", "read"):
+    for name in ("priorities", "full_state", "read"):  # (it has no state(): saved.state())
         monkeypatch.setattr(WritableCore, name, refused)
     core.flush()
     monkeypatch.undo()
-    assert "priority" in core.last_commit.sampler
+    assert "priority" in core.engine.commit.sampler
     core.close()
     again = BufferCore.writer(tmp_path / "b", sampler=Prioritized())
     np.testing.assert_array_equal(again.priorities(b["index"]), leaves)

@@ -303,7 +303,7 @@ def _stale_lock(foreign_namespace: bool):
 def _contend_then_add(buf, paths):
     """A second writer of the segment fails while the first holds it; the first adds."""
     try:
-        writer(paths["buf"], buf.core.storage_options or None).close()
+        writer(paths["buf"], buf.path.backend.storage_options or None).close()
         raise AssertionError("a second writer opened a held segment")
     except zreplay.WriterLockedError:
         pass

@@ -62,6 +62,6 @@ def test_a_ram_tier_turned_off_reads_committed_rows_from_disk(tmp_path):
 
     assert whole(core.sample(64)) <= set(range(4))  # uncommitted rows: the staging tier
     core.flush()
-    assert core.stats()["rows_in_ram"] == 0
+    assert core.engine.stats()["rows_in_ram"] == 0
     assert whole(core.sample(256)) == set(range(4))  # committed rows: read from disk
     core.close()

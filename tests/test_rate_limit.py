@@ -167,7 +167,9 @@ def _learner(path, opts, batches, pause):
         if i == 0:
             first_wait = time.monotonic() - t0
         view.refresh()
-        seen.append((view.core.rate.me.samples, sum(c.n_rows for _, c in view.core.segments())))
+        seen.append(
+            (view.core.rate.me.samples, sum(c.n_rows for _, c in view.core.engine.segments()))
+        )
         time.sleep(pause)
     view.close()
     return first_wait, seen

@@ -268,7 +268,7 @@ def test_a_torchrl_storage_honours_its_budgets(tmp_path):
     st = s.core.engine.state
     assert st.schema.row_bytes == 48
     assert st.tier.capacity <= 100  # one extend, not 2 x 4096 rows
-    assert s.core.stats()["rows_in_ram"] <= 64
+    assert s.core.engine.stats()["rows_in_ram"] <= 64
     s.close()
 
 

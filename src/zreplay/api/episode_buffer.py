@@ -48,7 +48,7 @@ from ..samplers import Sampler
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import flatten, unflatten
-from .facade import WritableFacade
+from .facade import Of, WritableFacade
 from .view import BufferView
 
 WORKER_WAIT_S = 10.0  # how long a worker waits for an episode the parent has not committed
@@ -150,17 +150,19 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
             self.core.set_sampler(sampler)
         self._hook = sampler
 
-    def state_dict(self) -> dict:
-        """The sampler's state at this instant (step counter, seed, random generator and,
-        for a prioritized sampler, every row's priority as arrays), for a training
-        checkpoint (``torch.save``): the store also saves it with commits, but a commit's
-        timing is the writer thread's."""
-        return self.core.full_state()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (priorities of rows evicted since
-        are dropped)."""
-        self.core.load_full_state(state)
+    state_dict = Of(
+        "core",
+        "full_state",
+        doc="The sampler's state at this instant (step counter, seed, random generator "
+        "and, for a prioritized sampler, every row's priority as arrays), for a training "
+        "checkpoint (torch.save): the store also saves it with commits, but a commit's "
+        "timing is the writer thread's.",
+    )
+    load_state_dict = Of(
+        "core",
+        "load_full_state",
+        doc="Restore what state_dict() returned (priorities of rows evicted since are dropped).",
+    )
 
     # -- Writer protocol --------------------------------------------------------------
 
@@ -204,9 +206,7 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
             self._order = self.core.facade_state["columns"] = list(cols)
         self.core.add([as_trajectory(cols, n)])
 
-    @property
-    def num_steps_stored(self) -> int:
-        return self.core.num_rows
+    num_steps_stored = Of("core.engine", "num_rows", doc="Steps (rows) stored.")
 
     @property
     def lengths(self) -> np.ndarray:
@@ -234,14 +234,14 @@ class ReplayBuffer(WritableFacade, torch.utils.data.Dataset):
         first = {k: flat[k] for k in names or () if k in flat}
         return unflatten({**first, **{k: v for k, v in flat.items() if k not in first}})
 
-    @property
-    def step(self) -> int:
-        """The sampler step counter (incremented by every ``sample`` without ``step=``)."""
-        return self.core.stream.step
+    step = Of(
+        "core.stream",
+        doc="The sampler step counter (incremented by every sample() without step=).",
+    )
 
     def num_valid_ends(self, history_len: int | None = None) -> int:
         """Number of valid clips of ``history_len`` frames (``frameskip`` apart)."""
-        return self.core.num_clips(self._clip_spec(history_len))
+        return self._clip_spec(history_len).num_clips(self.core.episodes())
 
     def _clip_spec(self, history_len: int | None) -> ClipSpec:
         h = self.spec.history_len if history_len is None else history_len

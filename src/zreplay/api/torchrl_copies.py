@@ -46,7 +46,7 @@ class ShownCommit:
         """``(record, low row, row stop)`` of the ring to show over ``core`` (the copy's
         reader; ``stop``: ``None`` for its newest row) if the commit shown changes, else
         ``None``.  ``FormatError`` if the buffer is not one ZarrStorage's segment."""
-        segs = core.segments()
+        segs = core.engine.segments()
         ours = [c for _, c in segs if (c.sampler or {}).get("facade", {}).get("kind") == KIND]
         if len(segs) > 1 or len(ours) != len(segs):
             raise FormatError(
@@ -60,7 +60,7 @@ class ShownCommit:
         if ours:
             self.last_record = dict(ours[0].sampler["facade"])
         elif not self.last_record:  # an emptied segment is not listed; its commit is
-            for _, c in core.commits():
+            for _, c in core.engine.commits():
                 if (c.sampler or {}).get("facade", {}).get("kind") == KIND:
                     self.last_record = dict(c.sampler["facade"])
         # An emptied segment: an empty ring of the kind of data it held.

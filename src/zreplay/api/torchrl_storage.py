@@ -204,7 +204,7 @@ class ZarrStorage(TensorStorage):
     def _fit_capacity(self) -> None:
         """The segment keeps the ring's rows and no more (see ``__init__``), once the
         dims of an ``ndim > 1`` storage tell its slots."""
-        self.core.set_capacity(self._ring.max_size + self._piece - 1)
+        self.core.engine.set_capacity(self._ring.max_size + self._piece - 1)
 
     # -- sizes and state TorchRL reads -------------------------------------------------
 
@@ -413,7 +413,7 @@ class ZarrStorage(TensorStorage):
         self._check_writable("empty it")
         with self._replacing():
             self.core.facade_state.update(shift=0, guessed=False)
-            self.core.clear()
+            self.core.engine.clear()
             self._open_ring()  # empty: the ring starts where the rows go on
         self._bump_mutation_revision()
 
@@ -593,13 +593,13 @@ class ZarrStorage(TensorStorage):
         copies on S3) at ``path``; ``rb.dumps(dir)`` puts it in ``dir/storage``."""
         self._check_writable("checkpoint it")
         self._settle_guess(known_cursor(attached_writers(self)))
-        self.core.checkpoint(path)
+        self.core.engine.checkpoint(path)
 
     def loads(self, path) -> None:
         """Replace the contents with a checkpoint: this class's (:meth:`dumps`) or a
         ``LazyTensorStorage``/``LazyMemmapStorage`` one (``rb.dumps`` of TorchRL)."""
         self._check_writable("load checkpoints")
-        options = self.core.storage_options
+        options = self.core.path.backend.storage_options
         if is_buffer(path, options):
             self._load_own_checkpoint(locate(path, options))
             return
@@ -630,7 +630,7 @@ class ZarrStorage(TensorStorage):
             classes = {}
             if rows is None or not n:
                 self.core.facade_state.update(shift=0, guessed=False)
-                self.core.clear()  # empty: the ring starts where the rows go on
+                self.core.engine.clear()  # empty: the ring starts where the rows go on
             else:
                 order, c = import_order(n, M, next_slot)
                 form, cols, classes = encode(take(rows, order), single=False)
@@ -645,7 +645,7 @@ class ZarrStorage(TensorStorage):
                 # Until the restored writer's first extend says where its cursor is (ZarrStorage).
                 guessed = n == M and next_slot is None
                 ring = record(self._given_max, self.ndim, dims, Ring(M, 0, c), guessed, form)
-                state = self.core.state()  # read when the block ends: the ring goes in below
+                state = self.core.saved.state()  # read when the block ends: the ring goes in below
                 try:
                     with self.core.replacing(state) as staging:  # all or nothing
                         staging.add(pieces(cols, n, self._piece))
@@ -676,7 +676,9 @@ class ZarrStorage(TensorStorage):
 
     def _load_own_checkpoint(self, src) -> None:
         """Take over a :meth:`dumps` of a ZarrStorage (hard links / server-side copies)."""
-        found = own_checkpoint(src, self.core.storage_options, self._given_max, self.ndim)
+        found = own_checkpoint(
+            src, self.core.path.backend.storage_options, self._given_max, self.ndim
+        )
         if found is None:
             self._import_rows(None, 0, None)
             return
@@ -721,7 +723,7 @@ class ZarrStorage(TensorStorage):
         args = (h.path, h.storage_options, self._given_max, str(self.device), self.ndim)
         # What this storage shows, committed: the copy shows that commit, not a later one.
         pin = (
-            commit_pin(self.core.last_commit)
+            commit_pin(self.core.engine.commit)
             if self.core.writable
             else self._shown.pin_now(self._W)
         )

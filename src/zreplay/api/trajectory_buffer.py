@@ -32,7 +32,7 @@ from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..store.location import locate
 from .batches import as_tensors, device_problem, nested_tensors, tensor_alloc, trajectory_dict
-from .facade import WritableFacade
+from .facade import Of, WritableFacade
 from .prefetch import Prefetcher
 from .view import BufferView
 
@@ -124,10 +124,10 @@ class TrajectoryReplayBuffer(WritableFacade):
         )
         return (BufferView, (h.path, None, h.sampler, h.storage_options))
 
-    @property
-    def seed(self) -> int:
-        """The random stream's seed (saved with the buffer; a resume continues it)."""
-        return self.core.stream.seed
+    seed = Of(
+        "core.stream",
+        doc="The random stream's seed (saved with the buffer; a resume continues it).",
+    )
 
     @property
     def sample_window_size(self) -> int:
@@ -216,10 +216,11 @@ class TrajectoryReplayBuffer(WritableFacade):
     def size(self) -> int:
         return len(self)
 
-    @property
-    def total_samples(self) -> int:
-        """Transitions (rows) in the buffer: the sum of T*B over its trajectories."""
-        return self.core.num_rows
+    total_samples = Of(
+        "core.engine",
+        "num_rows",
+        doc="Transitions (rows) in the buffer: the sum of T*B over its trajectories.",
+    )
 
     def is_ready(self, min_size: int) -> bool:
         """RLinf: ``len(buffer) >= min_size``, counted in trajectories."""
@@ -230,7 +231,7 @@ class TrajectoryReplayBuffer(WritableFacade):
 
     def get_stats(self) -> dict[str, Any]:
         """RLinf's stats (``num_trajectories``, ``total_samples``, ``cache_size``) and more."""
-        st = self.core.stats()
+        st = self.core.engine.stats()
         rlinf = {"num_trajectories": "trajectories", "total_samples": "rows"}
         rlinf["cache_size"] = "trajectories_in_ram"
         more = ("rows_in_ram", "ram_bytes", "committed_trajectories", "pending_trajectories")
@@ -241,23 +242,23 @@ class TrajectoryReplayBuffer(WritableFacade):
         (``wait``: RLinf's; a close always waits for the commit)."""
         super().close()
 
-    def clear_cache(self) -> None:
-        """Drop the RAM tier's committed rows; the data stay sampleable from disk."""
-        self.core.drop_ram()
+    clear_cache = Of(
+        "core.engine",
+        "drop_ram",
+        doc="Drop the RAM tier's committed rows; the data stay sampleable from disk.",
+    )
 
     # ``with`` closes, as a file does (Facade's; ``ReplayBuffer``'s ``with`` only commits:
     # see docs/rlinf.md).
 
     def __repr__(self) -> str:
-        where = "temporary store" if self.core.temporary else str(self.path)
-        if self.core.closed:
+        where = "temporary store" if self.core.engine.temporary else str(self.path)
+        if self.closed:
             return f"TrajectoryReplayBuffer(closed, {where})"
         what = f"{len(self)} trajectories, {self.total_samples} rows, sampler={self.sampler!r}"
         return f"TrajectoryReplayBuffer({where}: {what}, keys=[{', '.join(self.core.keys)}])"
 
-    @property
-    def path(self) -> Path:
-        return self.core.path
+    path = Of("core.engine", doc="The buffer's location (a Path, or an object-store location).")
 
     def save_checkpoint(self, save_path: str) -> None:
         """Write a complete, consistent checkpoint of the buffer to ``save_path``.
@@ -270,7 +271,7 @@ class TrajectoryReplayBuffer(WritableFacade):
         writer and any other non-empty directory are refused
         (:class:`~zreplay.DestinationError`, :class:`~zreplay.WriterLockedError`).
         """
-        self.core.checkpoint(save_path)
+        self.core.engine.checkpoint(save_path)
 
     def load_checkpoint(
         self,
@@ -296,7 +297,7 @@ class TrajectoryReplayBuffer(WritableFacade):
         """
         local_rank = as_int(local_rank, "local_rank")
         world_size = as_int(world_size, "world_size", minimum=1)
-        src = locate(load_path, storage_options or self.core.storage_options)
+        src = locate(load_path, storage_options or self.path.backend.storage_options)
         cont = self.continue_episodes
         load_into(
             self.core, src, local_rank, world_size, is_distributed, allow_pickle, continues=cont

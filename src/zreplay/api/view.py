@@ -16,18 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Unpack
 
-import numpy as np
-
 from ..conventions import ACTION_KEYS
 from ..core import BufferCore
 from ..core.options import ReaderOptions, reader_options
-from ..index.episodes import EpisodeView
 from ..numbers import as_int, as_optional_float
 from ..sampling.clips import ClipSpec
 from ..sampling.nstep import NStepSpec
 from ..schema import unflatten
 from .batches import index_tree, trajectory_dict
-from .facade import Facade
+from .facade import Facade, Of
 
 
 class BufferView(Facade):
@@ -73,8 +70,6 @@ class BufferView(Facade):
         # Every reader option, declared once (ReaderOptions): what a pickled view carries.
         self.options = reader_options("BufferView", {"storage_options": storage_options, **reader})
         self.core = BufferCore.reader(path, sampler=sampler, seed=seed, owner=self, **self.options)
-        self.root = self.core.engine.root
-        self.path = self.core.path
         self.core.set_rate_limiter(rate_limiter, learner_id)
 
     # Handed to DataLoader workers and Ray tasks as its location, options and sampler
@@ -93,31 +88,18 @@ class BufferView(Facade):
 
     # -- what it holds ----------------------------------------------------------------
 
-    @property
-    def step(self) -> int:
-        """Batches drawn (a hook's step; a prioritized sampler's beta clock)."""
-        return self.core.stream.step
-
-    def episodes(self) -> EpisodeView:
-        """The visible episodes of every segment (rows as visible positions)."""
-        return self.core.episodes()
-
-    @property
-    def num_rows(self) -> int:
-        """Visible transitions (rows) over all segments."""
-        return self.core.num_rows
-
-    @property
-    def num_trajectories(self) -> int:
-        return self.core.num_trajectories
-
-    @property
-    def writer_ids(self) -> list[str]:
-        return self.core.writer_ids
-
-    @property
-    def next_trajectory_id(self) -> int:
-        return self.core.next_trajectory_id
+    step = Of(
+        "core.stream", doc="Batches drawn (a hook's step; a prioritized sampler's beta clock)."
+    )
+    episodes = Of("core", doc="The visible episodes of every segment (rows as visible positions).")
+    num_rows = Of("core.engine", doc="Visible transitions (rows) over all segments.")
+    num_trajectories = Of("core.engine", doc="Visible trajectories over all segments.")
+    writer_ids = Of("core.engine", doc="The visible segments' writer ids, in name order.")
+    next_trajectory_id = Of(
+        "core.engine", doc="The id after the largest any visible segment's writer handed out."
+    )
+    path = Of("core.engine", doc="The buffer's location (a Path, or an object-store location).")
+    root = Of("core.engine", doc="The buffer's root group (zreplay.store.root.BufferRoot).")
 
     def keys(self) -> list[str]:
         """Stored key paths, e.g. ``["actions", "curr_obs/main_images", ...]``."""
@@ -136,7 +118,7 @@ class BufferView(Facade):
 
     def num_clips(self, history_len: int = 1, frameskip: int = 1, pad: str | None = None) -> int:
         """Valid clips of ``history_len`` frames ``frameskip`` apart (see sample_clips)."""
-        return self.core.num_clips(ClipSpec(history_len, frameskip, pad))
+        return ClipSpec(history_len, frameskip, pad).num_clips(self.core.episodes())
 
     def sample_clips(self, batch_size: int, history_len: int = 1, **kw) -> dict[str, Any]:
         """``batch_size`` clips ``[batch, history_len, ...]`` drawn by the sampler over all
@@ -192,17 +174,18 @@ class BufferView(Facade):
         """Row ``i`` (negative from the end, as a Python sequence)."""
         return index_tree(self.rows([as_int(i, "index")]), 0)
 
-    def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
-        """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
-        per segment.  Segment rows are never reused, so unlike positions (which shift when
-        an earlier segment grows or evicts) they name the same rows after a ``refresh()``
-        and in another process."""
-        return self.core.segment_rows(start, stop)
-
-    def positions_of(self, writer_id: str, rows) -> np.ndarray:
-        """Current positions (for :meth:`rows`) of rows of segment ``writer_id``; an
-        IndexError if any is not visible (evicted, or not yet seen by ``refresh()``)."""
-        return self.core.positions_of(writer_id, rows)
+    segment_rows = Of(
+        "core.engine",
+        doc="Visible trajectories [start, stop) as (writer_id, first_row, stop_row) per "
+        "segment.  Segment rows are never reused, so unlike positions (which shift when "
+        "an earlier segment grows or evicts) they name the same rows after a refresh() "
+        "and in another process.",
+    )
+    positions_of = Of(
+        "core.engine",
+        doc="Current positions (for rows()) of rows of segment writer_id; an IndexError "
+        "if any is not visible (evicted, or not yet seen by refresh()).",
+    )
 
     def trajectory(self, i: int) -> dict[str, Any]:
         """Visible trajectory ``i`` as nested ``[T, B, ...]`` arrays plus its metadata."""

@@ -33,7 +33,7 @@ from .paths import buffer_dir, check_output, du, existing, is_hdf5, is_rlinf_dir
 
 def _sampler_seed(view) -> int:
     """The seed a TrajectoryReplayBuffer saved with its commits (RLinf's metadata field)."""
-    for _wid, commit in view.core.segments():
+    for _wid, commit in view.core.engine.segments():
         if "seed" in commit.sampler:
             return int(commit.sampler["seed"])
     return 1234  # TrajectoryReplayBuffer's default seed

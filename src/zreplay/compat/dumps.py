@@ -50,7 +50,9 @@ def column_order(core: BufferCore) -> list[str]:
     if core.writable:
         order = core.facade_state.get("columns")
     else:  # a view: what the writers' commits say
-        saved = [(c.sampler or {}).get("facade", {}).get("columns") for _, c in core.segments()]
+        saved = [
+            (c.sampler or {}).get("facade", {}).get("columns") for _, c in core.engine.segments()
+        ]
         order = next((o for o in saved if o), None)
     if not order:
         return keys
@@ -91,7 +93,9 @@ def dump(
     if core.writable and core.view_rows is not None:
         # A writer that keeps rows views must not show (a ZarrStorage's overwritten ring
         # slots) is dumped as a view of what it committed shows it.
-        view = core = BufferCore.reader(core.path, storage_options=core.storage_options)
+        view = core = BufferCore.reader(
+            core.path, storage_options=core.path.backend.storage_options
+        )
     try:
         if format == "hdf5":
             write_hdf5(episode_batches(core, progress), path, mode, **kw)

@@ -141,7 +141,7 @@ def _write_rlinf(core: BufferCore, out: Path, fmt: str, seed: int, progress) -> 
         "trajectory_format": fmt,
         "size": len(id_list),
         "total_samples": total,
-        "trajectory_counter": core.next_trajectory_id,
+        "trajectory_counter": core.engine.next_trajectory_id,
         "seed": seed,
     }
     idx = {"trajectory_index": index, "trajectory_id_list": id_list}
@@ -307,7 +307,7 @@ def load_into(
         raise ValueError(f"local_rank {rank} is outside [0, {world})")
     if not distributed:
         rank, world = 0, 1
-    rel = None if core.temporary else relation(src, core.path)
+    rel = None if core.engine.temporary else relation(src, core.path)
     if rel not in (None, "same"):
         check_apart(core.path, src, "load_checkpoint")
     if rel == "same":
@@ -323,10 +323,10 @@ def load_into(
         fmt = meta.get("trajectory_format", "pt")
         # Refuse (missing files, pickles) before anything is staged.
         files = rlinf_files(src, ids[start:stop], index, fmt, allow_pickle)
-        core.reseed(int(meta.get("seed", core.stream.seed)), rank if distributed else None)
+        core.stream.reseed(int(meta.get("seed", core.stream.seed)), rank if distributed else None)
         with core.replacing() as staging:  # all or nothing: a bad file leaves the buffer as it was
             _add_batched(staging, iter_rlinf(files, allow_pickle, progress, continues))
-            staging.reserve_trajectory_ids(
+            staging.engine.reserve_trajectory_ids(
                 max(int(meta.get("trajectory_counter", 0)), max(ids, default=-1) + 1)
             )
         return
@@ -341,13 +341,13 @@ def load_into(
         # This buffer shows what it adopts: no cut of the source's writer applies.
         state = {k: v for k, v in c.sampler.items() if k != VIEW_ROWS}
         if distributed:
-            core.reseed(int(c.sampler.get("seed", core.stream.seed)), rank)
+            core.stream.reseed(int(c.sampler.get("seed", core.stream.seed)), rank)
             # the block keeps the source's sampler state (priorities) with a rank's stream
             state = {**state, **core.stream.state()}
         core.adopt(src, wid, low + start, low + stop, state)
         return
     # Several writers' segments: copy the rank's block, numbered after this buffer's rows.
-    core.reseed(core.stream.seed, rank if distributed else None)
+    core.stream.reseed(core.stream.seed, rank if distributed else None)
     with core.replacing() as staging:
         _add_batched(staging, (rec.prepared() for rec in view.trajectories(start, stop)))
-        staging.reserve_trajectory_ids(view.next_trajectory_id)
+        staging.engine.reserve_trajectory_ids(view.engine.next_trajectory_id)

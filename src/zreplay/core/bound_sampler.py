@@ -47,7 +47,7 @@ class BoundSampler:
         self.sampler = sampler
         self.prio: PrioritySampler | None = sampler if sampler.prioritized else None
         # Weakly: the facade owns the core (which owns this), and must stay collectable
-        # so that dropping it commits and releases its writer (BufferCore.close_when_dropped).
+        # so that dropping it commits and releases its writer (BufferCore's drop finaliser).
         self._owner = weakref.ref(owner)
         self._last_save = -float("inf")
 

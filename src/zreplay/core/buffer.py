@@ -85,6 +85,11 @@ class BufferCore:
         # Set by close(): a wait on this core's behalf (a rate limit, a dataset waiting for
         # rows) ends at once (zreplay.core.waits).
         self.closing = threading.Event()
+        if owner is not None:
+            # Once the facade is collected, this core closes: what was added is committed
+            # and the writer lock released, for every facade alike (a notebook cell run
+            # again after ``del buf`` reopens the path); a learner says it stopped.
+            weakref.finalize(owner, _close_dropped, self)
 
     @property
     def _owner(self) -> Any:
@@ -109,11 +114,6 @@ class BufferCore:
     def path(self):
         return self.engine.path
 
-    @property
-    def temporary(self) -> bool:
-        """A private temporary store (deleted on close)."""
-        return False
-
     def handoff(
         self,
         facade: str,
@@ -131,11 +131,7 @@ class BufferCore:
         ``sampler=False``: the other side does not sample (no copy of the sampler is
         made; ``Handoff.sampler`` is None)."""
         copy = self.sampler.unbound_copy() if sampler else None
-        return Handoff(str(self.path), self.storage_options, copy)
-
-    @property
-    def storage_options(self) -> dict:
-        return self.engine.path.backend.storage_options
+        return Handoff(str(self.path), self.path.backend.storage_options, copy)
 
     @property
     def schema(self):
@@ -154,10 +150,6 @@ class BufferCore:
     @property
     def num_trajectories(self) -> int:
         return self.engine.num_trajectories
-
-    @property
-    def next_trajectory_id(self) -> int:
-        return self.engine.next_trajectory_id
 
     def episodes(self) -> EpisodeView:
         """The visible episodes (per-episode lengths, flags; ``(episode, step) -> row``)."""
@@ -279,9 +271,6 @@ class BufferCore:
         """Clips at flat clip indices ``[0, spec.num_clips(episodes))``."""
         return plans.gather_clips(self._read_at, spec, keys or self.keys, plans.fixed(indices))
 
-    def num_clips(self, spec: ClipSpec) -> int:
-        return spec.num_clips(self.episodes())
-
     def sample_nstep(
         self, spec: NStepSpec, n: int, keys: list[str] | None = None, step=None, version=None
     ) -> dict[str, np.ndarray]:
@@ -340,13 +329,7 @@ class BufferCore:
     def flush(self) -> None:
         """Block until everything added is committed (a view has nothing pending)."""
 
-    def close_when_dropped(self, owner: Any) -> None:
-        """Once ``owner`` (the facade) is garbage collected, close this core: what was
-        added is committed and the writer lock released, for every facade alike (a
-        notebook cell run again after ``del buf`` reopens the path)."""
-        weakref.finalize(owner, _close_dropped, self)
-
-    def closing_soon(self) -> None:
+    def _closing_soon(self) -> None:
         """It is about to be closed on another thread (its facade was dropped): whoever
         waits for what it holds (a learner's name) waits for that."""
         if self.rate is not None:
@@ -359,17 +342,6 @@ class BufferCore:
         if self.rate is not None:
             self.rate.close()
         self.engine.close()
-
-    def load_state(self, state: Mapping | None) -> bool:
-        """Resume a saved stream (and the sampler's state with it); True if it did."""
-        if not self.stream.load(state):
-            return False
-        self._bound.load_state(state)
-        return True
-
-    def reseed(self, seed: int, rank: int | None = None) -> None:
-        """Restart the random stream (``rank``: that rank's own stream)."""
-        self.stream.reseed(seed, rank)
 
     def full_state(self) -> dict:
         """The stream and sampler state, priorities as arrays (for ``torch.save``)."""
@@ -402,7 +374,7 @@ def _close_dropped(core: BufferCore) -> None:
     ``del buf`` then opening the path again works as if close() had been called."""
     if core.closed:
         return
-    core.closing_soon()
+    core._closing_soon()
     threading.Thread(target=_close_quietly, args=(core,), name="zreplay-close").start()
 
 

@@ -27,7 +27,7 @@ def staged_replacement(core, writer, state: Mapping | None) -> Iterator:
             yield staging
         finally:
             staging.close()
-        new = dict(core.state() if state is None else state)
+        new = dict(core.saved.state() if state is None else state)
         before = writer.commit.contents
         try:
             replace.swap_in_staged(writer, new)

@@ -1,17 +1,16 @@
 """The core of a read-only view: every segment of a buffer, as of its last refresh.
 
 :class:`ViewCore` adds to the read side (:class:`~zreplay.core.buffer.BufferCore`) what
-only a view has: which segments it shows (:meth:`~ViewCore.segments`,
-:meth:`~ViewCore.commits`), segment rows that outlive a refresh
-(:meth:`~ViewCore.segment_rows`, :meth:`~ViewCore.positions_of`), and its reopening in a
-process it was handed to.  It has no ``add``: a view never writes.
+only a view has: its reopening in a process it was handed to.  Which segments it shows
+and the segment rows that outlive a refresh are its engine's
+(:class:`~zreplay.engine.reader.BufferReader`: ``segments()``, ``commits()``,
+``segment_rows()``, ``positions_of()``), read as ``core.engine``.  It has no ``add``: a
+view never writes.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from ..engine.reader import BufferReader
 from ..forks import Origin
@@ -40,10 +39,7 @@ class ViewCore(BufferCore, kind="reader"):
         column_cache_bytes, chunk_cache_bytes)."""
         sampler = as_sampler(sampler)
         BoundSampler.check(sampler)  # before the store is opened
-        core = cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
-        if owner is not None:
-            core.close_when_dropped(owner)  # a learner's progress file says it stopped
-        return core
+        return cls(BufferReader(path, **options), sampler, RandomStream(seed), owner)
 
     def _check_process(self) -> None:
         # A reader handed to another process (DataLoader workers) reopens there, and must
@@ -52,27 +48,3 @@ class ViewCore(BufferCore, kind="reader"):
             self._origin = Origin()
             self.stream.unseeded()
             self.engine.check_process()
-
-    @property
-    def writer_ids(self) -> list[str]:
-        """The visible segments' writer ids, in name order."""
-        return self.engine.writer_ids
-
-    def segments(self) -> list[tuple[str, Any]]:
-        """``(writer_id, commit)`` of every visible segment."""
-        return self.engine.segments()
-
-    def commits(self) -> list[tuple[str, Any]]:
-        """``(writer_id, commit)`` of every committed segment, empty ones (cleared, or
-        all evicted) included."""
-        return self.engine.commits()
-
-    def segment_rows(self, start: int = 0, stop: int | None = None) -> list[tuple[str, int, int]]:
-        """Visible trajectories ``[start, stop)`` as ``(writer_id, first_row, stop_row)``
-        per segment (see :meth:`~zreplay.engine.reader.BufferReader.segment_rows`)."""
-        return self.engine.segment_rows(start, stop)
-
-    def positions_of(self, writer_id: str, rows) -> np.ndarray:
-        """Current positions of rows of segment ``writer_id`` (IndexError if any is not
-        visible)."""
-        return self.engine.positions_of(writer_id, rows)

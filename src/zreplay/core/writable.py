@@ -1,8 +1,11 @@
 """The writable core: one writer's segment, sampled in this process, and changed.
 
 :class:`WritableCore` adds to the read side (:class:`~zreplay.core.buffer.BufferCore`)
-what only a writer does: add, flush, clear, checkpoint, replacing the contents (a loaded
-checkpoint), capacity and the RAM tier.  The state its writer commits beside the rows
+what only a writer does: add (with its rate limit and sampler admission), flush (with the
+sampler state's errors), replacing the contents (a loaded checkpoint, a staged
+replacement) and the state committed beside the rows.  What its writer does alone
+(clear, checkpoint, capacity, the RAM tier, ids, stats, the last commit) a caller asks
+the writer (``core.engine``, a :class:`~zreplay.engine.writer.SegmentWriter`) for.  The state its writer commits beside the rows
 (random stream, sampler, facade state) is a :class:`~zreplay.core.saved.SavedState` the
 writer holds, not this core: the committer thread never calls back into it.
 """
@@ -67,8 +70,6 @@ class WritableCore(BufferCore, kind="writer"):
             core.load_state(engine.commit.sampler)
             engine.attach(core.saved)
             core.set_rate_limiter(rate_limiter, learner_id)
-            if owner is not None:
-                core.close_when_dropped(owner)
         except BaseException:
             if core is not None:
                 core.close()
@@ -80,11 +81,6 @@ class WritableCore(BufferCore, kind="writer"):
     def __repr__(self) -> str:
         return f"<zreplay buffer {self.path} (writer {self.engine.writer_id!r})>"
 
-    @property
-    def temporary(self) -> bool:
-        """A private temporary store (deleted on close)."""
-        return self.engine.temporary
-
     def handoff(
         self,
         facade: str,
@@ -93,7 +89,7 @@ class WritableCore(BufferCore, kind="writer"):
         allow_temporary: bool = False,
         sampler: bool = True,
     ) -> Handoff:
-        if self.temporary and not allow_temporary:
+        if self.engine.temporary and not allow_temporary:
             raise HandoffError(
                 f"a {facade} on a private temporary store cannot be handed to another "
                 f"process (it would get {to}); construct it with {path_arg}= (a "
@@ -103,6 +99,13 @@ class WritableCore(BufferCore, kind="writer"):
         return super().handoff(facade, to, path_arg, allow_temporary, sampler)
 
     handoff.__doc__ = BufferCore.handoff.__doc__
+
+    def load_state(self, state: Mapping | None) -> bool:
+        """Resume a saved stream (and the sampler's state with it); True if it did."""
+        if not self.stream.load(state):
+            return False
+        self._bound.load_state(state)
+        return True
 
     def set_sampler(self, sampler) -> None:
         super().set_sampler(sampler)
@@ -130,24 +133,12 @@ class WritableCore(BufferCore, kind="writer"):
     def view_rows(self, rows: int | None) -> None:
         self.saved.view_rows = rows
 
-    def state(self) -> dict:
-        """The JSON the next commit carries as its ``sampler`` object."""
-        return self.saved.state()
-
     def keep_saved_state(self) -> None:
         """Commit the state the segment was opened with, unchanged (random stream,
         sampler, saved priorities, facade state), whatever this core draws: for a
         writer that only appends rows to a buffer another facade owns (a dump with
         ``mode="append"``)."""
         self.saved.keep(self.engine.commit.sampler)
-
-    @property
-    def last_commit(self):
-        """What this writer last committed (after :meth:`flush`: everything added)."""
-        return self.engine.commit
-
-    def stats(self) -> dict:
-        return self.engine.stats()
 
     # -- global rows ----------------------------------------------------------------
 
@@ -181,13 +172,6 @@ class WritableCore(BufferCore, kind="writer"):
         self._bound.admitted(items, keep)
         return out
 
-    def set_capacity(self, capacity: int) -> None:
-        """See :meth:`~zreplay.engine.writer.SegmentWriter.set_capacity`."""
-        self.engine.set_capacity(capacity)
-
-    def reserve_trajectory_ids(self, stop: int) -> None:
-        self.engine.reserve_trajectory_ids(stop)
-
     def flush(self) -> None:
         """Block until everything added is committed (with the sampler state)."""
         self.engine.flush()
@@ -197,17 +181,6 @@ class WritableCore(BufferCore, kind="writer"):
                 f"everything added is committed, but not the sampler state: {error}. "
                 "The buffer keeps the last sampler state it saved until that is fixed"
             ) from None
-
-    def clear(self) -> None:
-        """Remove every trajectory (on disk too) in one commit; rows, ids and the random
-        stream go on (nothing is ever reused)."""
-        self.engine.clear()
-
-    def drop_ram(self) -> None:
-        self.engine.drop_ram()
-
-    def checkpoint(self, dest) -> None:
-        self.engine.checkpoint(dest)
 
     def adopt(self, src, writer_id: str, first: int, stop: int, state: Mapping) -> None:
         """Replace this buffer's contents with trajectories ``[first, stop)`` of segment
@@ -242,5 +215,6 @@ class WritableCore(BufferCore, kind="writer"):
         the stream and sampler state to resume afterwards (default: this buffer's then)."""
         return staged_replacement(self, self.engine, state)
 
-    def closing_soon(self) -> None:
-        self.engine.closing_soon()
+    def _closing_soon(self) -> None:
+        super()._closing_soon()  # a learner's name: waited for too
+        self.engine.closing_soon()  # the writer lock

@@ -4,8 +4,9 @@ Adds publish rows to the writer's RAM tier and in-RAM index and ask for a commit
 (:meth:`Committer.request`).  This thread asks the writer for the next :class:`Job`
 (whole published trajectories, built under the writer's condition), writes their rows,
 index entries and saved priorities through the segment, publishes ``commit.json``
-atomically, and hands the result back to the writer (``owner.committed``), which alone
-changes its state (only then may the RAM tier reuse those rows' slots).  After a commit
+atomically, and hands the result back to the writer's state
+(``owner.state.set_commit``), which alone changes it (only then may the RAM tier reuse
+those rows' slots).  After a commit
 that evicted rows it deletes the shards holding only evicted rows, once no in-process
 disk read needs them.
 
@@ -62,32 +63,26 @@ class CommitOwner(Protocol):
 
     cond: InterruptSafeCondition  # guards the owner's state and the committer's counters
     commit: Commit  # the last commit published
-    segment: Any  # its SegmentStore (None before the first rows)
-    layouts: dict[str, Any]  # key -> ArrayLayout (shard sizes, for reclaiming)
+    # Its WriterState: ``segment`` (None before the first rows), ``layouts`` (shard sizes,
+    # for reclaiming), and ``set_commit(commit, job)``: ``commit`` is published (called
+    # with ``cond`` held); only then may the RAM tier reuse the rows it covers.
+    state: Any
+    # Its WriterLock: ``fenced()``, a block of writes only the lock's holder may make (no
+    # takeover lands in it); ``check_held()``, WriterLockedError once another writer took
+    # it over.
+    lock: Any
     seg_dir: Any  # where commit.json is published
     durable: bool  # fsync what a commit names before publishing it
+    source: StateSource | None  # what it saves beside the rows, if still alive
 
     def priority_arrays(self) -> Any:
         """The segment's priority copies (``write(slot, low, leaves)``)."""
 
-    def check_lock(self, fresh: bool) -> None:
-        """``WriterLockedError`` once another writer took this one's lock over."""
-
-    def fenced(self) -> contextlib.AbstractContextManager:
-        """A block of writes only the lock's holder may make (no takeover lands in it)."""
-
     def next_job(self, explicit: bool) -> Job:
         """The next commit to write (``explicit``: a flush asked for it)."""
 
-    def committed(self, commit: Commit, job: Job | None) -> None:
-        """``commit`` is published (called with ``cond`` held); only now may the RAM tier
-        reuse the rows it covers."""
-
-    def job_failed(self, job: Job, error: BaseException) -> None:
-        """``job`` was not published (called with ``cond`` held)."""
-
-    def lock_lost(self, error: BaseException) -> None:
-        """The lock was taken over: the writer stops for good."""
+    def give_up(self, why: str, error: type[Exception]) -> None:
+        """Stop for good, later calls raising ``error(why)`` (the lock was taken over)."""
 
 
 class StateSource(Protocol):
@@ -411,7 +406,7 @@ class Committer:
                     self._failed(e, job)
                 continue
             with self.cond:
-                owner.committed(job.commit, job)
+                owner.state.set_commit(job.commit, job)
                 self.cond.notify_all()
             # A flush returns once the shards its commit evicted are deleted too (adds no
             # longer wait for every commit, so one commit may evict many trajectories).
@@ -428,17 +423,18 @@ class Committer:
         """A commit failed (condition held): keep the error for the caller."""
         log.error("zreplay writer failed: %r", e)
         self.error, self.reported = e, False
-        if job is not None:
-            self.owner.job_failed(job, e)
-        if isinstance(e, WriterLockedError):
-            self.owner.lock_lost(e)
+        source = self.owner.source
+        if job is not None and job.priorities is not None and source is not None:
+            source.save_failed()  # the leaves it handed over were not saved
+        if isinstance(e, WriterLockedError):  # another writer took the segment over
+            self.owner.give_up(str(e), WriterLockedError)
         self.cond.notify_all()
 
     def _write(self, job: Job) -> None:
         # A writer whose lock was taken over writes nothing: the whole commit is fenced
         # (checked first; locally no takeover can land in it), and checked again before
         # the record is published (the rows of a commit never published are garbage).
-        with self.owner.fenced():
+        with self.owner.lock.fenced():
             self._write_fenced(job)
 
     def _write_fenced(self, job: Job) -> None:
@@ -457,7 +453,7 @@ class Committer:
         if job.priorities is not None:
             slot, low, leaves = job.priorities
             self.owner.priority_arrays().write(slot, low, leaves)
-        self.owner.check_lock(fresh=True)
+        self.owner.lock.check_held()
         write_commit(self.owner.seg_dir, new, durable=self.owner.durable)
         if seg is not None:
             try:  # for plain-zarr readers; the commit is published whatever happens here
@@ -468,10 +464,10 @@ class Committer:
     def _reclaim(self, commit: Commit) -> None:
         """Delete shards that hold only evicted rows, once no in-process read needs them."""
         owner = self.owner
-        seg = owner.segment
+        seg = owner.state.segment
         if seg is None or commit.low_row <= commit.reclaimed_below:
             return
-        shard = min(lay.shard_rows for lay in owner.layouts.values())
+        shard = min(lay.shard_rows for lay in owner.state.layouts.values())
         target = (commit.low_row // shard) * shard
         if target <= commit.reclaimed_below:
             return
@@ -481,12 +477,12 @@ class Committer:
             # Announce first, so readers in other processes can tell their rows are gone.
             announced = replace(commit, reclaimed_below=target, gen=commit.gen + 1)
             try:
-                with owner.fenced():
+                with owner.lock.fenced():
                     write_commit(owner.seg_dir, announced, durable=owner.durable)
             except OSError as e:
                 log.warning("zreplay: could not announce shard reclaim: %r", e)
                 return
-            owner.committed(announced, None)
+            owner.state.set_commit(announced, None)
             self._reclaiming = True
         try:
             seg.reclaim_below(commit.reclaimed_below, target)

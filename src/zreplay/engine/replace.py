@@ -259,7 +259,7 @@ def clear(writer) -> None:
         with deferred_interrupts(), writer.cond, writer.quiescent():
             st = writer.state  # (samples reading rows from disk finish first)
             commit = st.cleared_commit(writer.source)
-            with writer.fenced():
+            with writer.lock.fenced():
                 write_commit(writer.seg_dir, commit, durable=writer.durable)  # commit point
             st.empty_to(commit)
         # Past the commit point only tidying is left: if it fails, the next open removes
@@ -354,7 +354,7 @@ def _swap_quiescent(writer, intent: Intent) -> None:
             except SchemaError:
                 discard(writer.seg_dir)  # what was staged for it
                 raise
-            with writer.fenced():  # no takeover lands in the swap (locally)
+            with writer.lock.fenced():  # no takeover lands in the swap (locally)
                 path.backend.publish(path, intent.to_json(), writer.durable)  # no return
                 published = True
                 if emptied is not None:

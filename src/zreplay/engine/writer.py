@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError, WriterLockedError
+from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError
 from ..forks import Origin
 from ..numbers import as_int, check_json
 from ..schema import Schema, check_key_component
@@ -78,8 +78,11 @@ class SegmentWriter:
 
     Its :class:`~zreplay.engine.state.WriterState` (``state``: commit, index, ids, RAM
     tier) changes only under ``cond``, through the state's methods, called from here and
-    from the committer's hand-offs (``next_job``, ``committed``).  Adds are serialised by
-    a second lock; the copy into the RAM tier runs outside ``cond`` so sampling goes on.
+    from the committer's hand-offs (``next_job``, ``state.set_commit``).  Adds are
+    serialised by a second lock; the copy into the RAM tier runs outside ``cond`` so
+    sampling goes on.  ``lock`` is the segment's
+    :class:`~zreplay.store.lock.WriterLock`: the committer and a replacement fence their
+    writes with it.
     """
 
     def __init__(
@@ -129,10 +132,11 @@ class SegmentWriter:
         self.seg_dir = self.root.segment_dir(writer_id)
         self.seg_dir.mkdir(parents=True, exist_ok=True)
         self.root.create_meta_node(self.seg_dir)
-        self._wlock = WriterLock(self.seg_dir)
+        # The segment's writer lock: the committer fences its writes with it.
+        self.lock = WriterLock(self.seg_dir)
         self._committer = self._preload = None
         try:  # from taking the lock on: a Ctrl-C anywhere leaves nothing held
-            self._wlock.acquire(break_lock=break_lock)
+            self.lock.acquire(break_lock=break_lock)
             opened = open_segment(self.root, writer_id, durable)
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
@@ -166,7 +170,7 @@ class SegmentWriter:
                     self._committer.abandon(BufferClosedError("the open was interrupted"))
                     self._committer.stop()
             finally:
-                self._wlock.release()
+                self.lock.release()
 
     def attach(self, source: StateSource) -> None:
         """Save ``source``'s state with every commit from now on.  Held weakly: its
@@ -174,22 +178,14 @@ class SegmentWriter:
         keep alive (dropping the facade closes this writer)."""
         self._source = weakref.ref(source)
 
-    # Read-only views of the state, for the core and the committer.
+    # Read-only views of the state, for the core (the committer reads ``state``).
     @property
     def schema(self) -> Schema | None:
         return self.state.schema
 
     @property
-    def layouts(self):
-        return self.state.layouts
-
-    @property
     def commit(self) -> Commit:
         return self.state.commit
-
-    @property
-    def segment(self):
-        return self.state.segment
 
     writable = True
 
@@ -309,29 +305,6 @@ class SegmentWriter:
 
     def next_job(self, explicit: bool) -> Job:
         return self.state.next_job(self._source(), explicit, lambda: self.snapshot().space)
-
-    def committed(self, commit: Commit, job: Job | None) -> None:
-        self.state.set_commit(commit, job)
-
-    def job_failed(self, job: Job, error: BaseException) -> None:
-        source = self._source()
-        if job.priorities is not None and source is not None:
-            source.save_failed()
-
-    def check_lock(self, fresh: bool) -> None:
-        """``WriterLockedError`` once this writer's lock was taken over (``fresh``: read
-        the lock file to find out; else what is known already)."""
-        if fresh or self._wlock.lost is not None:
-            self._wlock.check_held()
-
-    def fenced(self):
-        """A block of writes that only this writer, holding its lock, may make (a
-        commit's rows and record); see :meth:`~zreplay.store.lock.WriterLock.fenced`."""
-        return self._wlock.fenced()
-
-    def lock_lost(self, error: BaseException) -> None:
-        """Another writer took this segment over: stop for good (condition held)."""
-        self.give_up(str(error), WriterLockedError)
 
     def priority_arrays(self) -> PriorityArrays:
         if self._priorities is None:
@@ -487,7 +460,7 @@ class SegmentWriter:
         later calls raise ``error`` saying ``why``."""
         self._committer.abandon(error(why))
         self._closed, self._abandoned, self._abandoned_as = True, why, error
-        self._wlock.release()
+        self.lock.release()
 
     def drop_ram(self) -> None:
         """Release the RAM tier's committed rows (they stay readable from disk)."""
@@ -514,7 +487,7 @@ class SegmentWriter:
                 self._preload.stop()
                 self._committer.stop()
                 self._closed = True
-                self._wlock.release()
+                self.lock.release()
                 if self.temporary:
                     self._finalizer()
 
@@ -526,4 +499,4 @@ class SegmentWriter:
         """It is about to be closed on another thread (its buffer was dropped): a new
         writer of its segment in this process waits for the lock to be released."""
         if not self._origin.inherited and not self._closed:
-            self._wlock.releasing()
+            self.lock.releasing()

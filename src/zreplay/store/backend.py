@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from functools import partial
+from operator import attrgetter
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -217,6 +219,21 @@ def _normal(key: str) -> str:
     return "/".join(p for p in key.split("/") if p and p != ".")
 
 
+class _Request:
+    """An :class:`ObjectLocation` file method that is its backend's request of that name
+    with the location first (``loc.read_bytes()`` is ``loc.backend.read_object(loc)``):
+    the ``pathlib.Path`` name is the whole of what the location adds."""
+
+    def __init__(self, request: str):
+        self.request = request
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.__doc__ = f"``Path.{name}``: the backend's ``{self.request}(loc, ...)``."
+
+    def __get__(self, loc: ObjectLocation | None, owner: type | None = None) -> Any:
+        return self if loc is None else partial(getattr(loc.backend, self.request), loc)
+
+
 class ObjectLocation:
     """A key in a bucket of an object store, ``scheme://bucket/key``, with the
     ``pathlib.Path`` subset zreplay uses (see the module docstring).
@@ -234,9 +251,7 @@ class ObjectLocation:
         self.bucket = bucket
         self.key = _normal(key)
 
-    @property
-    def scheme(self) -> str:
-        return self.backend.protocol
+    scheme = property(attrgetter("backend.protocol"), doc="The URL scheme: the backend's protocol.")
 
     @property
     def path(self) -> str:
@@ -293,23 +308,14 @@ class ObjectLocation:
 
     # -- files (the backend's requests) -------------------------------------------------
 
-    def read_bytes(self) -> bytes:
-        return self.backend.read_object(self)
+    read_bytes = _Request("read_object")
+    write_bytes = _Request("write_object")
+    is_file = _Request("is_object")
+    is_dir = _Request("is_prefix")
+    exists = _Request("exists")
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
-
-    def write_bytes(self, data: bytes) -> None:
-        self.backend.write_object(self, data)
-
-    def is_file(self) -> bool:
-        return self.backend.is_object(self)
-
-    def is_dir(self) -> bool:
-        return self.backend.is_prefix(self)
-
-    def exists(self) -> bool:
-        return self.backend.exists(self)
 
     def iterdir(self) -> Iterator[ObjectLocation]:
         return iter([self / n for n in self.backend.child_names(self)])
@@ -318,6 +324,7 @@ class ObjectLocation:
         """Object stores have no directories: a prefix exists once an object is under it."""
 
     def unlink(self, missing_ok: bool = False) -> None:
+        """``Path.unlink`` (its default too): the backend's ``unlink_object``."""
         self.backend.unlink_object(self, missing_ok)
 
 
