@@ -220,7 +220,7 @@ def test_a_new_contents_removes_the_old_file_and_never_serves_its_rows(tmp_path,
     view.sample(16)
     old = cache_of(view).path
     assert old.exists()
-    buf.clear()
+    buf.engine.clear()
     builders.add_full(buf, range(50, 56))
     buf.flush()
     view.refresh()
@@ -317,7 +317,7 @@ def test_a_writers_own_sample_and_clear_use_the_file(tmp_path, cols):
         part = buf.engine.snapshot().parts[0]
         first = part.cache.path
         assert first is not None and first.exists() and part.cache.hi > 0
-        buf.clear()
+        buf.engine.clear()
         assert not first.exists()  # those rows are gone for everyone
         builders.add_full(buf, range(30, 38))
         buf.flush()
@@ -576,7 +576,7 @@ def test_a_directory_saved_over_is_another_cache(tmp_path, cols):
     src, ckpt = tmp_path / "src", tmp_path / "ckpt"
     a = builders.writer(src)
     builders.add_full(a, range(6))
-    a.checkpoint(ckpt)
+    a.engine.checkpoint(ckpt)
     b = builders.writer(ckpt)
     builders.add_full(b, range(50, 56))
     b.close()

@@ -49,7 +49,7 @@ def test_zarr_walks_every_kind_of_buffer_without_warnings(tmp_path):
     # live writers: locks held, priorities saved, writer numbers claimed
     names = walk_without_warnings(path)
     assert "segments/a/priority/0" in names and "segments/a/zreplay" in names
-    a.checkpoint(tmp_path / "ckpt")
+    a.engine.checkpoint(tmp_path / "ckpt")
     assert "segments/a/data/actions" in walk_without_warnings(tmp_path / "ckpt")
     # a killed writer's temp file of a commit in flight sits in the meta node too
     (path / "segments" / "a" / "zreplay" / "commit.json.1.2.tmp").write_text("{")
@@ -154,7 +154,7 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     for r, dirs, files in os.walk(path):
         assert dirs or files, f"empty directory {r}"
     check_rows(builders.nested(buf.sample(128)))
-    buf.checkpoint(tmp_path / "ck")
+    buf.engine.checkpoint(tmp_path / "ck")
     buf.close()
 
     other = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "new"))
@@ -171,7 +171,7 @@ def test_format_4_buffers_keep_nested_chunk_keys_and_are_upgraded(tmp_path):
     other.close()
     # emptied and refilled: its arrays are made again, flat
     with closing(builders.writer(path, writer_id="b")) as b:
-        b.clear()
+        b.engine.clear()
         builders.add_full(b, [90])
         b.flush()
     nested, flat = _nested_and_flat(path / "segments" / "b")
@@ -344,7 +344,7 @@ def test_a_segment_is_never_taken_for_a_buffer(tmp_path):
     with closing(builders.writer()) as b:
         builders.add_full(b, [5])
         with pytest.raises(ZReplayError):
-            b.checkpoint(seg)
+            b.engine.checkpoint(seg)
     with pytest.raises(ZReplayError):
         builders.writer(seg, overwrite=True)
     assert zreplay.open(a_path).num_trajectories == 2 and zreplay.verify(a_path).ok

@@ -42,7 +42,7 @@ def _buffer(path, n_staged: int, cache_size: int = 2, capacity: int | None = Non
     probe = builders.writer(path + ".probe", storage_options=so)
     builders.add_full(probe, [0])
     row_bytes = probe.engine.schema.row_bytes
-    rows = probe.stats()["rows"]
+    rows = probe.engine.stats()["rows"]
     probe.close()
     buf = builders.writer(
         path,
@@ -86,7 +86,7 @@ def test_adds_do_not_wait_while_the_budget_has_room(bufpath):
         t, added = _adder(buf, range(1, 9))
         t.join(60)
         assert not t.is_alive() and len(added) == 8
-        st = buf.stats()
+        st = buf.engine.stats()
         assert st["committed_trajectories"] == 1 and st["pending_trajectories"] == 8
         # Staged rows are sampleable (from RAM) before they are on disk.
         batch = buf.sample(2000)
@@ -107,7 +107,7 @@ def test_adds_wait_once_the_budget_is_used_up(bufpath):
         # Window 2 + staging 3 = 5 uncommitted trajectories; the sixth add must wait
         # for the (held) writer instead of overwriting rows that are not on disk.
         _waits_after(t, added, 5)
-        st = buf.stats()
+        st = buf.engine.stats()
         assert st["committed_trajectories"] == 1 and st["pending_trajectories"] == 5
     finally:
         gate.open.set()
@@ -121,19 +121,19 @@ def test_adds_wait_once_the_budget_is_used_up(bufpath):
 
 def test_staging_does_not_change_what_the_ram_tier_keeps(bufpath):
     buf, gate = _buffer(bufpath, n_staged=6, cache_size=2)
-    rows = buf.stats()["rows"]
+    rows = buf.engine.stats()["rows"]
     t, added = _adder(buf, range(1, 9))  # the ring grows to stage them
     t.join(60)
     assert not t.is_alive()
-    assert buf.stats()["trajectories_in_ram"] == 8  # uncommitted rows are only in RAM
+    assert buf.engine.stats()["trajectories_in_ram"] == 8  # uncommitted rows are only in RAM
     gate.open.set()
     buf.flush()
     # Committed: only the cache_size newest trajectories stay in RAM, as without staging.
-    st = buf.stats()
+    st = buf.engine.stats()
     assert st["trajectories_in_ram"] == 2 and st["rows_in_ram"] == 2 * rows
     builders.add_full(buf, [9])
     buf.flush()
-    st = buf.stats()
+    st = buf.engine.stats()
     assert st["trajectories_in_ram"] == 2 and st["rows_in_ram"] == 2 * rows
     buf.close()
 
@@ -205,12 +205,12 @@ def test_a_held_writer_writes_only_rows_added(shared_location, written):
     path, so = shared_location
     seen, wrong = written
     buf, gate = _buffer(path, n_staged=8, capacity=3, so=so)
-    seen["rows"] = rows = buf.stats()["rows"]
+    seen["rows"] = rows = buf.engine.stats()["rows"]
     try:
         t, added = _adder(buf, range(1, 9))  # 9 trajectories, 3 kept
         t.join(60)
         assert not t.is_alive() and len(added) == 8
-        assert buf.num_trajectories == 3 and buf.stats()["committed_trajectories"] == 1
+        assert buf.num_trajectories == 3 and buf.engine.stats()["committed_trajectories"] == 1
     finally:
         gate.open.set()
     buf.close()
@@ -246,13 +246,13 @@ def test_ram_budget_caps_the_committed_rows_and_a_large_batch_gives_its_memory_b
     )
     builders.add_full(buf, range(1, 51))  # one batch of 900 rows
     buf.flush()
-    stats = buf.stats()
+    stats = buf.engine.stats()
     assert stats["rows_in_ram"] <= 40  # committed rows kept: the budget
     assert stats["ram_bytes"] <= max(40, 18) * row  # the ring shrank back after the commit
     check_rows(builders.nested(buf.sample(256)))  # rows outside RAM still read right
     builders.add_full(buf, [60])
     buf.flush()
-    assert buf.stats()["ram_bytes"] <= max(40, 18) * row
+    assert buf.engine.stats()["ram_bytes"] <= max(40, 18) * row
     buf.close()
 
 

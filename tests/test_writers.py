@@ -30,7 +30,7 @@ def test_trajectory_ids_are_unique_across_writers_and_survive_reopen(bufpath):
     assert b.trajectory(b.num_trajectories - 1).trajectory_id == (1 << ID_BITS) + 1
     # A checkpoint of writer b keeps b's number claimed: a new writer there gets another.
     ckpt = bufpath + ".ckpt"
-    b.checkpoint(ckpt)
+    b.engine.checkpoint(ckpt)
     b.close()
     c = builders.writer(ckpt, writer_id="w3")
     builders.add_full(c, [4])
