@@ -33,6 +33,7 @@ Prints a table and writes JSON (``--out``; default benchmarks/results/latest/fra
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -523,8 +524,8 @@ def zreplay_reference(frames: np.ndarray, repeats: int, seed: int) -> dict:
 
 
 def summarize(results: dict, sets: dict[str, np.ndarray]) -> dict:
-    """Add ratios to PNG and raw to every measured candidate; per lossy family and photo
-    set, the smallest setting on the grid that reaches 40 dB."""
+    """Add to every measured candidate its bytes as a multiple of raw and of PNG's
+    (libpng) and its one-thread decode time as a multiple of PNG's."""
     for name, per_cand in results.items():
         raw = sets[name][0].nbytes
         png = per_cand.get("PNG (libpng)", {})
@@ -580,26 +581,84 @@ def table_text(results: dict) -> str:
     return "\n".join(lines)
 
 
-def markdown(results: dict, sets_shown, names) -> str:
-    """A markdown table of ``names`` (candidates) on ``sets_shown``: bytes/PNG, decode ms
-    on one thread, PSNR for lossy ones (the README's table)."""
-    out = [
-        "| candidate | " + " | ".join(sets_shown) + " |",
-        "|---|" + "---|" * len(sets_shown),
-    ]
-    for cname in names:
-        cells = []
-        for s in sets_shown:
-            r = results.get(s, {}).get(cname)
-            if r is None or "error" in r:
-                cells.append("n/a")
-                continue
-            q = "" if r["psnr_db"] is None else f", {r['psnr_db']:.1f} dB"
-            cells.append(
-                f"{r['over_png']:.2f}x / {r['over_raw']:.3f}x, {r['decode_ms_1t']:.2f} ms{q}"
+README_LOSSLESS_SETS = (
+    "atari",
+    "atari-gray84",
+    "photo-84x84-noisy",
+    "photo-224x224",
+    "photo-224x224-noisy",
+    "photo-480x640-noisy",
+    "sim-224",
+    "sim-224-noisy",
+)
+README_LOSSY_SETS = (
+    "photo-84x84",
+    "photo-224x224",
+    "photo-224x224-noisy",
+    "photo-480x640",
+    "sim-224",
+    "atari",
+)
+README_LOSSLESS = (
+    "zstd-1 (zreplay today)",
+    "zstd-3",
+    "blosc-lz4 bitshuffle",
+    "row-delta + zstd-1",
+    "planes + row-delta + zstd-1",
+    "time-delta + zstd-1",
+    "PNG (libpng)",
+    "PNG (libspng)",
+    "QOI",
+    "WebP lossless",
+    "WebP lossless method 0",
+    "JPEG-XL lossless e1",
+    "JPEG-XL lossless e2",
+    "JPEG-XL lossless e3",
+)
+
+
+def markdown(data: dict) -> str:
+    """benchmarks/README.md's tables from a run's JSON: lossless candidates as bytes / PNG's
+    and decode ms (one thread), PNG's bytes, lossy ones as bytes / raw, decode ms, PSNR."""
+    res = data["results"]
+
+    def table(title, sets, names, cell):
+        sets = [s for s in sets if s in res]
+        out = [f"| {title} | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+        for c in names:
+            got = [res[s].get(c) for s in sets]
+            out.append(
+                f"| {c} | "
+                + " | ".join("n/a" if r is None or "error" in r else cell(r) for r in got)
+                + " |"
             )
-        out.append(f"| {cname} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
+        return "\n".join(out)
+
+    def lossy(r):
+        q = "exact" if r["psnr_db"] == float("inf") else f"{r['psnr_db']:.1f} dB"
+        return f"{r['over_raw']:.3f}x raw, {r['decode_ms_1t']:.2f} ms, {q}"
+
+    shown = [s for s in README_LOSSLESS_SETS if s in res]
+    png = [res[s]["PNG (libpng)"] for s in shown]
+    return "\n\n".join(
+        [
+            table(
+                "lossless: bytes / PNG's, decode ms per frame (1 thread)",
+                shown,
+                README_LOSSLESS,
+                lambda r: f"{r['over_png']:.2f}x, {r['decode_ms_1t']:.2f} ms",
+            ),
+            "| PNG (libpng) bytes per frame | "
+            + " | ".join("n/a" if "error" in r else f"{r['bytes_per_frame']:.0f} B" for r in png)
+            + " |",
+            table(
+                "lossy: bytes / raw, decode ms (1 thread), PSNR",
+                README_LOSSY_SETS,
+                [c for c, v in data["candidates"].items() if not v["lossless"]],
+                lossy,
+            ),
+        ]
+    )
 
 
 def headline_rows(results: dict, reference: dict, best: dict) -> list[dict]:
@@ -663,7 +722,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference-frames", type=int, default=384, help="frames in the buffer")
     ap.add_argument("--no-reference", action="store_true", help="skip the buffer vs PNG part")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "latest" / "frames.json")
+    ap.add_argument(
+        "--markdown", type=Path, metavar="JSON", help="print the README's tables of a run; no run"
+    )
     a = ap.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads(a.markdown.read_text())))
+        return 0
     if a.quick:
         a.repeats, a.reference_frames = 1, min(a.reference_frames, 64)
     machine = benchlib.describe_machine(

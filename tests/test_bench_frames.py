@@ -121,3 +121,13 @@ def test_a_run_writes_json_that_report_turns_into_rows(tmp_path):
         (r["figure"], r["zreplay"], f"{r['peer']} {report._ratio(r['ratio'])}".strip())
         for r in data["rows"]
     ]
+
+
+def test_the_readme_shows_the_tables_of_the_committed_run():
+    data = json.loads((ROOT / "benchmarks" / "results" / "frames.json").read_text())
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    for table in bench_frames.markdown(data).split("\n\n"):
+        assert table in readme, (
+            "benchmarks/README.md is stale: python benchmarks/bench_frames.py "
+            "--markdown benchmarks/results/frames.json"
+        )
