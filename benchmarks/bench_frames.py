@@ -24,7 +24,7 @@ numcodecs release the GIL; each codec's own threads set to 1), PSNR of the lossy
 
 The reference points: a buffer stored with today's layout (``zreplay.ReplayBuffer``) on
 disk, its bytes per frame, and ``zreplay.open(path).sample(256)`` (page cache warm) against
-decoding the same 256 frames from PNG.
+decoding 256 frames drawn the same way from PNG.
 
 Sizes and PSNR are exact; times are medians of ``--repeats`` passes over each set.
 Prints a table and writes JSON (``--out``; default benchmarks/results/latest/frames.json).
@@ -479,8 +479,8 @@ def measure(
 def zreplay_reference(frames: np.ndarray, repeats: int, seed: int) -> dict:
     """A buffer of ``frames`` (one episode, today's default layout) on disk: bytes per
     frame of its image array, and ``view.sample(256)`` medians (page cache warm) without
-    and with the decoded-chunk cache, against decoding the same 256 frames from PNG
-    (libpng, one thread) and from each frame's raw bytes (a memcpy floor)."""
+    and with the decoded-chunk cache, against decoding 256 frames drawn the same way
+    (uniform over ``frames``) from in-memory PNGs (libpng, one thread)."""
     import imagecodecs as ic
 
     import zreplay
