@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import OFFLINE_WRITER, BufferCore, Prepared, RamPolicy, RandomStream, seal
 from ..errors import FormatError
 from ..store.guard import new_tree
 from ..store.layout import SHARD_TARGET_BYTES
@@ -174,6 +174,7 @@ def import_lerobot(
     layout.update(options.pop("layout", None) or {})
     target = locate(dst, options.get("storage_options"))
     videos = Videos(float(tolerance_s))
+    options.setdefault("writer_id", OFFLINE_WRITER)  # sealed: the buffer's offline part
     with new_tree(target, "import_lerobot", overwrite=overwrite, sources=[locate(root)]) as tmp:
         core = None
         try:
@@ -206,6 +207,7 @@ def import_lerobot(
             videos.close()
             if core is not None:
                 core.close()
+        seal(tmp, options["writer_id"], options.get("storage_options"))
         _write_group(tmp, info, episodes, tasks, root)
     return LeRobotImport(
         path=str(target),

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RamPolicy, RandomStream
+from ..core import OFFLINE_WRITER, BufferCore, Prepared, RamPolicy, RandomStream, seal
 from ..errors import FormatError
 from ..schema import flatten
 from ..store.guard import new_tree
@@ -298,6 +298,7 @@ def import_minari(
             for i, g in zip(ids, episodes, strict=True)
         )
         out = locate(dst, options.get("storage_options"))
+        options.setdefault("writer_id", OFFLINE_WRITER)  # sealed: the buffer's offline part
         with new_tree(out, "import_minari", overwrite=overwrite, sources=[locate(src)]) as tmp:
             core = BufferCore.writer(
                 tmp,
@@ -311,6 +312,7 @@ def import_minari(
                 report.keys = list(core.keys)
             finally:
                 core.close()
+            seal(tmp, options["writer_id"], options.get("storage_options"))
     return report
 
 

@@ -25,6 +25,7 @@ from .gather import Part, Snapshot, gather
 from .prepared import Prepared
 from .ramtier import RamPolicy, RamTier, default_staging_bytes
 from .recovery import Recovered
+from .sealed import SealedLayout
 
 
 class WriterState:
@@ -53,6 +54,9 @@ class WriterState:
         self.staging_bytes = default_staging_bytes() if staging_bytes is None else staging_bytes
         if self.staging_bytes < 0:
             raise ValueError(f"staging_bytes must be >= 0, got {staging_bytes}")
+        # The buffer's sealed segments sampled beside this one (set by the writer once it
+        # opened them; a clear or a load of this segment leaves them).
+        self.sealed: SealedLayout | None = None
         self.reopen(opened)
 
     def reopen(self, o: Recovered) -> None:
@@ -347,6 +351,8 @@ class WriterState:
                 idx, seg, lambda key, pos: gather(snap, {key: (key, pos)})[key]
             )
 
+        if self.sealed is not None:
+            return self.sealed.snapshot(part, self.schema, persisted)
         snap = Snapshot(self.schema, [part], idx.episodes, space)
         return snap
 
