@@ -17,10 +17,10 @@ from builders import add, reader, tids, trajectory, writer
 
 import zreplay
 from zreplay.errors import CorruptBufferError, FormatError, SealedSegmentError, WriterLockedError
+from zreplay.samplers import Mixed, Prioritized, Uniform, Window
 from zreplay.sampling.clips import ClipSpec
 from zreplay.sampling.nstep import NStepSpec
 from zreplay.store.format import commit_path
-from zreplay.samplers import Mixed, Prioritized, Uniform, Window
 
 OFFLINE = 1000  # trajectories with tid >= OFFLINE are the sealed segment's
 
