@@ -91,7 +91,8 @@ class Mixed(Sampler):
         parts = []
         for side, m in ((off, k), (on, n - k)):
             if m:
-                rows, extra = self.sampler.draw_rows(dataclasses.replace(ctx, space=side.space), m)
+                side_ctx = Context(ctx.rng, side.space, ctx.step, ctx.buffer, ctx.version)
+                rows, extra = self.sampler.draw_rows(side_ctx, m)
                 parts.append((side.positions(np.asarray(rows, np.int64)), extra))
         return _joined(parts)
 
