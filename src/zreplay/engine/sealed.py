@@ -29,8 +29,9 @@ from ..store.lock import WriterLock
 from ..store.root import BufferRoot
 from ..store.segment import Segment
 from ..threads import deferred_interrupts
-from .colcache import ColumnCache, contents_ident
+from .colcache import ColumnCache, contents_ident, small_keys
 from .gather import Part, Snapshot, gather
+from .reader import default_chunk_cache_bytes
 
 # The segment an import writes and seals, beside the "default" a writer opens.
 OFFLINE_WRITER = "offline"
@@ -79,7 +80,17 @@ def open_sealed(root: BufferRoot, schema, layouts, own: str, budget: int) -> lis
         commit = read_commit(seg_dir)
         if commit is None or not commit.sealed or commit.n_rows == commit.low_row:
             continue
-        segment = Segment(seg_dir, schema, layouts, writable=False)
+        # As a view opens it: a decoded-chunk cache for the keys the column cache skips
+        # (the rows never change, so nothing cached ever goes stale).
+        small = set(small_keys(schema)) if budget > 0 else set()
+        segment = Segment(
+            seg_dir,
+            schema,
+            layouts,
+            writable=False,
+            chunk_cache_bytes=default_chunk_cache_bytes(),
+            chunk_cache_keys=frozenset(k for k in schema.keys if k not in small),
+        )
         out.append(SealedPart(len(out) + 1, commit, segment, budget))
     return out
 
