@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import CorruptBufferError, FormatError
 from ..index.coords import positions_of
 from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, VisibleRows
@@ -77,7 +77,12 @@ def open_sealed(root: BufferRoot, schema, layouts, own: str, budget: int) -> lis
         if wid == own:
             continue
         seg_dir = root.segment_dir(wid)
-        commit = read_commit(seg_dir)
+        try:
+            commit = read_commit(seg_dir)
+        except (FormatError, CorruptBufferError):
+            # Another writer's problem (an older format, damage): no sealed segment has
+            # it, and views and zreplay.verify report it, as before seals existed.
+            continue
         if commit is None or not commit.sealed or commit.n_rows == commit.low_row:
             continue
         # As a view opens it: a decoded-chunk cache for the keys the column cache skips
