@@ -103,6 +103,10 @@ def test_a_writer_sees_offline_and_online_rows_with_capacity_counting_its_own(tm
     assert sorted(set(tids(rows))) == [3, 4, OFFLINE, OFFLINE + 1, OFFLINE + 2]
     # Segments in name order, as a view lays them: "offline" before "online".
     assert is_offline(rows[:n_off]).all() and not is_offline(rows[n_off:]).any()
+    core.flush()
+    st = core.stats()
+    assert (st["rows"], st["trajectories"]) == (n_off + 36, 5)
+    assert (st["offline_rows"], st["committed_trajectories"]) == (n_off, 2)
     core.close()
     view = zreplay.open(tmp_path)
     np.testing.assert_array_equal(view.rows(np.arange(view.num_rows))["obs"], rows)

@@ -357,8 +357,9 @@ class WriterState:
         return snap
 
     def stats(self) -> dict:
-        """Counts: visible trajectories/rows, what the RAM tier holds (whole trajectories
-        and rows), what is committed and what is still pending."""
+        """Counts: visible trajectories/rows (sealed segments' included), what the RAM tier
+        holds (whole trajectories and rows), what is committed and what is still pending
+        (of this segment)."""
         idx, tier, commit = self.index, self.tier, self.commit
         first_in_ram = max(tier.lo if tier is not None else idx.n_rows, idx.low_row)
         in_ram = int(np.searchsorted(idx.offsets, first_in_ram, "left")) if idx.n else 0
@@ -370,6 +371,22 @@ class WriterState:
             "ram_bytes": 0 if tier is None else tier.nbytes,
             "committed_trajectories": commit.n_traj - commit.low_traj,
             "pending_trajectories": idx.n - commit.n_traj,
+            **self._sealed_stats(),
+        }
+
+    def _sealed_stats(self) -> dict:
+        """With sealed segments beside this one: ``trajectories`` and ``rows`` count theirs
+        too (as ``num_rows`` does), and ``offline_trajectories``/``offline_rows`` say how
+        many are theirs."""
+        sealed = self.sealed
+        if sealed is None:
+            return {}
+        idx = self.index
+        return {
+            "trajectories": idx.num_visible + sealed.trajectories,
+            "rows": idx.visible_rows + sealed.rows,
+            "offline_trajectories": sealed.trajectories,
+            "offline_rows": sealed.rows,
         }
 
 
