@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from ..numbers import as_float, as_int
-from .contract import Context, Drawn, RowSpace, Sampler, Units
+from .contract import Context, Drawn, RowSpace, Sampler, Units, uniform_within
 from .hook import Hook
 from .uniform import Uniform
 
@@ -69,6 +69,7 @@ class Mixed(Sampler):
         self.sampler = inner
         self.clips = inner.clips
         self._sides: tuple | None = None  # (space, offline side, online side)
+        self._plan: tuple | None = None  # (key, first positions, sizes) of a uniform batch
 
     def fraction(self, step: int) -> float:
         """The offline fraction at ``step`` (batches drawn before it)."""
@@ -88,6 +89,15 @@ class Mixed(Sampler):
         if off is None or on is None:  # one side only: the sampler draws it as it is
             return self.sampler.draw_rows(ctx, n)
         k = self.split(n, ctx.step)
+        if type(self.sampler) is Uniform and len(off.spans) == len(on.spans) == 1:
+            # Each side one range of positions: one draw of the whole batch.
+            key = (off.spans[0], on.spans[0], n, k)
+            if self._plan is None or self._plan[0] != key:
+                (lo0, hi0), (lo1, hi1) = key[:2]
+                first = np.arange(n) < k
+                self._plan = (key, np.where(first, lo0, lo1), np.where(first, hi0 - lo0, hi1 - lo1))
+            _, lo, size = self._plan
+            return lo + uniform_within(ctx.rng, size), {}
         parts = []
         for side, m in ((off, k), (on, n - k)):
             if m:
@@ -148,10 +158,11 @@ class _Side:
     """The rows of one side (the sealed segments, or the others) as a row space of their
     own, positions ``[0, rows)``; :meth:`positions` maps its draws back."""
 
-    __slots__ = ("space", "_sub_first", "_shift")
+    __slots__ = ("space", "_sub_first", "_shift", "spans")
 
     def __init__(self, space, sub_first: np.ndarray, shift: np.ndarray):
         self.space, self._sub_first, self._shift = space, sub_first, shift
+        self.spans: list[tuple[int, int]] = []  # its ranges of positions in the whole space
 
     @classmethod
     def of(cls, space, sealed: bool) -> _Side | None:
@@ -174,6 +185,12 @@ class _Side:
             at += s.n_rows - s.low_row
         sub_first, shift = np.array(firsts, np.int64), np.array(shifts, np.int64)
         side = cls(None, sub_first, shift)
+        for i in chosen:  # adjacent segments make one span
+            s = space.segments[i]
+            lo, hi = s.first, s.first + s.n_rows - s.low_row
+            if side.spans and side.spans[-1][1] == lo:
+                lo = side.spans.pop()[0]
+            side.spans.append((int(lo), int(hi)))
 
         def read(key: str, pos: np.ndarray) -> np.ndarray:
             return space.read(key, side.positions(pos))
