@@ -92,12 +92,13 @@ class Mixed(Sampler):
         if type(self.sampler) is Uniform and len(off.spans) == len(on.spans) == 1:
             # Each side one range of positions: one draw of the whole batch.
             key = (off.spans[0], on.spans[0], n, k)
-            if self._plan is None or self._plan[0] != key:
+            plan = self._plan  # one read: another thread may replace it meanwhile
+            if plan is None or plan[0] != key:
                 (lo0, hi0), (lo1, hi1) = key[:2]
                 first = np.arange(n) < k
-                self._plan = (key, np.where(first, lo0, lo1), np.where(first, hi0 - lo0, hi1 - lo1))
-            _, lo, size = self._plan
-            return lo + uniform_within(ctx.rng, size), {}
+                plan = (key, np.where(first, lo0, lo1), np.where(first, hi0 - lo0, hi1 - lo1))
+                self._plan = plan
+            return plan[1] + uniform_within(ctx.rng, plan[2]), {}
         parts = []
         for side, m in ((off, k), (on, n - k)):
             if m:
