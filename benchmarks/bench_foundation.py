@@ -468,6 +468,80 @@ def bench_disk_sample(cfg, main_dir: Path, table: Table) -> None:
     )
 
 
+def bench_mixed_sample(cfg, pool, main_dir: Path, table: Table) -> None:
+    """What mixing costs: the sampling buffer's rows sealed as the offline part, as many
+    online rows beside them in a writer's RAM tier, and ``sample(256)`` drawn 50/50 by
+    ``samplers.Mixed(0.5)`` against the same buffer drawn by ``Uniform`` over every row
+    (about half offline too), each on a writer opened afresh with its RAM tier filled,
+    then from two views taking turns call by call."""
+    from zreplay.samplers import Mixed, Uniform
+
+    zreplay.seal(main_dir, "default")
+    n_off = zreplay.open(main_dir).num_trajectories
+
+    def writer(sampler):
+        return TrajectoryReplayBuffer(
+            auto_save=True,
+            auto_save_path=str(main_dir),
+            writer_id="online",
+            cache_size=n_off,
+            sampler=sampler,
+        )
+
+    buf = writer(Uniform())
+    for i in range(n_off):
+        buf.add_trajectories([pool[i % POOL]])
+    buf.close()
+    timed = {"mixed": [], "uniform": [], "mixed_small": [], "uniform_small": []}
+    samplers = {"mixed": Mixed(0.5), "uniform": Uniform()}
+    for name in ("uniform", "mixed", "mixed", "uniform"):  # ABBA: drifts cancel
+        buf = writer(samplers[name].unbound_copy())
+        deadline = time.perf_counter() + 60
+        while buf.get_stats()["rows_in_ram"] < n_off * T * B and time.perf_counter() < deadline:
+            time.sleep(0.05)  # the reopened writer refills its RAM tier in the background
+        for _ in range(2):  # warm-up
+            buf.sample(SAMPLE_N)
+        for _ in range(max(2, cfg["disk_repeats"] // 2)):
+            t0 = time.perf_counter()
+            buf.sample(SAMPLE_N)
+            timed[name].append(time.perf_counter() - t0)
+        # The draw and one small key (no image decode): what mixing itself adds.
+        for _ in range(max(4, cfg["ram_repeats"] // 2)):
+            t0 = time.perf_counter()
+            buf.core.sample(SAMPLE_N, keys=["rewards"])
+            timed[name + "_small"].append(time.perf_counter() - t0)
+        buf.close()
+    timed = {n: stats(t) for n, t in timed.items()}
+    views = {
+        n: zreplay.open(main_dir, sampler=s, seed=1)
+        for n, s in [("mixed", Mixed(0.5)), ("uniform", Uniform())]
+    }
+    turns = {"mixed": [], "uniform": []}
+    for _ in range(2):  # warm-up
+        for v in views.values():
+            v.sample(SAMPLE_N)
+    for _ in range(cfg["disk_repeats"]):
+        for name, v in views.items():
+            t0 = time.perf_counter()
+            v.sample(SAMPLE_N)
+            turns[name].append(time.perf_counter() - t0)
+    sv = {n: stats(t) for n, t in turns.items()}
+    rows = 2 * n_off * T * B
+    small = {"mixed": timed["mixed_small"], "uniform": timed["uniform_small"]}
+    for where, got in (("writer", timed), ("writer, rewards only", small), ("view", sv)):
+        table.add(
+            f"sample({SAMPLE_N}) Mixed(0.5), {where}",
+            ms(got["mixed"]["median_s"]),
+            f"Uniform {ms(got['uniform']['median_s'])}",
+            got["mixed"]["median_s"] / got["uniform"]["median_s"],
+            key="sample_mixed_" + where.replace(", ", "_").replace(" ", "_"),
+            rows=rows,
+            offline_rows=rows // 2,
+            zreplay_stats=got["mixed"],
+            peer_stats=got["uniform"],
+        )
+
+
 def bench_compression(main_dir: Path, table: Table) -> None:
     view = zreplay.open(main_dir)
     n_rows = view.num_rows
@@ -625,6 +699,7 @@ def main(argv=None) -> int:
         del buf
         run("sample_disk", bench_disk_sample, cfg, main_dir, table)
         run("compression", bench_compression, main_dir, table)
+        run("sample_mixed", bench_mixed_sample, cfg, pool, main_dir, table)
         shutil.rmtree(main_dir)
         run("open", bench_open, cfg, tmp, table)
     finally:

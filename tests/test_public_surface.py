@@ -44,6 +44,7 @@ def test_exceptions_live_in_errors_and_keep_their_old_import_path():
 def test_sampler_author_types_live_in_samplers_base_and_keep_their_old_path():
     public = set(zreplay.samplers.__all__)
     assert public == {
+        "Mixed",
         "Prioritized",
         "PrioritizedClips",
         "Recency",
@@ -190,4 +191,5 @@ def test_dataset_imports_are_top_level_names_outside_all():
 
     assert zreplay.import_lerobot is zreplay.compat.lerobot.import_lerobot
     assert "import_lerobot" not in zreplay.__all__
+    assert zreplay.seal is zreplay.core.seal and "seal" not in zreplay.__all__
     assert "lerobot" not in sys.modules

@@ -13,6 +13,7 @@ Public names:
   (outside ``__all__``, which holds 20 names).
 * :func:`export_lerobot`: a buffer's whole episodes as a LeRobot v3.0 dataset.
 * :func:`import_minari`: a Minari HDF5 dataset into a new zreplay buffer.
+* :func:`seal`: make a segment a buffer's immutable offline part (imports seal theirs).
 * :func:`verify`: check a buffer's commit records, index and chunk checksums.
 * :func:`upgrade`: rewrite a buffer of an older on-disk format (2-4) in the current one.
 * :mod:`zreplay.samplers`: ``Uniform``, ``Window``, ``Recency``, ``Prioritized``,
@@ -43,6 +44,7 @@ from .compat.rlinf_trajectory import Trajectory
 from .compat.swm_episode import classic_filter
 from .core.options import StoreOptions
 from .core.rate import MinSize, RateLimiter, SampleToInsertRatio
+from .engine.sealed import seal as seal  # outside __all__ (20 names), as upgrade
 
 # The exceptions live in zreplay.errors; their old import paths (``from zreplay import
 # CorruptBufferError``) keep working, outside __all__.
@@ -63,6 +65,7 @@ from .errors import PickleRefusedError as PickleRefusedError
 from .errors import RateLimitTimeout as RateLimitTimeout
 from .errors import ReadOnlyError as ReadOnlyError
 from .errors import SchemaError as SchemaError
+from .errors import SealedSegmentError as SealedSegmentError
 from .errors import StackError as StackError
 from .errors import StaleViewError as StaleViewError
 from .errors import WriteFailedError as WriteFailedError

@@ -114,6 +114,12 @@ class ReadOnlyError(ZReplayError, RuntimeError):
     """A write was attempted through a read-only view."""
 
 
+class SealedSegmentError(ReadOnlyError):
+    """A writer was opened on a sealed segment (an imported dataset's offline part, or
+    one ``zreplay.seal`` sealed): it is never written again.  Write under another
+    ``writer_id``; its writer samples the sealed rows beside its own."""
+
+
 class AppendOnlyError(ZReplayError, NotImplementedError):
     """A write that is not an append (``zreplay.torchrl.ZarrStorage`` never overwrites a
     row in place: ``storage[idx] = value``, writes through a view, non-sequential writers)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import BufferCore, Prepared, RandomStream
+from ..core import OFFLINE_WRITER, BufferCore, Prepared, RandomStream, seal
 from ..store.guard import new_tree
 from ..threads import deferred_interrupts
 
@@ -40,8 +40,11 @@ def import_episodes(
     on the built buffer, writer closed, before it is put in place (metadata beside the
     rows).  ``writer`` goes to :meth:`BufferCore.writer` (``ram``, ``capacity``, the
     user's ``layout``, ``durable``, ...).  The first episode's key order is kept as the
-    ``ReplayBuffer`` column order.
+    ``ReplayBuffer`` column order.  The episodes are the buffer's offline part: written
+    as segment ``writer_id`` (default ``"offline"``) and sealed (FORMAT.md, "Sealed
+    segments"), so online writers append beside them and never evict them.
     """
+    writer.setdefault("writer_id", OFFLINE_WRITER)
     with new_tree(target, tool, overwrite=overwrite, sources=[source]) as tmp:
         core = None
         try:
@@ -64,6 +67,7 @@ def import_episodes(
         finally:
             if core is not None:
                 core.close()
+        seal(tmp, writer["writer_id"], writer.get("storage_options"))
         if finish is not None:
             finish(tmp)
     return keys

@@ -7,6 +7,7 @@ adapters of them; see CONTRIBUTING.md ("A facade").
 """
 
 from ..engine.ramtier import RamPolicy
+from ..engine.sealed import OFFLINE_WRITER, seal
 from .buffer import BufferCore, Prepared, TrajectoryRecord
 from .rate import MinSize, RateLimiter, SampleToInsertRatio
 from .stream import RandomStream
@@ -14,6 +15,7 @@ from .view import ViewCore
 from .writable import WritableCore
 
 __all__ = [
+    "OFFLINE_WRITER",
     "BufferCore",
     "MinSize",
     "Prepared",
@@ -24,4 +26,5 @@ __all__ = [
     "TrajectoryRecord",
     "ViewCore",
     "WritableCore",
+    "seal",
 ]

@@ -165,7 +165,7 @@ class WritableCore(BufferCore, kind="writer"):
         if self.rate is not None:
             self.rate.before_insert(sum(it.n_rows for it in items))
         cap = eng.state.capacity
-        free = None if cap is None else cap - eng.num_rows
+        free = None if cap is None else cap - eng.own_rows
         keep = self._bound.admit(items, free)
         ids = iter(add_checked(eng, [it for it, k in zip(items, keep, strict=True) if k]))
         out = [next(ids) if k else -1 for k in keep]

@@ -374,6 +374,7 @@ class BufferReader:
                         first=first,
                         persisted=lambda st=st: saved_priorities(st.segment.dir, st.commit),
                         index=idx,
+                        sealed=st.commit.sealed,
                     )
                 )
             offsets = np.concatenate([*offs, self._cum_rows[-1:]]).astype(np.int64)

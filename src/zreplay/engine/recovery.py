@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..errors import CorruptBufferError, FormatError, WriteFailedError, WriterLockedError
+from ..errors import (
+    CorruptBufferError,
+    FormatError,
+    SealedSegmentError,
+    WriteFailedError,
+    WriterLockedError,
+)
 from ..index.split import Lanes, lanes_after
 from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
@@ -92,6 +98,12 @@ def _open_locked(root: BufferRoot, seg_dir, writer_id: str, durable: bool) -> Re
     replace.recover(root, seg_dir, durable)
     schema, layouts = root.schema()
     commit = read_commit(seg_dir) or Commit(writer_id=writer_id)
+    if commit.sealed:
+        raise SealedSegmentError(
+            f"{seg_dir}: segment {writer_id!r} is sealed (an imported dataset's offline "
+            "part): no writer opens it again. Open the buffer with another writer_id "
+            "(e.g. writer_id='online'): its writer samples the sealed rows beside its own"
+        )
     if commit.writer_number < 0:
         commit = Commit(**{**vars(commit), "writer_number": root.writer_number(writer_id)})
     # Shard files c.<s>... of an array, or the subtrees c/<s>/ of one made before format 5

@@ -25,6 +25,7 @@ from .gather import Part, Snapshot, gather
 from .prepared import Prepared
 from .ramtier import RamPolicy, RamTier, default_staging_bytes
 from .recovery import Recovered
+from .sealed import SealedLayout
 
 
 class WriterState:
@@ -53,6 +54,9 @@ class WriterState:
         self.staging_bytes = default_staging_bytes() if staging_bytes is None else staging_bytes
         if self.staging_bytes < 0:
             raise ValueError(f"staging_bytes must be >= 0, got {staging_bytes}")
+        # The buffer's sealed segments sampled beside this one (set by the writer once it
+        # opened them; a clear or a load of this segment leaves them).
+        self.sealed: SealedLayout | None = None
         self.reopen(opened)
 
     def reopen(self, o: Recovered) -> None:
@@ -338,7 +342,8 @@ class WriterState:
             cache_hi=min(self.commit.n_rows, tier_lo),  # uncommitted rows: the tier's
             cache_id=self._cache_id(),
         )
-
+        if self.sealed is not None:  # the offline part's segments beside this one
+            return self.sealed.snapshot(part, self.schema, persisted)
         return Snapshot(self.schema, [part], idx.episodes, None, space=self._space(persisted))
 
     def _space(self, persisted) -> RowSpace:
@@ -362,8 +367,9 @@ class WriterState:
         return space
 
     def stats(self) -> dict:
-        """Counts: visible trajectories/rows, what the RAM tier holds (whole trajectories
-        and rows), what is committed and what is still pending."""
+        """Counts: visible trajectories/rows (sealed segments' included), what the RAM tier
+        holds (whole trajectories and rows), what is committed and what is still pending
+        (of this segment)."""
         idx, tier, commit = self.index, self.tier, self.commit
         first_in_ram = max(tier.lo if tier is not None else idx.n_rows, idx.low_row)
         in_ram = int(np.searchsorted(idx.offsets, first_in_ram, "left")) if idx.n else 0
@@ -375,6 +381,22 @@ class WriterState:
             "ram_bytes": 0 if tier is None else tier.nbytes,
             "committed_trajectories": commit.n_traj - commit.low_traj,
             "pending_trajectories": idx.n - commit.n_traj,
+            **self._sealed_stats(),
+        }
+
+    def _sealed_stats(self) -> dict:
+        """With sealed segments beside this one: ``trajectories`` and ``rows`` count theirs
+        too (as ``num_rows`` does), and ``offline_trajectories``/``offline_rows`` say how
+        many are theirs."""
+        sealed = self.sealed
+        if sealed is None:
+            return {}
+        idx = self.index
+        return {
+            "trajectories": idx.num_visible + sealed.trajectories,
+            "rows": idx.visible_rows + sealed.rows,
+            "offline_trajectories": sealed.trajectories,
+            "offline_rows": sealed.rows,
         }
 
 

@@ -49,6 +49,7 @@ from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import fix_schema, open_segment, remove_for_overwrite
 from .replace import clear as clear_segment
+from .sealed import SealedLayout, open_sealed
 from .state import WriterState
 
 log = logging.getLogger("zreplay")
@@ -141,6 +142,11 @@ class SegmentWriter:
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
             self.state = WriterState(writer_id, opened, self.ram, capacity, staging_bytes)
+            sealed = open_sealed(
+                self.root, opened.schema, opened.layouts, writer_id, self.ram.column_budget
+            )
+            if sealed:
+                self.state.sealed = SealedLayout(writer_id, sealed)
             # Reopened with a smaller capacity: rows beyond it leave at once (committed
             # with the first commit), not with the next add.
             over = capacity is not None and self.state.index.visible_rows > capacity
@@ -191,17 +197,27 @@ class SegmentWriter:
 
     @property
     def num_rows(self) -> int:
+        """Visible rows: this segment's and those of the sealed segments it samples."""
+        sealed = self.state.sealed
+        return self.state.index.visible_rows + (sealed.rows if sealed else 0)
+
+    @property
+    def own_rows(self) -> int:
+        """This segment's visible rows (what its capacity counts)."""
         return self.state.index.visible_rows
 
     @property
     def num_trajectories(self) -> int:
-        return self.state.index.num_visible
+        sealed = self.state.sealed
+        return self.state.index.num_visible + (sealed.trajectories if sealed else 0)
 
     @property
     def next_trajectory_id(self) -> int:
         return self.state.next_trajectory_id
 
     def episodes(self):
+        if self.state.sealed is not None:
+            return self.locked(lambda snap: snap.episodes)
         return self.state.index.episodes()
 
     def empty_message(self) -> str:

@@ -29,7 +29,8 @@ class VisibleRows:
     kept for the old rows is then dropped.  Global rows ``[low_row, n_rows)`` sit at
     positions ``[first, first + n_rows - low_row)``.  ``persisted()`` returns the
     priorities saved with the segment, if any; ``index`` is its trajectory table
-    (:class:`~zreplay.index.trajectories.TrajectoryIndex`).
+    (:class:`~zreplay.index.trajectories.TrajectoryIndex`); ``sealed``: the segment is an
+    immutable offline part (what ``samplers.Mixed`` draws its offline fraction from).
     """
 
     key: int
@@ -40,6 +41,7 @@ class VisibleRows:
     persisted: Callable[[], Persisted | None] | None = None
     # The segment's in-RAM trajectory table (offsets, model_weights_id, ...), if known.
     index: object = None
+    sealed: bool = False
 
     @property
     def rows(self) -> RowRange:

@@ -6,6 +6,8 @@
 * :class:`Prioritized`: proportional prioritized replay (batches carry ``index``/``weight``;
   feed ``update_priorities``); priorities are saved with the buffer;
 * :class:`PrioritizedClips`: the same over clip start positions (sequence replay);
+* :class:`Mixed`: an exact fraction of each batch from the buffer's sealed (offline) rows,
+  constant or annealed, the rest from its online rows;
 * :class:`Staleness`: drops or down-weights rows whose policy version lags the current one;
 * any callable ``fn(step, buffer, batch_size, history_len) -> indices``.
 
@@ -28,9 +30,10 @@ from .base import SegmentRows as SegmentRows
 from .base import Units as Units
 from .base import VisibleRows as VisibleRows
 from .base import as_sampler as as_sampler
+from .mixed import Mixed
 from .prioritized import Prioritized, PrioritizedClips
 from .recency import Recency
 from .staleness import Staleness
 from .uniform import Uniform, Window
 
-__all__ = ["Prioritized", "PrioritizedClips", "Recency", "Staleness", "Uniform", "Window"]
+__all__ = ["Mixed", "Prioritized", "PrioritizedClips", "Recency", "Staleness", "Uniform", "Window"]

@@ -44,6 +44,9 @@ class Commit:
     change knows its cached rows are not these rows, whatever their numbers and ids.
     ``inserted`` counts rows ever added to the segment by adds (not rows a clear skipped
     or a loaded checkpoint brought): what rate limiting calls inserts.
+    ``sealed``: the segment is an immutable offline part (an import, or ``zreplay.seal``):
+    no writer opens it again, and writers of the other segments sample it beside their
+    own rows; recorded only when true (FORMAT.md "Sealed segments").
     """
 
     writer_id: str
@@ -63,9 +66,13 @@ class Commit:
     format: int = FORMAT_VERSION
     time: float = 0.0
     sampler: dict = field(default_factory=dict)
+    sealed: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        d = asdict(self)
+        if not self.sealed:  # an unsealed record stays what zreplay always wrote
+            del d["sealed"]
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str, buffer=None) -> Commit:
@@ -138,6 +145,8 @@ _TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict}
 
 
 def _check_types(c: Commit) -> None:
+    if not isinstance(c.sealed, bool):
+        raise TypeError(f"field 'sealed' is {c.sealed!r}, not a bool")
     for name, f in Commit.__dataclass_fields__.items():
         want, v = _TYPES.get(str(f.type)), getattr(c, name)
         if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
