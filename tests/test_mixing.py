@@ -104,7 +104,7 @@ def test_a_writer_sees_offline_and_online_rows_with_capacity_counting_its_own(tm
     # Segments in name order, as a view lays them: "offline" before "online".
     assert is_offline(rows[:n_off]).all() and not is_offline(rows[n_off:]).any()
     core.flush()
-    st = core.stats()
+    st = core.engine.stats()
     assert (st["rows"], st["trajectories"]) == (n_off + 36, 5)
     assert (st["offline_rows"], st["committed_trajectories"]) == (n_off, 2)
     core.close()
@@ -116,7 +116,7 @@ def test_clear_empties_the_online_segment_and_keeps_the_offline_one(tmp_path):
     n_off = seeded(tmp_path)
     core = writer(tmp_path, writer_id="online", sampler=Mixed(0.5))
     add(core, 0)
-    core.clear()
+    core.engine.clear()
     assert core.num_rows == n_off
     assert is_offline(core.sample(64)["obs"]).all()  # online empty: all offline
     add(core, 1)
