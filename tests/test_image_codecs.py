@@ -351,3 +351,18 @@ def test_s3_reads_and_writes_an_image_codec_key(url, s3):
         assert np.array_equal(view.episode(i)["pixels"], ep["pixels"])
     assert view.sample(16)["pixels"].shape == (16, 24, 20, 3)
     assert zreplay.verify(url, storage_options=s3).ok
+
+
+def test_info_shows_each_keys_codec_and_bytes_per_row(tmp_path, capsys):
+    from zreplay.cli import main
+
+    write_episodes(tmp_path / "b", "jpegxl")
+    assert main(["info", str(tmp_path / "b"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    px = info["keys"]["pixels"]
+    assert px["codec"] == "jpegxl level 2"
+    assert px["disk_bytes_per_row"] == round(px["disk_bytes"] / info["rows"], 1)
+    assert 0 < px["disk_bytes_per_row"] < 24 * 20 * 3  # compressed
+    assert main(["info", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "per row" in out and "jpegxl level 2" in out
