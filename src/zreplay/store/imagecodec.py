@@ -182,6 +182,9 @@ class FrameCodec:
     """Chunks ``[rows, *frame]`` of uint8 frames <-> bytes in format ``fmt`` (see the
     module docstring for the byte layout)."""
 
+    # (milliseconds a frame, GIL released: readers decode several chunks at once)
+    decodes_slowly = True
+
     def __init__(self, fmt: str, config: Any, chunk_shape: tuple):
         self.fmt = fmt
         self.config = check_config(fmt, config)
