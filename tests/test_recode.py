@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from faultlib import Faults, budget, injection_points
+from conftest import processes
+from faultlib import CRASH_STATUS, Faults, budget, injection_points
 
 import zreplay
 from zreplay import SchemaError, WriterLockedError
@@ -144,6 +145,17 @@ def test_recode_refuses_with_nothing_touched(tmp_path):
         rb.close()
 
 
+def recoded_or_not(path, want) -> str:
+    """``"old"`` or ``"new"``: the buffer holds every row, verifies, and still recodes;
+    anything else fails."""
+    names = codec_names(path)
+    assert names in (["zreplay.png"], ["zreplay.jpegxl"]), names
+    assert np.array_equal(pixels(path), want) and zreplay.verify(path).ok
+    recode(path, {"pixels": {"codec": "jpegxl"}})
+    assert codec_names(path) == ["zreplay.jpegxl"]
+    return "old" if names == ["zreplay.png"] else "new"
+
+
 class Interrupts(Faults):
     """Faults whose armed call raises KeyboardInterrupt (a Ctrl-C at that line)."""
 
@@ -180,15 +192,44 @@ def test_recode_is_all_or_nothing_under_errors_and_ctrl_c(tmp_path, mode):
             assert mode == "interrupt"
         assert faults.fired
         try:
-            names = codec_names(path)
-            assert names in (["zreplay.png"], ["zreplay.jpegxl"]), names
-            assert np.array_equal(pixels(path), want) and zreplay.verify(path).ok
-            seen["old" if names == ["zreplay.png"] else "new"] += 1
-            recode(path, {"pixels": {"codec": "jpegxl"}})  # the old one still recodes
-            assert codec_names(path) == ["zreplay.jpegxl"]
+            seen[recoded_or_not(path, want)] += 1
         except BaseException as err:
             err.add_note(f"after a {mode} at store call {at} of {calls}: {faults.fired}")
             raise
         shutil.rmtree(path)
     print(f"\nrecode [{mode}]: {calls} store calls, {len(points)} points, {seen}")
+    assert seen["old"] > 0, seen
+
+
+def _recode_in_child(path: str, at: int) -> None:
+    with Faults(at, "crash").installed():
+        recode(path, {"pixels": {"codec": "jpegxl"}})
+
+
+@pytest.mark.slow
+def test_a_recode_killed_at_any_store_call_leaves_old_or_new(tmp_path):
+    template = tmp_path / "template"
+    make_buffer(template)
+    want = pixels(template)
+    counter = Faults()
+    work = tmp_path / "count"
+    shutil.copytree(template, work)
+    with counter.installed():
+        recode(work, {"pixels": {"codec": "jpegxl"}})
+    ctx = processes()
+    seen = {"old": 0, "new": 0}
+    for at in injection_points(counter.calls, budget(24), seed=zlib.crc32(b"crash")):
+        path = tmp_path / f"at{at}"
+        shutil.copytree(template, path)
+        child = ctx.Process(target=_recode_in_child, args=(str(path), at))
+        child.start()
+        child.join(120)
+        assert child.exitcode in (0, CRASH_STATUS), f"exit code {child.exitcode} at call {at}"
+        try:
+            seen[recoded_or_not(path, want)] += 1
+        except BaseException as err:
+            err.add_note(f"after a crash at store call {at} of {counter.calls}")
+            raise
+        shutil.rmtree(path)
+    print(f"\nrecode [crash]: {counter.calls} store calls, {seen}")
     assert seen["old"] > 0, seen
