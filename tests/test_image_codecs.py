@@ -366,3 +366,30 @@ def test_info_shows_each_keys_codec_and_bytes_per_row(tmp_path, capsys):
     assert main(["info", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "per row" in out and "jpegxl level 2" in out
+
+
+def test_a_view_follows_a_clear_of_an_image_key(tmp_path):
+    """A view that read frames before a clear (its shard reader caches shard indexes)
+    reads the new frames after it, not the old ones at the same offsets."""
+    path = tmp_path / "b"
+    rng = np.random.default_rng(0)
+
+    def ep(L):
+        pixels = rng.integers(0, 255, (L, 24, 20, 3), dtype=np.uint8)
+        return {"pixels": pixels, "terminated": np.arange(L) == L - 1}
+
+    with episode_buffer(1000, path=path, layout={"pixels": {"codec": "png"}}) as rb:
+        for _ in range(3):
+            rb.write_episode(ep(7))
+        rb.flush()
+        view = zreplay.open(path)
+        assert view.num_rows == 21 and view.episode(0)["pixels"].shape == (7, 24, 20, 3)
+        rb.clear()
+        new = [ep(5) for _ in range(2)]
+        for e in new:
+            rb.write_episode(e)
+    view.refresh()
+    assert view.num_rows == 10
+    for i, e in enumerate(new):
+        assert np.array_equal(view.episode(i)["pixels"], e["pixels"])
+    assert zreplay.verify(path).ok
