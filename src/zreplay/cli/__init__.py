@@ -56,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
         "upgrade", parents=[common], help="rewrite a buffer of an older format (2-4) as format 5"
     )
     p.add_argument("path", help="buffer directory")
+    p.add_argument(
+        "--codec",
+        action="append",
+        metavar="KEY=CODEC[:LEVEL]",
+        help="re-encode KEY with CODEC (png, webp, jpegxl, qoi, jpeg, avif, webp-lossy, "
+        "jpegxl-lossy, zstd, lz4, none), all or nothing; repeatable",
+    )
     p.set_defaults(run=upgrade.run)
 
     p = sub.add_parser(

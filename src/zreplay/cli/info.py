@@ -1,10 +1,11 @@
 """``zreplay info PATH``: schema, counts, bytes on disk per key, chunk layout and codec
 per key, reward and return statistics, last commit.
 
-For a buffer directory: per key its dtype, row shape, chunk and shard rows, codec, raw
-bytes (visible rows x row bytes) and the bytes of the files under
-``segments/*/data/<key>/``; their quotient is the compression ratio (approximate: files
-may still hold evicted, not yet reclaimed rows).  Rewards (``rewards`` or ``reward``, see
+For a buffer directory: per key its dtype, row shape, chunk and shard rows, codec (an
+image codec for camera frames: ``webp level 0``), raw bytes (visible rows x row bytes)
+and the bytes of the files under ``segments/*/data/<key>/``, also per visible row; their
+quotient is the compression ratio (approximate: files may still hold evicted, not yet
+reclaimed rows).  Rewards (``rewards`` or ``reward``, see
 :mod:`zreplay.cli.rewards`): mean, std, min, max per step and per episode.  The last
 commit time is the newest ``commit.json`` ``time`` over the segments.  For an HDF5 episode
 file (zreplay's or stable-worldmodel's) the same per column, from h5py's storage sizes.
@@ -61,6 +62,8 @@ def buffer_info(path: Path) -> dict[str, Any]:
         codec = "none" if lay.codec == "none" else f"{lay.codec} level {lay.level}"
         chunk = {"chunk_rows": lay.chunk_rows, "shard_rows": lay.shard_rows, "codec": codec}
         keys[key] = {**_key(str(spec.dtype), spec.row_shape, raw, disk), **chunk}
+        # (approximate, as disk_bytes: evicted rows not yet reclaimed count too)
+        keys[key]["disk_bytes_per_row"] = round(disk / view.num_rows, 1) if view.num_rows else None
     episodes = view.episode_table()
     key = reward_key(view.keys())
     times = [s["last_commit"] for s in segments if s["last_commit"] is not None]
@@ -195,7 +198,18 @@ def text(info: dict[str, Any]) -> str:
             )
     if not info["keys"]:
         return "\n".join([*lines, "  no schema yet (nothing written)"])
-    rows = [["key", "dtype", "row shape", "chunk rows", "codec", "on disk", "raw", "ratio"]]
+    head = [
+        "key",
+        "dtype",
+        "row shape",
+        "chunk rows",
+        "codec",
+        "on disk",
+        "per row",
+        "raw",
+        "ratio",
+    ]
+    rows = [head]
     for k, v in info["keys"].items():
         r = v["compression_ratio"]
         chunk = v.get("chunk_rows")
@@ -209,8 +223,9 @@ def text(info: dict[str, Any]) -> str:
                 str(chunk if chunk is not None else "-"),
                 v["codec"],
                 size(v["disk_bytes"]),
+                size(round(v["disk_bytes_per_row"])) if v.get("disk_bytes_per_row") else "-",
                 size(v["raw_bytes"]),
                 f"{r:.1f}x" if r else "-",
             ]
         )
-    return "\n".join([*lines, "", *("  " + line for line in table(rows, right={5, 6, 7}))])
+    return "\n".join([*lines, "", *("  " + line for line in table(rows, right={5, 6, 7, 8}))])

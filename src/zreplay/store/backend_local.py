@@ -7,7 +7,9 @@
   keeps today's bytes forever), ``copy2`` across filesystems;
 * arrays: TensorStore over the Zarr files (zarr-python's per-call overhead, 35-250 ms for
   256 random rows, measured, must never sit on the sampling path), except in a process
-  forked from another, where TensorStore aborts and zarr-python reads instead.
+  forked from another, where TensorStore aborts and zarr-python reads instead, and for
+  arrays with an image codec, which TensorStore refuses: zreplay's own shard reader and
+  writer read and write those (:mod:`zreplay.store.localarray`).
 
 TensorStore refuses relative paths with ``..``; array paths are made absolute here.
 """
@@ -27,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PosixPath
 
 from ..errors import CorruptBufferError, ZReplayError, warn_caller
@@ -426,12 +429,22 @@ class LocalBackend(Backend):
         # zreplay's); a reader may ask for one (hot image chunks: measured 4x faster
         # clips once they are cached).  Data files fsync'd if durable.
         pool = {"total_bytes_limit": max(0, int(cache_bytes))}
-        return ts.Context({"cache_pool": pool, "file_io_sync": bool(durable)})
+        tsc = ts.Context({"cache_pool": pool, "file_io_sync": bool(durable)})
+        return LocalContext(tsc, bool(durable), max(0, int(cache_bytes)), {})
 
     def open_array(self, loc, writable: bool, context) -> tuple[object, bool]:
         if forked():
             _check_forked(writable)
             return ZarrArray(loc, writable=False), True
+        image = _image_array_meta(loc)
+        if image is not None:  # TensorStore refuses image codecs: zreplay's shard code
+            from .localarray import FileObjects, open_files_array
+
+            cache = context.caches.get(str(loc))
+            if cache is None:
+                cache = context.caches[str(loc)] = _shard_cache(context.cache_bytes)
+            files = FileObjects(context.durable, self.publish)
+            return open_files_array(loc, image, writable, files, cache)
         ts = import_whole("tensorstore")
 
         # Every chunk is stored, zeros included, so a chunk missing below the commit is
@@ -444,17 +457,59 @@ class LocalBackend(Backend):
             "store_data_equal_to_fill_value": True,
             "fill_missing_data_reads": fills,
         }
-        return ts.open(spec, read=True, write=writable, context=context).result(), fills
+        return ts.open(spec, read=True, write=writable, context=context.ts).result(), fills
 
     def widened(self, store, rows: int, context) -> object:
-        if isinstance(store, ZarrArray):  # a forked process's reader
+        if not hasattr(store, "spec"):  # a forked process's reader, an image array's
             return super().widened(store, rows, context)
         ts = import_whole("tensorstore")
 
         spec = store.spec(retain_context=False).to_json()
         spec.pop("transform", None)
         spec["metadata"]["shape"][0] = int(rows)
-        return ts.open(spec, read=True, context=context, assume_metadata=True).result()
+        return ts.open(spec, read=True, context=context.ts, assume_metadata=True).result()
+
+    def observe_commit(self, context, n_rows: int, reclaimed_below: int, same_rows: bool) -> None:
+        for cache in list(context.caches.values()):  # image arrays' (see open_array)
+            cache.seen(n_rows, reclaimed_below, same_rows)
+
+
+@dataclass(frozen=True)
+class LocalContext:
+    """The arrays of one segment share: TensorStore's context (``ts``), whether writes
+    are fsync'd, the decoded-chunk budget, and the shard caches of the arrays zreplay
+    reads itself (image codecs; array path -> ShardCache)."""
+
+    ts: object
+    durable: bool
+    cache_bytes: int
+    caches: dict
+
+
+def _shard_cache(cache_bytes: int):
+    from .objectarray import ShardCache
+
+    return ShardCache(cache_bytes)
+
+
+def _image_array_meta(loc):
+    """The parsed metadata of the array at ``loc`` if it uses an image codec, else None
+    (opening reports a missing or damaged zarr.json)."""
+    from .imagecodec import uses_image_codec
+    from .shards import ArrayMeta, UnsupportedArray
+
+    try:
+        raw = (loc / "zarr.json").read_bytes()
+        if not uses_image_codec(json.loads(raw)):
+            return None
+    except (OSError, ValueError):
+        return None
+    try:
+        return ArrayMeta.parse(raw, str(loc))
+    except UnsupportedArray as e:
+        raise CorruptBufferError(
+            f"{loc / 'zarr.json'}: an image array zreplay cannot read ({e})"
+        ) from None
 
 
 def _link_dir(s_dir: str, d_dir: str, skip, counts: list) -> int:

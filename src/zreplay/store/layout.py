@@ -21,7 +21,33 @@ MAX_CHUNK_ROWS = 1024
 MAX_SHARD_ROWS = 1 << 16
 # What a layout may ask for at most (a shard is assembled whole in memory by a writer).
 LIMIT_SHARD_ROWS = 1 << 24
+# Layout codecs: general-purpose ones, and image codecs for uint8 frames [H, W] or
+# [H, W, C] (see IMAGE_CODECS and FORMAT.md, "Image codecs").
 CODECS = ("zstd", "lz4", "none")
+# codec -> (format, the meaning of ``level``, its default and range, fixed parameters);
+# level is the format's effort or quality knob, so one integer chooses a trade-off.
+IMAGE_CODECS = {
+    # lossless
+    "png": ("png", "level", 3, (0, 9), {}),
+    "webp": ("webp", "quality", 0, (0, 100), {"lossless": True, "method": 0}),
+    # effort 1 (libjxl 0.11's fast-lossless path) is not lossless: 4 of 648 small
+    # camera frames came back changed (measured; tests/test_image_codecs.py)
+    "jpegxl": ("jpegxl", "effort", 2, (2, 9), {"lossless": True, "distance": 0.0}),
+    "qoi": ("qoi", None, 0, (0, 0), {}),
+    # lossy: level is the quality, 0-100
+    "webp-lossy": ("webp", "quality", 90, (0, 100), {"lossless": False, "method": 4}),
+    "jpegxl-lossy": ("jpegxl", "quality", 90, (30, 100), {"lossless": False, "effort": 3}),
+    "avif": ("avif", "quality", 80, (0, 100), {"speed": 8}),
+    "jpeg": ("jpeg", "quality", 90, (1, 100), {}),
+}
+# The codec of uint8 image-like keys (see image_like) unless a layout says otherwise:
+# lossless, chosen by measurement on 224x224 camera frames (WebP lossless at its fastest
+# setting: 0.90x PNG's bytes, encode 4 ms, decode 2.4 ms a frame; see docs/layout.md).
+DEFAULT_IMAGE_CODEC = "webp"
+# ... and of one-channel frames, which WebP does not take.
+DEFAULT_GRAY_CODEC = "png"
+# Frames at least this large on both sides count as images for the default.
+MIN_IMAGE_SIDE = 16
 
 
 def _pow2_floor(x: float) -> int:
@@ -71,9 +97,15 @@ class KeyLayout:
         chunk = min(MAX_CHUNK_ROWS, _pow2_floor(CHUNK_TARGET_BYTES / rb))
         shard = chunk * _pow2_floor(SHARD_TARGET_BYTES / (chunk * rb))
         shard = max(chunk, min(MAX_SHARD_ROWS, shard))
-        # Floats compress best byte-shuffled (Blosc); images and flags with zstd.
+        # Floats compress best byte-shuffled (Blosc); camera frames with an image codec;
+        # other integers and flags with zstd.
         if spec.dtype.kind == "f":
             return cls(chunk, shard, "lz4", 5)
+        if image_like(spec):
+            codec = DEFAULT_IMAGE_CODEC
+            if codec not in accepted_image_codecs(spec):
+                codec = DEFAULT_GRAY_CODEC
+            return cls(chunk, shard, codec, IMAGE_CODECS[codec][2])
         return cls(chunk, shard, "zstd", 1)
 
     def with_overrides(self, override: Mapping) -> KeyLayout:
@@ -83,6 +115,9 @@ class KeyLayout:
             raise SchemaError(
                 f"unknown layout option(s) {sorted(unknown)}; known: {sorted(fields)}"
             )
+        codec = override.get("codec")
+        if codec in IMAGE_CODECS and "level" not in override:
+            fields["level"] = IMAGE_CODECS[codec][2]  # its own default, not zstd's
         fields.update(override)
         out = KeyLayout(**{k: int(v) if k != "codec" else str(v) for k, v in fields.items()})
         out.validate()
@@ -98,8 +133,15 @@ class KeyLayout:
         return out
 
     def validate(self) -> None:
-        if self.codec not in CODECS:
-            raise SchemaError(f"codec {self.codec!r} is not one of {CODECS}")
+        if self.codec not in CODECS and self.codec not in IMAGE_CODECS:
+            raise SchemaError(f"codec {self.codec!r} is not one of {CODECS + tuple(IMAGE_CODECS)}")
+        if self.codec in IMAGE_CODECS:
+            lo, hi = IMAGE_CODECS[self.codec][3]
+            if not lo <= self.level <= hi:
+                raise SchemaError(
+                    f"codec {self.codec!r}: level {self.level} not in [{lo}, {hi}] "
+                    f"({IMAGE_CODECS[self.codec][1] or 'no level'})"
+                )
         if self.chunk_rows < 1 or self.shard_rows < self.chunk_rows:
             raise SchemaError("need 1 <= chunk_rows <= shard_rows")
         if self.shard_rows > LIMIT_SHARD_ROWS:
@@ -110,6 +152,30 @@ class KeyLayout:
                 f"({self.chunk_rows})"
             )
 
+    def check_spec(self, path: str, spec: KeySpec) -> None:
+        """SchemaError if this layout's codec cannot store ``spec``'s rows (an image
+        codec for anything but uint8 frames it takes), before anything is written."""
+        if self.codec in IMAGE_CODECS and self.codec not in accepted_image_codecs(spec):
+            from .imagecodec import ImageCodecError, check_frame_shape
+
+            try:
+                check_frame_shape(IMAGE_CODECS[self.codec][0], spec.row_shape, spec.dtype)
+            except ImageCodecError as e:
+                raise SchemaError(f"key {path!r}: {e}") from None
+
+    def image_config(self) -> tuple[str, dict] | None:
+        """``(format, configuration)`` of this layout's image codec; None for others."""
+        if self.codec not in IMAGE_CODECS:
+            return None
+        fmt, knob, _, _, fixed = IMAGE_CODECS[self.codec]
+        config = dict(fixed)
+        if knob == "quality" and self.codec == "jpegxl-lossy":
+            # libjxl's own mapping of a JPEG-like quality (30-100) to a distance
+            config["distance"] = round(0.1 + (100 - self.level) * 0.09, 4)
+        elif knob is not None:
+            config[knob] = self.level
+        return fmt, config
+
     def zarr_codecs(self, dtype: np.dtype) -> dict:
         """Keyword arguments for ``zarr.Group.create_array``.
 
@@ -118,6 +184,11 @@ class KeyLayout:
         """
         from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
+        image = self.image_config()
+        if image is not None:
+            from .imagecodec import ZARR_CODECS
+
+            return {"serializer": ZARR_CODECS[image[0]](**image[1]), "compressors": [Crc32cCodec()]}
         if self.codec == "zstd":
             compressors = [ZstdCodec(level=self.level)]
         elif self.codec == "lz4":
@@ -130,16 +201,44 @@ class KeyLayout:
         return {"compressors": [*compressors, Crc32cCodec()]}
 
 
+def image_like(spec: KeySpec) -> bool:
+    """Rows that look like camera frames: uint8 ``[H, W]`` or ``[H, W, C]`` with C in 1,
+    3, 4 and both sides at least MIN_IMAGE_SIDE."""
+    shape = spec.row_shape
+    return (
+        spec.dtype == np.uint8
+        and len(shape) in (2, 3)
+        and (len(shape) == 2 or shape[2] in (1, 3, 4))
+        and min(shape[:2]) >= MIN_IMAGE_SIDE
+    )
+
+
+def accepted_image_codecs(spec: KeySpec) -> tuple[str, ...]:
+    """The image codecs that can store ``spec``'s rows (none for non-images)."""
+    from .imagecodec import ImageCodecError, check_frame_shape
+
+    out = []
+    for name, (fmt, *_) in IMAGE_CODECS.items():
+        try:
+            check_frame_shape(fmt, spec.row_shape, spec.dtype)
+        except ImageCodecError:
+            continue
+        out.append(name)
+    return tuple(out)
+
+
 def layouts_for(
     specs: Mapping[str, KeySpec], overrides: Mapping[str, Mapping] | None = None
 ) -> dict[str, KeyLayout]:
-    """Default layout per key, with user overrides by key path (``{"curr_obs/img": {...}}``)."""
+    """Default layout per key, with user overrides by key path (``{"curr_obs/img": {...}}``;
+    e.g. ``{"obs/image": {"codec": "jpegxl"}}`` picks an image codec: see IMAGE_CODECS)."""
     overrides = dict(overrides or {})
     out = {}
     for path, spec in specs.items():
         lay = KeyLayout.default(spec)
         if path in overrides:
             lay = lay.with_overrides(overrides.pop(path))
+            lay.check_spec(path, spec)
         out[path] = lay
     if overrides:
         raise SchemaError(f"layout given for unknown keys {sorted(overrides)}")

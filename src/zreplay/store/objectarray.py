@@ -35,6 +35,7 @@ touched shard.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -179,6 +180,29 @@ def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int) -> bool:
     span = (int(chunks[-1]) - int(chunks[0]) + 1) * chunk_nbytes
     gaps = (span - len(chunks) * chunk_nbytes) / max(1, len(chunks) - 1)
     return 2 * span >= stored and gaps <= GAP
+
+
+_DECODERS: ThreadPoolExecutor | None = None
+
+
+def _decode_all(codec, jobs: list) -> list:
+    """The chunks ``jobs`` (``(block number, bytes)``) decoded, in order.  Image chunks
+    (a frame codec: milliseconds each, the GIL released) on a pool of one thread per
+    core; others here (zstd over a chunk: microseconds, not worth a hand-off)."""
+    global _DECODERS
+    if len(jobs) < 2 or not getattr(codec.compressor, "decodes_slowly", False):
+        return [codec.decode(b) for _, b in jobs]
+    if _DECODERS is None:
+        _DECODERS = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-io-decode")
+    return list(_DECODERS.map(codec.decode, [b for _, b in jobs]))
+
+
+def _forget_decoders() -> None:
+    global _DECODERS
+    _DECODERS = None  # threads do not survive a fork
+
+
+at_fork(_forget_decoders)
 
 
 def _size(block) -> int:
@@ -389,6 +413,7 @@ class ObjectArray:
         # Round 2: the chunks, merged ranges per shard.
         blocks: list = [None] * len(uniq)
         reqs, where = [], []
+        jobs: list = []  # (block number, encoded bytes) to decode
         for i, s in enumerate(shards.tolist()):
             lo, hi = int(sbounds[i]), int(sbounds[i + 1])
             idx = indexes[s]
@@ -406,7 +431,7 @@ class ObjectArray:
                 body = whole[s]
                 for j in np.flatnonzero(stored):
                     a = int(off[j])
-                    blocks[lo + j] = m.codec.decode(body[a : a + int(nb[j])])
+                    jobs.append((lo + j, body[a : a + int(nb[j])]))
                 self._keep_between(s, idx, covers[s], body, 0, len(body), uniq[lo:hi])
                 continue
             js = np.flatnonzero(stored)
@@ -421,8 +446,10 @@ class ObjectArray:
             mv = memoryview(body).cast("B")
             for j in members:
                 b = int(off[j]) - a
-                blocks[lo + j] = m.codec.decode(mv[b : b + int(nb[j])])
+                jobs.append((lo + j, mv[b : b + int(nb[j])]))
             self._keep_between(s, indexes[s], covers[s], mv, a, a + len(mv), uniq[lo:hi])
+        for j, block in zip([j for j, _ in jobs], _decode_all(m.codec, jobs), strict=True):
+            blocks[j] = block
         return blocks
 
     def _keep_between(self, s: int, idx, covers: int, body, a: int, z: int, needed) -> None:

@@ -5,8 +5,9 @@ zarr-python on the data path (see FORMAT.md, "Chunks, shards, codecs"):
 
 * :class:`ArrayMeta`: an array's ``zarr.json`` parsed: rows per inner chunk and per shard
   (row axis only; every other axis is whole), the codec chain, fill value, whether every
-  chunk is stored.  Chains other than ``bytes`` + ``zstd``/``blosc``/none + ``crc32c``
-  are not handled here (the backend reads such arrays with zarr-python).
+  chunk is stored.  Chains other than ``bytes`` + ``zstd``/``blosc``/none + ``crc32c``,
+  or one of zreplay's image codecs (:mod:`zreplay.store.imagecodec`) + ``crc32c``, are
+  not handled here (the backend reads such arrays with zarr-python).
 * :class:`ChunkCodec`: one inner chunk ``<-> bytes``, checksum verified on decode
   (:class:`ChunkError` otherwise).
 * :func:`parse_index` / :func:`build_shard`: a shard object is its chunks back to back
@@ -26,6 +27,8 @@ import google_crc32c
 import numcodecs
 import numpy as np
 
+from ..errors import CorruptBufferError
+from .imagecodec import FrameCodec, ImageCodecError, format_of
 from .layout import shard_key
 
 MISSING = 2**64 - 1
@@ -60,7 +63,7 @@ class ChunkCodec:
 
     shape: tuple
     dtype: np.dtype
-    compressor: object | None  # a numcodecs codec, or None
+    compressor: object | None  # a numcodecs codec, an image FrameCodec, or None
     crc: bool
 
     def encode(self, block: np.ndarray) -> bytes:
@@ -75,7 +78,7 @@ class ChunkCodec:
             return np.frombuffer(raw, self.dtype).reshape(self.shape)
         except ChunkError:
             raise
-        except Exception as e:  # noqa: BLE001 - numcodecs raises RuntimeError/ValueError
+        except Exception as e:  # noqa: BLE001 - numcodecs/imagecodecs raise many kinds
             raise ChunkError(f"a chunk does not decode ({type(e).__name__}: {e})") from None
 
 
@@ -83,6 +86,12 @@ def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec
     names = [c["name"] for c in chain]
     crc = bool(names) and names[-1] == "crc32c"
     body = names[:-1] if crc else names
+    if len(body) == 1 and format_of(body[0]) is not None:
+        try:
+            frames = FrameCodec(format_of(body[0]), chain[0].get("configuration") or {}, shape)
+        except ImageCodecError as e:
+            raise CorruptBufferError(f"{where}: {e}") from None
+        return ChunkCodec(shape, dtype, frames, crc)
     if not body or body[0] != "bytes" or len(body) > 2 or "crc32c" in body:
         raise UnsupportedArray(f"{where}: codecs {names}")
     endian = (chain[0].get("configuration") or {}).get("endian", "little")

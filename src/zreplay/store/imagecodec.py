@@ -1,0 +1,361 @@
+"""Image codecs for uint8 camera frames, as Zarr v3 array -> bytes codecs.
+
+A chunk of ``[rows, H, W]`` or ``[rows, H, W, C]`` uint8 (C in 1, 3, 4) is stored frame by
+frame: ``uint32 n`` (little-endian, = rows), ``uint32 size[n]``, then the ``n`` encoded
+frames back to back (see FORMAT.md, "Image codecs").  Each frame is encoded on its own
+(one row per chunk is the default layout for images, and every format has a largest
+image side that a tiled chunk would run into).
+
+:class:`FrameCodec` is the codec as zreplay's own shard reader uses it (pure bytes and
+numpy, via imagecodecs); the ``*Codec`` classes wrap it for zarr-python (registered here
+and through the ``zarr.codecs`` entry points in pyproject.toml, so plain ``zarr`` reads a
+buffer once zreplay is installed).
+
+A buffer is untrusted data: a codec's JSON configuration is checked (known parameters,
+values in range), the frame size is bounded before anything is allocated, and each frame
+decodes into an array of the shape the array's metadata declares (imagecodecs checks the
+image's header against it before decoding), so a crafted frame cannot make a reader
+allocate more than the chunk.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Codec name prefix in zarr.json; "zreplay.<format>".
+PREFIX = "zreplay."
+# The largest frame side and frame a reader accepts (16383: WebP's limit).
+MAX_SIDE = 16383
+MAX_FRAME_BYTES = 256 << 20
+MAX_FRAMES = 1 << 16
+
+
+class ImageCodecError(ValueError):
+    """A frame or chunk that does not encode or decode, or a codec configuration no
+    writer could have recorded."""
+
+
+@dataclass(frozen=True)
+class _Param:
+    kind: type
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Format:
+    """One image format: its parameters (name -> type and range), the channel counts it
+    takes, and whether it is lossless for every configuration (``lossless`` parameter
+    otherwise)."""
+
+    name: str
+    params: dict = field(default_factory=dict)
+    channels: tuple = (1, 3, 4)
+
+
+FORMATS = {
+    "png": Format("png", {"level": _Param(int, 0, 9)}),
+    "webp": Format(
+        "webp",
+        {
+            "lossless": _Param(bool, 0, 1),
+            "quality": _Param(int, 0, 100),
+            "method": _Param(int, 0, 6),
+        },
+        channels=(3, 4),
+    ),
+    "jpegxl": Format(
+        "jpegxl",
+        {
+            "lossless": _Param(bool, 0, 1),
+            "effort": _Param(int, 1, 9),
+            "distance": _Param(float, 0.0, 25.0),
+        },
+    ),
+    "avif": Format("avif", {"quality": _Param(int, 0, 100), "speed": _Param(int, 0, 10)}),
+    "jpeg": Format("jpeg", {"quality": _Param(int, 1, 100)}, channels=(1, 3)),
+    "qoi": Format("qoi", {}, channels=(3, 4)),
+}
+
+
+def check_config(fmt: str, config: Any) -> dict:
+    """``config`` checked against format ``fmt``'s parameters: every one present, known,
+    of its type and in range (ImageCodecError otherwise)."""
+    spec = FORMATS.get(fmt)
+    if spec is None:
+        raise ImageCodecError(f"unknown image codec {fmt!r}; known: {sorted(FORMATS)}")
+    if not isinstance(config, dict):
+        raise ImageCodecError(f"codec {PREFIX}{fmt}: configuration {config!r} is not an object")
+    if set(config) != set(spec.params):
+        raise ImageCodecError(
+            f"codec {PREFIX}{fmt}: parameters {sorted(config)}, expected exactly "
+            f"{sorted(spec.params)} (a damaged or crafted zarr.json, or a newer zreplay's)"
+        )
+    out = {}
+    for name, p in spec.params.items():
+        v = config[name]
+        ok = isinstance(v, bool) if p.kind is bool else not isinstance(v, bool)
+        ok = ok and isinstance(v, (int, float) if p.kind is float else p.kind)
+        if not ok or not p.low <= v <= p.high:
+            raise ImageCodecError(
+                f"codec {PREFIX}{fmt}: {name}={v!r}, expected {p.kind.__name__} in "
+                f"[{p.low}, {p.high}]"
+            )
+        out[name] = p.kind(v)
+    return out
+
+
+def check_frame_shape(fmt: str, frame: tuple, dtype) -> None:
+    """ImageCodecError unless uint8 frames of shape ``frame`` (``(H, W)`` or ``(H, W, C)``)
+    suit format ``fmt``."""
+    spec = FORMATS[fmt]
+    channels = 1 if len(frame) == 2 else frame[-1] if len(frame) == 3 else None
+    if np.dtype(dtype) != np.uint8 or channels is None:
+        raise ImageCodecError(
+            f"image codec {fmt!r} takes uint8 frames [H, W] or [H, W, C], got "
+            f"{np.dtype(dtype)} rows of shape {tuple(frame)}"
+        )
+    if channels not in spec.channels:
+        hint = (
+            "choose png or jpegxl, which take 1, 3 or 4"
+            if channels in (1, 3, 4)
+            else "no image codec takes that many: store the key with codec 'zstd'"
+        )
+        raise ImageCodecError(
+            f"image codec {fmt!r} takes {spec.channels} channels, got {channels} (shape "
+            f"{tuple(frame)}); {hint}"
+        )
+    if not (1 <= frame[0] <= MAX_SIDE and 1 <= frame[1] <= MAX_SIDE):
+        raise ImageCodecError(
+            f"image codec {fmt!r}: frame sides {frame[:2]} not in [1, {MAX_SIDE}]"
+        )
+    if int(np.prod(frame)) > MAX_FRAME_BYTES:
+        raise ImageCodecError(
+            f"image codec {fmt!r}: frames of {frame} above {MAX_FRAME_BYTES} bytes"
+        )
+
+
+def _imagecodecs():
+    import imagecodecs  # a hard dependency; imported on first use (about 30 ms)
+
+    return imagecodecs
+
+
+def _encoder(fmt: str, cfg: dict):
+    ic = _imagecodecs()
+    if fmt == "png":
+        return lambda a: ic.png_encode(a, level=cfg["level"])
+    if fmt == "webp":
+        return lambda a: ic.webp_encode(
+            a, level=cfg["quality"], lossless=cfg["lossless"], method=cfg["method"]
+        )
+    if fmt == "jpegxl":
+        if cfg["lossless"]:
+            return lambda a: ic.jpegxl_encode(a, lossless=True, effort=cfg["effort"], numthreads=1)
+        return lambda a: ic.jpegxl_encode(
+            a, distance=cfg["distance"], effort=cfg["effort"], numthreads=1
+        )
+    if fmt == "avif":
+        return lambda a: ic.avif_encode(a, level=cfg["quality"], speed=cfg["speed"], numthreads=1)
+    if fmt == "jpeg":
+        return lambda a: ic.jpeg8_encode(a, level=cfg["quality"])
+    return ic.qoi_encode
+
+
+def _decoder(fmt: str):
+    ic = _imagecodecs()
+    return {
+        "png": ic.png_decode,
+        "webp": ic.webp_decode,
+        "jpegxl": lambda b, out: ic.jpegxl_decode(b, numthreads=1, out=out),
+        "avif": lambda b, out: ic.avif_decode(b, numthreads=1, out=out),
+        "jpeg": ic.jpeg8_decode,
+        "qoi": ic.qoi_decode,
+    }[fmt]
+
+
+class FrameCodec:
+    """Chunks ``[rows, *frame]`` of uint8 frames <-> bytes in format ``fmt`` (see the
+    module docstring for the byte layout)."""
+
+    # (milliseconds a frame, GIL released: readers decode several chunks at once)
+    decodes_slowly = True
+
+    def __init__(self, fmt: str, config: Any, chunk_shape: tuple):
+        self.fmt = fmt
+        self.config = check_config(fmt, config)
+        self.chunk_shape = tuple(int(x) for x in chunk_shape)
+        if not 1 <= self.chunk_shape[0] <= MAX_FRAMES:
+            raise ImageCodecError(f"image codec {fmt!r}: chunks of {self.chunk_shape[0]} rows")
+        check_frame_shape(fmt, self.chunk_shape[1:], np.uint8)
+        # imagecodecs takes and gives [H, W] for one channel
+        self._plane = self.chunk_shape[1:3] if self.chunk_shape[3:] in ((), (1,)) else None
+        self._encode = _encoder(fmt, self.config)
+        self._decode = _decoder(fmt)
+
+    def encode(self, block: np.ndarray) -> bytes:
+        """One chunk ``uint8 [rows, *frame]`` as bytes."""
+        block = np.asarray(block)
+        if block.dtype != np.uint8 or block.shape != self.chunk_shape:
+            raise ImageCodecError(
+                f"image codec {self.fmt!r}: a chunk of {block.dtype} {block.shape}, "
+                f"expected uint8 {self.chunk_shape}"
+            )
+        frames = [
+            bytes(
+                self._encode(
+                    np.ascontiguousarray(f if self._plane is None else f.reshape(self._plane))
+                )
+            )
+            for f in block
+        ]
+        head = struct.pack(f"<{len(frames) + 1}I", len(frames), *map(len, frames))
+        return b"".join([head, *frames])
+
+    def decode(self, data) -> np.ndarray:
+        """The chunk ``uint8 [rows, *frame]`` that ``data`` holds (ImageCodecError for
+        bytes that are not one: wrong counts or sizes, a frame that does not decode into
+        the declared frame shape)."""
+        mv = memoryview(data).cast("B")
+        n = self.chunk_shape[0]
+        head = 4 * (n + 1)
+        if len(mv) < head or struct.unpack_from("<I", mv)[0] != n:
+            raise ImageCodecError(f"image codec {self.fmt!r}: a chunk without its {n}-frame header")
+        sizes = np.frombuffer(mv[4:head], "<u4").astype(np.int64)
+        ends = head + np.cumsum(sizes)
+        if ends[-1] != len(mv):
+            raise ImageCodecError(
+                f"image codec {self.fmt!r}: frames of {int(ends[-1] - head)} bytes in a chunk "
+                f"of {len(mv) - head}"
+            )
+        out = np.empty(self.chunk_shape, np.uint8)
+        starts = ends - sizes
+        for i in range(n):
+            target = out[i] if self._plane is None else out[i].reshape(self._plane)
+            try:
+                got = self._decode(mv[int(starts[i]) : int(ends[i])], out=target)
+            except Exception as e:  # noqa: BLE001 - imagecodecs raises its own per format
+                raise ImageCodecError(
+                    f"image codec {self.fmt!r}: frame {i} does not decode ({type(e).__name__}: {e})"
+                ) from None
+            if got is not target and not np.shares_memory(got, target):
+                target[...] = got
+        return out
+
+
+def format_of(codec_name: str) -> str | None:
+    """The format of a zarr.json codec name ("zreplay.png" -> "png"), None for others."""
+    if isinstance(codec_name, str) and codec_name.startswith(PREFIX):
+        return codec_name[len(PREFIX) :]
+    return None
+
+
+def uses_image_codec(meta: Any) -> bool:
+    """Does the parsed ``zarr.json`` ``meta`` of an array use one of these codecs (at the
+    top or inside its sharding codec)?"""
+    try:
+        chain = meta["codecs"]
+        if len(chain) == 1 and chain[0]["name"] == "sharding_indexed":
+            chain = chain[0]["configuration"]["codecs"]
+        return any(format_of(c.get("name")) is not None for c in chain)
+    except (KeyError, TypeError, IndexError, AttributeError):
+        return False
+
+
+# -- zarr-python ---------------------------------------------------------------------
+
+from zarr.abc.codec import ArrayBytesCodec  # noqa: E402
+from zarr.core.common import parse_named_configuration  # noqa: E402
+
+
+class _ZarrImageCodec(ArrayBytesCodec):
+    """An image format as a Zarr v3 array -> bytes codec (one subclass per format)."""
+
+    fmt: str = ""
+    is_fixed_size = False
+
+    def __init__(self, **config):
+        object.__setattr__(self, "config", check_config(self.fmt, config))
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.config == self.config
+
+    def __hash__(self) -> int:
+        return hash((self.fmt, tuple(sorted(self.config.items()))))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"
+
+    @classmethod
+    def from_dict(cls, data):
+        _, config = parse_named_configuration(data, PREFIX + cls.fmt, require_configuration=False)
+        try:
+            return cls(**(config or {}))
+        except TypeError as e:
+            raise ImageCodecError(f"codec {PREFIX}{cls.fmt}: {e}") from None
+
+    def to_dict(self):
+        return {"name": PREFIX + self.fmt, "configuration": dict(self.config)}
+
+    def evolve_from_array_spec(self, array_spec):
+        return self
+
+    def validate(self, *, shape, dtype, chunk_grid) -> None:
+        check_frame_shape(self.fmt, tuple(shape[1:]), dtype.to_native_dtype())
+
+    def _codec(self, chunk_spec) -> FrameCodec:
+        return FrameCodec(self.fmt, self.config, tuple(chunk_spec.shape))
+
+    async def _decode_single(self, chunk_bytes, chunk_spec):
+        block = self._codec(chunk_spec).decode(chunk_bytes.as_numpy_array())
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(block)
+
+    async def _encode_single(self, chunk_array, chunk_spec):
+        body = self._codec(chunk_spec).encode(chunk_array.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(body)
+
+    def compute_encoded_size(self, input_byte_length: int, _chunk_spec) -> int:
+        raise NotImplementedError  # variable size (is_fixed_size is False)
+
+
+class PngCodec(_ZarrImageCodec):
+    fmt = "png"
+
+
+class WebpCodec(_ZarrImageCodec):
+    fmt = "webp"
+
+
+class JpegxlCodec(_ZarrImageCodec):
+    fmt = "jpegxl"
+
+
+class AvifCodec(_ZarrImageCodec):
+    fmt = "avif"
+
+
+class JpegCodec(_ZarrImageCodec):
+    fmt = "jpeg"
+
+
+class QoiCodec(_ZarrImageCodec):
+    fmt = "qoi"
+
+
+ZARR_CODECS = {c.fmt: c for c in (PngCodec, WebpCodec, JpegxlCodec, AvifCodec, JpegCodec, QoiCodec)}
+
+
+def _register() -> None:
+    # In this process even where zreplay is not installed (a source checkout on
+    # PYTHONPATH): the entry points make plain zarr find them everywhere else.
+    from zarr.registry import register_codec
+
+    for fmt, cls in ZARR_CODECS.items():
+        register_codec(PREFIX + fmt, cls)
+
+
+_register()
