@@ -142,7 +142,20 @@ def test_a_buffer_stores_reads_and_verifies_each_codec(tmp_path, name):
     assert zreplay.verify(tmp_path / "b").ok
 
 
-def test_uint8_images_default_to_a_lossless_image_codec(tmp_path):
+def test_uint8_images_default_to_zstd_until_a_codec_is_chosen(tmp_path):
+    """No image codec by default yet (store/layout.py says why): frames are zstd over
+    raw pixels unless a layout names a codec."""
+    eps = write_episodes(tmp_path / "z", None)
+    assert [c["name"] for c in pixel_codec(tmp_path / "z")] == ["bytes", "zstd", "crc32c"]
+    assert np.array_equal(zreplay.open(tmp_path / "z").episode(1)["pixels"], eps[1]["pixels"])
+
+
+def test_a_default_image_codec_applies_to_image_like_keys(tmp_path, monkeypatch):
+    """The mechanism the default will use: image-like uint8 keys (one channel: PNG), not
+    small frames."""
+    from zreplay.store import layout
+
+    monkeypatch.setattr(layout, "DEFAULT_IMAGE_CODEC", "webp")
     eps = write_episodes(tmp_path / "b", None)
     assert pixel_codec(tmp_path / "b")[0]["name"] == "zreplay.webp"
     assert np.array_equal(zreplay.open(tmp_path / "b").episode(1)["pixels"], eps[1]["pixels"])
