@@ -582,7 +582,7 @@ def test_a_directory_saved_over_is_another_cache(tmp_path, cols):
     b.close()
     zreplay.open(ckpt).sample(8)  # caches the resumed history
     builders.add_full(a, range(6, 12))
-    a.checkpoint(ckpt)  # saved over: the first history again, longer
+    a.engine.checkpoint(ckpt)  # saved over: the first history again, longer
     a.close()
     view = zreplay.open(ckpt)
     r = flat(view.rows(np.arange(view.num_rows)))["rewards"][:, 0]
