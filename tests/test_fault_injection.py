@@ -638,6 +638,7 @@ def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
     template, before, after, calls = baseline(name, place)
     chosen = injection_points(calls, budget(default_budget), seed=zlib.crc32(name.encode()))
     outcomes = {"calls": calls, "points": len(chosen), "raised": 0, "before": 0, "after": 0}
+    outcomes["fired"] = []  # where each error fired (a crash: in the child)
     for at in chosen:
         paths = place.prepare(template)
         if mode == "error":
@@ -649,6 +650,7 @@ def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
                 outcomes["raised"] += 1
                 assert str(e), "an error without a message"
             # anything else (TypeError, AttributeError, ...) fails the test here
+            outcomes["fired"].append(faults.fired)
         else:
             ctx = processes()
             p = ctx.Process(target=_crash_child, args=(name, paths, place.so, at))
@@ -675,6 +677,21 @@ def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
     return outcomes
 
 
+def assert_injected(out: dict, mode: str) -> None:
+    """The sweep injected what it says (a sweep that never fired would prove nothing):
+    a crash ended a child; an error reached the caller, unless every point's error fired
+    in a call the operation is built to outlive (a learner's best-effort progress
+    publish, a background read that is retried): the state after each point was checked
+    either way."""
+    if mode == "crash":
+        assert out["raised"] > 0, out
+        return
+    if out["raised"] > 0:
+        return
+    tolerated = ("S3Backend.put", "zreplay-s3io", "LocalBackend.publish")
+    assert all(f and any(t in f for t in tolerated) for f in out["fired"]), out
+
+
 @pytest.mark.parametrize("mode", ["error", "crash"])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_local_operations_are_all_or_nothing(tmp_path_factory, name, mode, record_property):
@@ -682,7 +699,7 @@ def test_local_operations_are_all_or_nothing(tmp_path_factory, name, mode, recor
     out = sweep(name, place, mode, default_budget=8 if name in SMALLER else 24)
     record_property("fault_sweep", out)
     print(f"\n{name} [{mode}] local: {out}")
-    assert out["raised"] > 0
+    assert_injected(out, mode)
 
 
 @pytest.mark.parametrize("mode", ["error", "crash"])
@@ -691,7 +708,7 @@ def test_s3_operations_are_all_or_nothing(s3, name, mode, record_property):
     out = sweep(name, Place("s3", None, s3), mode, default_budget=3 if name in SMALLER else 4)
     record_property("fault_sweep", out)
     print(f"\n{name} [{mode}] s3: {out}")
-    assert out["raised"] > 0
+    assert_injected(out, mode)
 
 
 def test_the_harness_counts_and_fires(tmp_path):
