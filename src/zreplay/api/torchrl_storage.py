@@ -33,7 +33,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from ..core import BufferCore, RamPolicy, RandomStream
 from ..core.options import StoreOptions, store_options
-from ..errors import AppendOnlyError, ReadOnlyError, SchemaError, StaleViewError
+from ..errors import AppendOnlyError, FormatError, ReadOnlyError, SchemaError, StaleViewError
 from ..numbers import as_int
 from ..schema import Schema
 from ..store.location import locate
@@ -140,6 +140,15 @@ class ZarrStorage(TensorStorage):
             **opts,
         )
         try:
+            engine = self.core.engine
+            if engine.num_rows != engine.own_rows:
+                raise FormatError(
+                    f"ZarrStorage at {path}: the buffer holds sealed offline segments "
+                    f"({engine.num_rows - engine.own_rows} rows, zreplay.seal), which a "
+                    "TorchRL ring neither holds nor samples; give ZarrStorage a path of its "
+                    "own, or sample the offline part with TrajectoryReplayBuffer, "
+                    "ReplayBuffer or zreplay.open"
+                )
             self._open_ring()
         except BaseException:
             self.core.close()

@@ -81,6 +81,8 @@ from .lerobot_format import (
 from .lerobot_stats import Totals, feature_stats, nested
 
 UNFINISHED = ("keep", "skip")
+# The smallest frame side exported as AV1 video (SVT-AV1 dies with SIGFPE on 16x16, 24x24).
+MIN_VIDEO_SIDE = 32
 
 
 # -- which keys become which features --------------------------------------------------
@@ -113,6 +115,13 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
                 raise SchemaError(
                     f"key {key!r}: frames of {row[0]}x{row[1]} cannot be AV1 yuv420p video "
                     "(height and width must be even); export with images='image' (PNG)"
+                )
+            if images == "video" and min(row[:2]) < MIN_VIDEO_SIDE:
+                # SVT-AV1 kills the process (SIGFPE) on frames this small (16x16, 64x16).
+                raise SchemaError(
+                    f"key {key!r}: frames of {row[0]}x{row[1]} are too small for the AV1 "
+                    f"encoder (both sides at least {MIN_VIDEO_SIDE}); export with "
+                    "images='image' (PNG)"
                 )
             out.append(Feature(feature_name(key), images, np.dtype(np.uint8), row, key))
         elif len(row) <= 1 and dt.kind in "biuf":
