@@ -177,3 +177,26 @@ def test_a_minari_jpeg_of_another_size_than_its_space_is_refused(tmp_path):
     with pytest.raises(FormatError, match="frame 1 is 64x80; the observation space declares"):
         zreplay.import_minari(src, tmp_path / "buf")
     assert not (tmp_path / "buf").exists()
+
+
+def set_feature(src, name: str, **changes) -> None:
+    path = src / "meta/info.json"
+    info = json.loads(path.read_text())
+    info["features"][name].update(changes)
+    path.write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool", "float16", "uint8"])
+def test_a_dtype_info_json_lies_about_is_refused_not_cast(tmp_path, dtype):
+    """float32 values declared another dtype were cast (101.1 -> 101, True, 101.125)."""
+    src = tmp_path / "ds"
+    write_dataset(src, lengths=(4, 5), video=False, image=False)
+    set_feature(src, "observation.state", dtype=dtype)
+    refused(src, tmp_path / "buf", "'observation.state' holds .* float32 values")
+
+
+def test_a_huge_video_frame_shape_is_refused_before_allocating_it(tmp_path):
+    src = tmp_path / "ds"
+    write_dataset(src, lengths=(4, 5), image=False)
+    set_feature(src, "observation.images.front", shape=[100000, 100000, 3])
+    refused(src, tmp_path / "buf", "info.json declares \\[100000, 100000, 3\\]")

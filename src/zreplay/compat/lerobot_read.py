@@ -247,7 +247,13 @@ def column_array(column, feat: Feature, n: int, where: str) -> np.ndarray:
         arr = arr.flatten()
     values = arr.to_numpy(zero_copy_only=False)
     size = n * int(np.prod(feat.shape, dtype=np.int64))
-    if values.size != size or values.dtype.kind not in "biuf":
+    if (
+        values.size != size
+        or values.dtype.kind not in "biuf"
+        # A dtype info.json declares that the values do not fit unchanged (float32 as
+        # int64 or float16, ...): a lie to refuse, not a cast that loses data.
+        or not np.can_cast(values.dtype, feat.dtype, casting="safe")
+    ):
         raise FormatError(
             f"{where}: column {feat.name!r} holds {values.size} {values.dtype} values for "
             f"{n} rows; info.json declares {feat.dtype} {list(feat.shape)} per row"
@@ -357,6 +363,12 @@ class Videos:
             if v is not None:
                 v.close()
             v = self.open[feat.name] = VideoFile(path)
+        got = (v.stream.codec_context.height, v.stream.codec_context.width)
+        if got != tuple(feat.shape[:2]):  # before allocating what info.json claims
+            raise FormatError(
+                f"{path}: its frames of {feat.name!r} are {got[0]}x{got[1]}; info.json "
+                f"declares {list(feat.shape)}"
+            )
         # Converted one by one into the episode's array: one episode's frames in memory.
         out = np.empty((ep.length, *feat.shape), np.uint8)
         times, where = [], f"{path} (episode {ep.index})"
