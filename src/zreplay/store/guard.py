@@ -168,3 +168,15 @@ def new_tree(
     check_target(target, what, sources=sources, replaces=replaces, kind=kind)
     with holding_writer_locks(target, what), target.backend.staged_tree(target) as tmp:
         yield tmp
+
+
+def copy_files(tmp: Location, files: Iterable[tuple[Location, str]]) -> None:
+    """Copy each ``(source, rel)`` file to ``tmp / rel`` (a tree being built aside), each
+    parent directory made once: what a rewrite keeps of the buffer it rewrites."""
+    made: set[str] = set()
+    for loc, rel in files:
+        parent = rel.rpartition("/")[0]
+        if parent and parent not in made:
+            (tmp / parent).mkdir(parents=True, exist_ok=True)
+            made.add(parent)
+        tmp.backend.import_file(loc, tmp / rel)

@@ -33,7 +33,7 @@ from .format import (
     is_temp_name,
     old_format_error,
 )
-from .guard import new_tree
+from .guard import copy_files, new_tree
 from .layout import KeyLayout
 from .location import Location
 from .objectswap import is_staging_name
@@ -119,15 +119,7 @@ def _build(root: BufferRoot, info: dict, schema, layouts: dict, changed: dict, t
     src, backend = root.path, tmp.backend
     segs = list(root.segment_dirs())
     skip = tuple(f"{SEGMENTS}/{s.name}/data/{k}/" for s in segs for k in changed)
-    made: set[str] = set()
-    for rel, loc in root.backend.walk_files(src):
-        if not _copied(rel, skip):
-            continue
-        parent = rel.rpartition("/")[0]
-        if parent and parent not in made:
-            (tmp / parent).mkdir(parents=True, exist_ok=True)
-            made.add(parent)
-        backend.import_file(loc, tmp / rel)
+    copy_files(tmp, ((loc, rel) for rel, loc in root.backend.walk_files(src) if _copied(rel, skip)))
     for seg in segs:
         if not (tmp / SEGMENTS / seg.name / "data").exists():
             continue  # a segment that never made its arrays

@@ -41,7 +41,7 @@ from .format import (
     meta_node_json,
     old_format_error,
 )
-from .guard import new_tree
+from .guard import copy_files, new_tree
 from .location import Location
 from .lock import WriterLock
 from .objectswap import is_staging_name
@@ -203,19 +203,17 @@ def _build(root: BufferRoot, info: dict, tmp: Location) -> None:
     """Make ``tmp`` the format-5 tree of ``root`` (see the module docstring)."""
     src, backend = root.path, tmp.backend
     placed: set[str] = set()
-    made: set[str] = set()
     # Claims in their format-5 place first: one also in format 2's place is the same claim.
     files = sorted(root.backend.walk_files(src), key=lambda f: f[0].startswith(WRITERS + "/"))
-    for rel, loc in files:
-        to = _target(rel)
-        if to is None or to in placed:
-            continue
-        parent = to.rpartition("/")[0]
-        if parent and parent not in made:
-            (tmp / parent).mkdir(parents=True, exist_ok=True)
-            made.add(parent)
-        backend.import_file(loc, tmp / to)
-        placed.add(to)
+
+    def kept():
+        for rel, loc in files:
+            to = _target(rel)
+            if to is not None and to not in placed:
+                placed.add(to)
+                yield loc, to
+
+    copy_files(tmp, kept())
     for seg in root.segment_dirs():
         record = _old_commit(root, seg)
         seg_rel = f"{SEGMENTS}/{seg.name}"
