@@ -46,3 +46,19 @@ def test_video_export_refuses_frames_too_small_for_av1(tmp_path, side):
         zreplay.export_lerobot(tmp_path / "e", tmp_path / "out", fps=10)
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+def test_a_writer_says_when_it_leaves_out_a_segment_it_cannot_read(tmp_path, caplog):
+    """A damaged commit (of what may be the sealed offline part) is left out of a
+    writer's samples, as a view reports it: the writer says so rather than quietly
+    sampling online rows only."""
+    p = tmp_path / "b"
+    a = zreplay.ReplayBuffer(100, path=p, writer_id="offline")
+    a.write_episode({"x": np.arange(5, dtype=np.float32)})
+    a.close()
+    zreplay.seal(p, "offline")
+    (p / "segments" / "offline" / "zreplay" / "commit.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="zreplay"):
+        b = zreplay.ReplayBuffer(100, path=p, writer_id="online")
+    b.close()
+    assert "'offline' is left out of this writer's samples" in caplog.text

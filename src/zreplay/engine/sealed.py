@@ -14,6 +14,7 @@ beside it takes none of this path.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -32,6 +33,8 @@ from ..threads import deferred_interrupts
 from .colcache import ColumnCache, contents_ident, small_keys
 from .gather import Part, Snapshot, gather
 from .reader import default_chunk_cache_bytes
+
+log = logging.getLogger("zreplay")
 
 # The segment an import writes and seals, beside the "default" a writer opens.
 OFFLINE_WRITER = "offline"
@@ -79,9 +82,17 @@ def open_sealed(root: BufferRoot, schema, layouts, own: str, budget: int) -> lis
         seg_dir = root.segment_dir(wid)
         try:
             commit = read_commit(seg_dir)
-        except (FormatError, CorruptBufferError):
-            # Another writer's problem (an older format, damage): no sealed segment has
-            # it, and views and zreplay.verify report it, as before seals existed.
+        except (FormatError, CorruptBufferError) as e:
+            # Another writer's problem (an older format, damage), which views and
+            # zreplay.verify report; but if it was the sealed offline part, a mixed
+            # sample would quietly lose it: say so here.
+            log.warning(
+                "zreplay: segment %r is left out of this writer's samples: its commit "
+                "cannot be read (%s); if it is the buffer's sealed offline part, run "
+                "zreplay verify",
+                wid,
+                e,
+            )
             continue
         if commit is None or not commit.sealed or commit.n_rows == commit.low_row:
             continue
