@@ -156,3 +156,13 @@ def budget(default: int) -> int:
     if raw == "all":
         return 1 << 30
     return int(raw) if raw else default
+
+
+class Interrupts(Faults):
+    """Faults whose armed call raises KeyboardInterrupt (a Ctrl-C at that line)."""
+
+    def hit(self, name: str) -> None:
+        try:
+            super().hit(name)
+        except OSError:
+            raise KeyboardInterrupt from None

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import processes
-from faultlib import CRASH_STATUS, Faults, budget, injection_points
+from faultlib import CRASH_STATUS, Faults, Interrupts, budget, injection_points
 
 import zreplay
 from zreplay import SchemaError, WriterLockedError
@@ -156,26 +156,22 @@ def recoded_or_not(path, want) -> str:
     return "old" if names == ["zreplay.png"] else "new"
 
 
-class Interrupts(Faults):
-    """Faults whose armed call raises KeyboardInterrupt (a Ctrl-C at that line)."""
-
-    def hit(self, name: str) -> None:
-        try:
-            super().hit(name)
-        except OSError:
-            raise KeyboardInterrupt from None
-
-
-@pytest.mark.parametrize("mode", ["error", "interrupt"])
-def test_recode_is_all_or_nothing_under_errors_and_ctrl_c(tmp_path, mode):
+def counted_recode(tmp_path):
+    """A template buffer, its pixels, and the store calls a recode of a copy of it makes
+    (a ``Faults`` counter)."""
     template = tmp_path / "template"
     make_buffer(template)
-    want = pixels(template)
     counter = Faults()
     work = tmp_path / "count"
     shutil.copytree(template, work)
     with counter.installed():
         recode(work, {"pixels": {"codec": "jpegxl"}})
+    return template, pixels(template), counter
+
+
+@pytest.mark.parametrize("mode", ["error", "interrupt"])
+def test_recode_is_all_or_nothing_under_errors_and_ctrl_c(tmp_path, mode):
+    template, want, counter = counted_recode(tmp_path)
     calls = counter.calls
     points = injection_points(calls, budget(8), seed=zlib.crc32(mode.encode()))
     seen = {"old": 0, "new": 0}
@@ -208,14 +204,7 @@ def _recode_in_child(path: str, at: int) -> None:
 
 @pytest.mark.slow
 def test_a_recode_killed_at_any_store_call_leaves_old_or_new(tmp_path):
-    template = tmp_path / "template"
-    make_buffer(template)
-    want = pixels(template)
-    counter = Faults()
-    work = tmp_path / "count"
-    shutil.copytree(template, work)
-    with counter.installed():
-        recode(work, {"pixels": {"codec": "jpegxl"}})
+    template, want, counter = counted_recode(tmp_path)
     ctx = processes()
     seen = {"old": 0, "new": 0}
     for at in injection_points(counter.calls, budget(24), seed=zlib.crc32(b"crash")):

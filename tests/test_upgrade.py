@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import S3_BUCKET, check_rows, codes_of, make_traj, processes
-from faultlib import CRASH_STATUS, Faults, budget, injection_points
+from faultlib import CRASH_STATUS, Faults, Interrupts, budget, injection_points
 
 import zreplay
 from zreplay.cli import main as cli
@@ -341,16 +341,6 @@ def test_an_object_store_buffer_upgrades(s3):
 
 
 # -- all or nothing ---------------------------------------------------------------------
-
-
-class Interrupts(Faults):
-    """Faults whose armed call raises KeyboardInterrupt (a Ctrl-C at that line)."""
-
-    def hit(self, name: str) -> None:
-        try:
-            super().hit(name)
-        except OSError:
-            raise KeyboardInterrupt from None
 
 
 def _upgrade_in_child(path: str, at: int) -> None:
