@@ -27,7 +27,7 @@ import google_crc32c
 import numcodecs
 import numpy as np
 
-from ..errors import CorruptBufferError
+from ..errors import CorruptBufferError, MissingCodecError
 from .imagecodec import FrameCodec, ImageCodecError, format_of
 from .layout import shard_key
 
@@ -76,7 +76,7 @@ class ChunkCodec:
             body = _strip_crc(data) if self.crc else memoryview(data).cast("B")
             raw = self.compressor.decode(body) if self.compressor is not None else body
             return np.frombuffer(raw, self.dtype).reshape(self.shape)
-        except ChunkError:
+        except (ChunkError, MissingCodecError):
             raise
         except Exception as e:  # noqa: BLE001 - numcodecs/imagecodecs raise many kinds
             raise ChunkError(f"a chunk does not decode ({type(e).__name__}: {e})") from None
@@ -91,6 +91,8 @@ def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec
             frames = FrameCodec(format_of(body[0]), chain[0].get("configuration") or {}, shape)
         except ImageCodecError as e:
             raise CorruptBufferError(f"{where}: {e}") from None
+        except MissingCodecError as e:
+            raise MissingCodecError(e.codec, e.reason, where) from None
         return ChunkCodec(shape, dtype, frames, crc)
     if not body or body[0] != "bytes" or len(body) > 2 or "crc32c" in body:
         raise UnsupportedArray(f"{where}: codecs {names}")
