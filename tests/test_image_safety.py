@@ -8,17 +8,28 @@ and ``zreplay upgrade --codec`` works on S3 all or nothing."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import pickle
+import shutil
+import subprocess
 import sys
+import threading
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import processes, shard_files
+from faultlib import CRASH_STATUS, Faults, Interrupts, budget, injection_points
 
 import zreplay
 from zreplay import CorruptBufferError, MissingCodecError
 from zreplay.cli import main as cli
+from zreplay.errors import ZReplayError
 from zreplay.store.imagecodec import FrameCodec
+from zreplay.store.recode import recode
 
 SHAPE = (24, 20, 3)
 FIX = "pip install 'imagecodecs>=2026.3.6'"
@@ -142,3 +153,300 @@ def test_missing_codec_error_crosses_processes():
     err = MissingCodecError("zreplay.avif", "no AVIF", "b/segments/default/data/pixels")
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is MissingCodecError and str(back) == str(err) and back.codec == err.codec
+
+
+# -- 2. faults over adds to an image-codec key ----------------------------------------
+
+
+def test_the_harness_sees_image_shard_writes_of_a_writer_opened_before_it(tmp_path):
+    """The shard writer looks up the backend's publish at each write: a harness installed
+    after the array was opened still sees (and can fail) the image shards' writes."""
+    path = tmp_path / "b"
+    rb = zreplay.ReplayBuffer(10_000, path=path, layout={"pixels": {"codec": "png"}})
+    try:
+        rb.write_episode(episode(0))
+        rb.flush()
+        counter = Faults()
+        with counter.installed():
+            rb.write_episode(episode(1))
+            rb.flush()
+        assert "LocalBackend.publish" in counter.names, counter.names
+        with Faults(1, "error").installed() as faults:
+            rb.write_episode(episode(2))
+            with pytest.raises(zreplay.WriteFailedError):
+                rb.flush()
+        assert faults.fired and "publish" in faults.fired
+    finally:
+        rb.close()
+    assert zreplay.verify(path).ok and len(pixels(path)) == 5 + 6 + 7
+
+
+def add_flush_sample(path: str) -> None:
+    """The operation swept: a writer adds an episode to the image key and flushes, then a
+    view samples it from disk."""
+    rb = zreplay.ReplayBuffer(10_000, path=path)
+    try:
+        rb.write_episode(episode(2))
+        rb.flush()
+    finally:
+        rb.close()
+    view = zreplay.open(path, seed=0)
+    assert view.sample(8)["pixels"].shape == (8, *SHAPE)
+
+
+def before_or_after(path, states: dict) -> str:
+    """Which of ``states`` (name -> pixels) the buffer at ``path`` holds, read by zreplay
+    and by plain zarr, with verify clean and no lock held (a writer opens it)."""
+    import zarr
+
+    assert zreplay.verify(path).ok, str(zreplay.verify(path))
+    got = pixels(path)
+    plain = zarr.open_group(str(path), mode="r")["segments/default/data/pixels"]
+    assert np.array_equal(np.asarray(plain[:]), got)
+    zreplay.ReplayBuffer(10_000, path=path).close()  # nothing held: the lock is free
+    for name, want in states.items():
+        if got.shape == want.shape and np.array_equal(got, want):
+            return name
+    raise AssertionError(f"{len(got)} rows: neither state")
+
+
+def counted_add(tmp_path) -> tuple[Path, dict, Faults]:
+    template = tmp_path / "template"
+    eps = make_buffer(template, "png", n=2)
+    before = np.concatenate([e["pixels"] for e in eps])
+    after = np.concatenate([before, episode(2)["pixels"]])
+    work = tmp_path / "count"
+    shutil.copytree(template, work)
+    counter = Faults()
+    with counter.installed():
+        add_flush_sample(str(work))
+    assert before_or_after(work, {"after": after}) == "after"
+    return template, {"before": before, "after": after}, counter
+
+
+@pytest.mark.parametrize("mode", ["error", "interrupt"])
+def test_an_add_to_an_image_key_is_all_or_nothing_under_errors_and_ctrl_c(tmp_path, mode):
+    template, states, counter = counted_add(tmp_path)
+    writes = [n for n in counter.names if n == "LocalBackend.publish"]
+    assert len(writes) >= 3  # the image shard's, the other keys', the commit's
+    points = injection_points(
+        counter.calls, budget(10), seed=zlib.crc32(b"image add " + mode.encode())
+    )
+    # every image shard write is among the points: they are what this sweep is for
+    points = sorted(
+        {*points, *(i + 1 for i, n in enumerate(counter.names) if n == "LocalBackend.publish")}
+    )
+    seen = {"before": 0, "after": 0}
+    for at in points:
+        path = tmp_path / f"at{at}"
+        shutil.copytree(template, path)
+        faults = (Faults if mode == "error" else Interrupts)(at, "error")
+        try:
+            with faults.installed():
+                add_flush_sample(str(path))
+        except (OSError, ZReplayError) as e:
+            assert str(e), "an error without a message"
+        except KeyboardInterrupt:
+            assert mode == "interrupt"
+        assert faults.fired
+        try:
+            seen[before_or_after(path, states)] += 1
+        except BaseException as err:
+            err.add_note(f"after a {mode} at store call {at} of {counter.calls}: {faults.fired}")
+            raise
+        shutil.rmtree(path)
+    print(f"\nimage add [{mode}]: {counter.calls} store calls, {len(points)} points, {seen}")
+    assert seen["before"] > 0, seen
+
+
+def _add_in_child(path: str, at: int) -> None:
+    with Faults(at, "crash").installed():
+        add_flush_sample(path)
+
+
+@pytest.mark.slow
+def test_an_add_to_an_image_key_killed_at_any_store_call_leaves_before_or_after(tmp_path):
+    template, states, counter = counted_add(tmp_path)
+    ctx = processes()
+    seen = {"before": 0, "after": 0}
+    for at in injection_points(counter.calls, budget(16), seed=zlib.crc32(b"image crash")):
+        path = tmp_path / f"at{at}"
+        shutil.copytree(template, path)
+        child = ctx.Process(target=_add_in_child, args=(str(path), at))
+        child.start()
+        child.join(120)
+        assert child.exitcode in (0, CRASH_STATUS), f"exit code {child.exitcode} at call {at}"
+        try:
+            seen[before_or_after(path, states)] += 1
+        except BaseException as err:
+            err.add_note(f"after a crash at store call {at} of {counter.calls}")
+            raise
+        shutil.rmtree(path)
+    print(f"\nimage add [crash]: {counter.calls} store calls, {seen}")
+    assert seen["before"] > 0 and seen["after"] > 0, seen
+
+
+# -- 3. shard files swapped after the buffer was opened --------------------------------
+
+
+def rewrite_index(shard: Path, edit) -> None:
+    """Replace ``shard`` with a copy whose index (``uint64 [chunks, 2]``: offset, size)
+    ``edit`` changed, its crc32c made valid again (only the numbers lie)."""
+    import google_crc32c
+
+    meta = json.loads((shard.parent / "zarr.json").read_text())
+    inner = meta["codecs"][0]["configuration"]["chunk_shape"][0]
+    n = 16 * (meta["chunk_grid"]["configuration"]["chunk_shape"][0] // inner)
+    raw = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(raw[-n - 4 : -4]), "<u8").reshape(-1, 2).copy()
+    edit(index, len(raw))
+    body = index.astype("<u8").tobytes()
+    raw[-n - 4 :] = body + google_crc32c.value(body).to_bytes(4, "little")
+    tmp = shard.with_name("planted")
+    tmp.write_bytes(bytes(raw))
+    os.replace(tmp, shard)
+
+
+def plant_fifo(shard: Path, tmp_path) -> None:
+    shard.unlink()
+    os.mkfifo(shard)
+    # Whatever opens it for reading would block until a writer comes: this one comes
+    # (and closes at once), so a reader that does not refuse FIFOs reads nothing instead
+    # of hanging the test; one that refuses leaves this thread waiting (a daemon).
+    threading.Thread(target=lambda: open(shard, "wb").close(), daemon=True).start()
+
+
+def plant_link_out(shard: Path, tmp_path) -> None:
+    outside = tmp_path / "outside"
+    shutil.copy(shard, outside)  # a valid shard: a reader following the link reads it
+    shard.unlink()
+    shard.symlink_to(outside)
+
+
+def plant_offsets_past_end(shard: Path, tmp_path) -> None:
+    rewrite_index(shard, lambda idx, size: idx.__setitem__((0, 0), 1000 * size))
+
+
+def plant_huge_size(shard: Path, tmp_path) -> None:
+    rewrite_index(shard, lambda idx, size: idx.__setitem__((0, 1), 1 << 63))
+
+
+def plant_sparse_giant(shard: Path, tmp_path) -> None:
+    tmp = shard.with_name("planted")
+    with open(tmp, "wb") as f:
+        f.truncate(2 << 30)  # 2 GiB of zeros, none of them on disk
+    os.replace(tmp, shard)
+
+
+@pytest.mark.parametrize(
+    "plant, says",
+    [
+        (plant_fifo, "not a regular file"),
+        (plant_link_out, "symbolic link"),
+        (plant_offsets_past_end, "outside"),
+        (plant_huge_size, "past any object"),
+        (plant_sparse_giant, "more than a shard"),
+    ],
+)
+def test_a_shard_swapped_after_open_is_refused_before_reading_or_allocating(tmp_path, plant, says):
+    path = tmp_path / "b"
+    make_buffer(path)
+    view = zreplay.open(path)  # arrays opened; nothing read yet
+    (shard,) = shard_files(path, "pixels")
+    plant(shard, tmp_path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptBufferError, match=says) as e:
+            view.episode(0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        if shard.is_fifo():  # let the FIFO's waiting writer go
+            os.close(os.open(shard, os.O_RDONLY | os.O_NONBLOCK))
+    assert str(shard) in str(e.value)
+    assert peak < 16 << 20, f"{peak:,} bytes allocated"
+    assert not zreplay.verify(path).ok
+
+
+# -- 4. zreplay upgrade --codec on S3 ---------------------------------------------------
+
+
+def s3_codec(url, so) -> str:
+    from zreplay.store.location import locate
+
+    meta = json.loads((locate(url, so) / "segments/default/data/pixels/zarr.json").read_bytes())
+    return meta["codecs"][0]["configuration"]["codecs"][0]["name"]
+
+
+def s3_state(url, so, want) -> str:
+    """``"old"`` (png) or ``"new"`` (jpegxl): the buffer holds every row, by zreplay and
+    by plain zarr, and verifies."""
+    import zarr
+
+    name = s3_codec(url, so)
+    assert name in ("zreplay.png", "zreplay.jpegxl"), name
+    assert np.array_equal(pixels(url, storage_options=so), want)
+    plain = zarr.open_group(url, mode="r", storage_options=so)["segments/default/data/pixels"]
+    assert np.array_equal(np.asarray(plain[:]), want)
+    assert zreplay.verify(url, storage_options=so).ok
+    return "old" if name == "zreplay.png" else "new"
+
+
+def test_upgrade_codec_on_s3_through_the_command_line(url, s3):
+    eps = make_buffer(url, storage_options=s3)
+    want = np.concatenate([e["pixels"] for e in eps])
+    env = dict(
+        os.environ,
+        AWS_ENDPOINT_URL=s3["endpoint_url"],
+        AWS_ACCESS_KEY_ID=s3["key"],
+        AWS_SECRET_ACCESS_KEY=s3["secret"],
+    )
+    run = [sys.executable, "-m", "zreplay.cli", "upgrade", url, "--codec", "pixels=jpegxl"]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "re-encoded pixels: png -> jpegxl" in out.stdout
+    assert s3_state(url, s3, want) == "new"
+
+
+def s3_copy(src: str, dst: str, so) -> None:
+    from zreplay.store.location import locate
+
+    a, b = locate(src, so), locate(dst, so)
+    for rel, loc in a.backend.walk_files(a):
+        a.backend.copy(loc.key, (b / rel).key)
+
+
+@pytest.mark.parametrize("mode", ["error", "interrupt"])
+def test_upgrade_codec_on_s3_is_all_or_nothing_under_errors_and_ctrl_c(url, s3, mode):
+    eps = make_buffer(url, storage_options=s3)
+    want = np.concatenate([e["pixels"] for e in eps])
+    counter = Faults()
+    s3_copy(url, url + "-count", s3)
+    with counter.installed():
+        recode(url + "-count", {"pixels": {"codec": "jpegxl"}}, s3)
+    assert s3_state(url + "-count", s3, want) == "new"
+    points = injection_points(
+        counter.calls, budget(6), seed=zlib.crc32(b"s3 recode " + mode.encode())
+    )
+    seen = {"old": 0, "new": 0}
+    for at in points:
+        path = f"{url}-at{at}"
+        s3_copy(url, path, s3)
+        faults = (Faults if mode == "error" else Interrupts)(at, "error")
+        try:
+            with faults.installed():
+                recode(path, {"pixels": {"codec": "jpegxl"}}, s3)
+        except (OSError, ZReplayError) as e:
+            assert str(e), "an error without a message"
+        except KeyboardInterrupt:
+            assert mode == "interrupt"
+        assert faults.fired
+        try:
+            state = s3_state(path, s3, want)
+            recode(path, {"pixels": {"codec": "jpegxl"}}, s3)  # still recodes: nothing held
+            seen[state] += 1
+        except BaseException as err:
+            err.add_note(f"after a {mode} at store call {at} of {counter.calls}: {faults.fired}")
+            raise
+    print(f"\ns3 recode [{mode}]: {counter.calls} store calls, {len(points)} points, {seen}")
+    assert seen["old"] > 0, seen

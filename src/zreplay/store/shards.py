@@ -216,12 +216,18 @@ class ArrayMeta:
         return ArrayMeta.parse(raw, "resize"), raw
 
 
-def parse_index(raw, meta: ArrayMeta) -> np.ndarray:
-    """A shard's index ``uint64 [chunks per shard, 2]`` from its last ``index_nbytes``."""
+def parse_index(raw, meta: ArrayMeta, where: str = "a shard") -> np.ndarray:
+    """A shard's index ``uint64 [chunks per shard, 2]`` from its last ``index_nbytes``
+    (``where``: the shard, named in errors)."""
     body = _strip_crc(raw) if meta.index_crc else memoryview(raw).cast("B")
     if len(body) != 16 * meta.chunks_per_shard:
-        raise ChunkError(f"a shard index of {len(body)} bytes")
-    return np.frombuffer(body, "<u8").reshape(meta.chunks_per_shard, 2)
+        raise ChunkError(f"{where}: an index of {len(body)} bytes")
+    index = np.frombuffer(body, "<u8").reshape(meta.chunks_per_shard, 2)
+    # Offsets and sizes become int64 byte ranges: past 2**62 no object could hold them.
+    stored = index[:, 0] != np.uint64(MISSING)
+    if np.any(index[stored] >= np.uint64(1 << 62)):
+        raise ChunkError(f"{where}: an index entry past any object's size")
+    return index
 
 
 def build_shard(chunks: dict[int, bytes], meta: ArrayMeta) -> tuple[bytes, np.ndarray]:
