@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -181,6 +182,17 @@ def test_the_harness_sees_image_shard_writes_of_a_writer_opened_before_it(tmp_pa
     assert zreplay.verify(path).ok and len(pixels(path)) == 5 + 6 + 7
 
 
+class CtrlC(Interrupts):
+    """A Ctrl-C at the armed call where Python delivers one: in the main thread; a
+    background thread (the writer's preload, its committer) gets the I/O error there."""
+
+    def hit(self, name: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            super().hit(name)
+        else:
+            Faults.hit(self, name)
+
+
 def add_flush_sample(path: str) -> None:
     """The operation swept: a writer adds an episode to the image key and flushes, then a
     view samples it from disk."""
@@ -240,7 +252,7 @@ def test_an_add_to_an_image_key_is_all_or_nothing_under_errors_and_ctrl_c(tmp_pa
     for at in points:
         path = tmp_path / f"at{at}"
         shutil.copytree(template, path)
-        faults = (Faults if mode == "error" else Interrupts)(at, "error")
+        faults = (Faults if mode == "error" else CtrlC)(at, "error")
         try:
             with faults.installed():
                 add_flush_sample(str(path))
@@ -450,3 +462,76 @@ def test_upgrade_codec_on_s3_is_all_or_nothing_under_errors_and_ctrl_c(url, s3, 
             raise
     print(f"\ns3 recode [{mode}]: {counter.calls} store calls, {len(points)} points, {seen}")
     assert seen["old"] > 0, seen
+
+
+# -- 5. crafted codec metadata and frames ----------------------------------------------
+
+
+def edit_array(path, key: str, edit) -> None:
+    f = Path(path) / f"segments/default/data/{key}/zarr.json"
+    meta = json.loads(f.read_text())
+    edit(meta)
+    f.write_text(json.dumps(meta))
+
+
+def image_codec(meta) -> dict:
+    return meta["codecs"][0]["configuration"]["codecs"][0]
+
+
+def as_png(meta) -> None:
+    meta["codecs"][0]["configuration"]["codecs"] = [
+        {"name": "zreplay.png", "configuration": {"level": 3}},
+        {"name": "crc32c"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "key, edit, says",
+    [
+        ("pixels", lambda m: image_codec(m)["configuration"].update(level=-1), "level=-1"),
+        ("pixels", lambda m: image_codec(m)["configuration"].update(level=10**30), "level="),
+        ("pixels", lambda m: image_codec(m)["configuration"].update(level=3.0), "level=3.0"),
+        ("pixels", lambda m: image_codec(m)["configuration"].update(level=True), "level=True"),
+        ("pixels", lambda m: image_codec(m)["configuration"].update(level="9"), "level='9'"),
+        ("pixels", lambda m: image_codec(m).update(name="zreplay."), "unknown image codec"),
+        (
+            "pixels",
+            lambda m: m["codecs"][0]["configuration"]["chunk_shape"].__setitem__(0, 0),
+            "cannot read",
+        ),
+        ("depth", as_png, "got float32 rows"),  # a codec declared on a float array
+    ],
+)
+def test_crafted_codec_metadata_is_damage_named_before_any_read(tmp_path, key, edit, says):
+    path = tmp_path / "b"
+    rb = zreplay.ReplayBuffer(10_000, path=path, layout={"pixels": {"codec": "png"}})
+    try:
+        for i in range(2):
+            ep = episode(i)
+            rb.write_episode({**ep, "depth": ep["pixels"].astype(np.float32) / 255})
+    finally:
+        rb.close()
+    edit_array(path, key, edit)
+    with pytest.raises(CorruptBufferError, match=re.escape(says)) as e:
+        zreplay.open(path).episode(0)
+    assert f"data/{key}" in str(e.value)
+    assert not zreplay.verify(path).ok
+
+
+def test_a_frame_declaring_a_huge_image_is_refused_before_decoding(tmp_path):
+    """A PNG frame whose header claims 30000 x 30000 pixels (2.7 GB decoded) inside a
+    24 x 20 array: refused by the header check, nothing of that size allocated."""
+    import resource
+    import struct
+
+    import imagecodecs
+
+    png = bytearray(imagecodecs.png_encode(np.zeros(SHAPE, np.uint8)))
+    struct.pack_into(">II", png, 16, 30000, 30000)  # IHDR width, height
+    struct.pack_into(">I", png, 29, zlib.crc32(bytes(png[12:29])))  # its chunk crc
+    codec = FrameCodec("png", {"level": 1}, (1, *SHAPE))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError, match="30000"):
+        codec.decode(struct.pack("<2I", 1, len(png)) + bytes(png))
+    grew_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grew_kib < 256 << 10, f"peak memory grew by {grew_kib} KiB"

@@ -28,7 +28,7 @@ import numcodecs
 import numpy as np
 
 from ..errors import CorruptBufferError, MissingCodecError
-from .imagecodec import FrameCodec, ImageCodecError, format_of
+from .imagecodec import FORMATS, FrameCodec, ImageCodecError, check_frame_shape, format_of
 from .layout import shard_key
 
 MISSING = 2**64 - 1
@@ -87,8 +87,11 @@ def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec
     crc = bool(names) and names[-1] == "crc32c"
     body = names[:-1] if crc else names
     if len(body) == 1 and format_of(body[0]) is not None:
+        fmt = format_of(body[0])
         try:
-            frames = FrameCodec(format_of(body[0]), chain[0].get("configuration") or {}, shape)
+            if fmt in FORMATS:  # the array's own dtype (a FrameCodec takes uint8 as given)
+                check_frame_shape(fmt, shape[1:], dtype)
+            frames = FrameCodec(fmt, chain[0].get("configuration") or {}, shape)
         except ImageCodecError as e:
             raise CorruptBufferError(f"{where}: {e}") from None
         except MissingCodecError as e:
@@ -162,6 +165,7 @@ class ArrayMeta:
             )
             if (
                 chunk[1:] != list(shape[1:])
+                or chunk[0] < 1
                 or grid[0] % chunk[0]
                 or cfg.get("index_location", "end") != "end"
                 or idx not in (["bytes"], ["bytes", "crc32c"])
