@@ -60,6 +60,7 @@ from .errors import FormatError as FormatError
 from .errors import HandoffError as HandoffError
 from .errors import KeyNameError as KeyNameError
 from .errors import MainGuardError as MainGuardError
+from .errors import MissingCodecError as MissingCodecError
 from .errors import NoSuchBucketError as NoSuchBucketError
 from .errors import PickleRefusedError as PickleRefusedError
 from .errors import RateLimitTimeout as RateLimitTimeout

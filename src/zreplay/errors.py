@@ -82,6 +82,29 @@ class CorruptBufferError(ZReplayError, RuntimeError):
         self.finding = finding
 
 
+# What a reader without an image codec installs (pyproject.toml's own requirement).
+IMAGECODECS_FIX = "pip install 'imagecodecs>=2026.3.6'"
+
+
+class MissingCodecError(ZReplayError, ImportError):
+    """An array's codec cannot run in this Python: ``imagecodecs`` is not installed, or
+    its build lacks the format (one without AVIF, say).  The buffer is not damaged:
+    reads raise this (never ``CorruptBufferError``), :func:`zreplay.verify` lists what it
+    could not check, and nothing is written.  ``codec`` is the codec's name in
+    ``zarr.json`` (``"zreplay.avif"``), ``where`` the array."""
+
+    def __init__(self, codec: str, reason: str, where: str = ""):
+        head = f"{where}: " if where else ""
+        super().__init__(
+            f"{head}codec {codec!r} cannot run in this Python ({reason}); the buffer is not "
+            f"damaged. Install a build that has it: {IMAGECODECS_FIX}"
+        )
+        self.codec, self.reason, self.where = codec, reason, where
+
+    def __reduce__(self):
+        return type(self), (self.codec, self.reason, self.where)
+
+
 class WriterLockedError(ZReplayError, RuntimeError):
     """Another live process holds the writer lock of this segment."""
 

@@ -28,6 +28,7 @@ def run(args) -> Result:
         "rows_checked": report.rows_checked,
         "problems": report.problems,
         "warnings": report.warnings,
+        "unchecked": report.unchecked,
     }
     return (EXIT_OK if report.ok else EXIT_FAILED), result, str(report)
 

@@ -59,12 +59,46 @@ class LocalPath(PosixPath):
 def _not_regular(path, mode: int) -> None:
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if stat.S_ISLNK(mode):
+        raise _a_link(path)
     if not stat.S_ISREG(mode):
         raise CorruptBufferError(
             f"{path} is not a regular file (a FIFO, socket or device where a buffer keeps a "
             "file); zreplay does not read it, since reading it could block forever or never "
             "end. Remove it, or restore the buffer from a checkpoint"
         )
+
+
+def _a_link(path) -> CorruptBufferError:
+    return CorruptBufferError(
+        f"{path} is a symbolic link where a buffer keeps a file; zreplay does not follow it, "
+        "since it may lead out of the buffer. Replace it with the file it names, or restore "
+        "the buffer from a checkpoint"
+    )
+
+
+def open_regular(path, follow: bool = True) -> tuple[int, os.stat_result]:
+    """``(descriptor, fstat)`` of the regular file ``path``, opened read-only, without
+    blocking and close-on-exec (the caller closes it): a buffer may come from a stranger,
+    and a FIFO or a device in place of a file would block a reader or never end.  A
+    directory is IsADirectoryError (as ``open`` says); anything else not a regular file is
+    CorruptBufferError, found before it is opened (and again on the open descriptor, for
+    a file swapped meanwhile); so is a symbolic link unless ``follow``."""
+    _not_regular(path, (os.stat if follow else os.lstat)(path).st_mode)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:  # a link put there since the lstat
+            raise _a_link(path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        _not_regular(path, st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 # The largest file read whole through LocalPath (JSON records and metadata: commit.json,
@@ -76,12 +110,9 @@ def read_regular(path) -> bytes:
     """The bytes of the regular file ``path``: a buffer may come from a stranger, and a
     FIFO or a device in place of a file would block a reader or never end.  A directory
     is IsADirectoryError (as ``open`` says); anything else not a regular file is
-    CorruptBufferError, found before it is opened (and again on the open descriptor)."""
-    _not_regular(path, os.stat(path).st_mode)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    CorruptBufferError (see :func:`open_regular`)."""
+    fd, st = open_regular(path)
     try:
-        st = os.fstat(fd)
-        _not_regular(path, st.st_mode)
         parts, size = [], st.st_size
         while size <= MAX_READ_BYTES:  # e.g. a sparse file: KBs on disk, GBs in memory
             part = os.read(fd, max(st.st_size, 1 << 16))
@@ -182,6 +213,8 @@ def _temp_tag() -> str:
 
 class LocalBackend(Backend):
     is_local = True
+    # For the shard reader of image arrays (localarray, which this module imports)
+    open_regular = staticmethod(open_regular)
 
     def file_stamps(self, files) -> list[tuple[int, int, int] | None]:
         out = []
@@ -438,13 +471,12 @@ class LocalBackend(Backend):
             return ZarrArray(loc, writable=False), True
         image = _image_array_meta(loc)
         if image is not None:  # TensorStore refuses image codecs: zreplay's shard code
-            from .localarray import FileObjects, open_files_array
+            from .localarray import open_files_array
 
             cache = context.caches.get(str(loc))
             if cache is None:
                 cache = context.caches[str(loc)] = _shard_cache(context.cache_bytes)
-            files = FileObjects(context.durable, self.publish)
-            return open_files_array(loc, image, writable, files, cache)
+            return open_files_array(loc, image, writable, self, context.durable, cache)
         ts = import_whole("tensorstore")
 
         # Every chunk is stored, zeros included, so a chunk missing below the commit is

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import MissingCodecError
+
 # Codec name prefix in zarr.json; "zreplay.<format>".
 PREFIX = "zreplay."
 # The largest frame side and frame a reader accepts (16383: WebP's limit).
@@ -139,14 +141,39 @@ def check_frame_shape(fmt: str, frame: tuple, dtype) -> None:
         )
 
 
-def _imagecodecs():
-    import imagecodecs  # a hard dependency; imported on first use (about 30 ms)
+# imagecodecs' codec of each format: ``imagecodecs.<NAME>.available`` is False in a
+# build without it (its functions are then stubs that raise when called).
+_BUILD_NAMES = {
+    "png": "PNG",
+    "webp": "WEBP",
+    "jpegxl": "JPEGXL",
+    "avif": "AVIF",
+    "jpeg": "JPEG8",
+    "qoi": "QOI",
+}
 
+
+def _imagecodecs(fmt: str):
+    """imagecodecs, checked to have format ``fmt``: a reader without it must learn so
+    before it reads a frame, not take the frames it cannot decode for damage."""
+    try:
+        import imagecodecs  # a hard dependency; imported on first use (about 30 ms)
+    except ImportError as e:
+        raise MissingCodecError(PREFIX + fmt, f"imagecodecs is not installed: {e}") from None
+    try:
+        has = getattr(imagecodecs, _BUILD_NAMES[fmt]).available is True
+    except Exception:  # noqa: BLE001 - an older or odd build: whatever it raises
+        has = False
+    if not has:
+        version = getattr(imagecodecs, "__version__", "?")
+        raise MissingCodecError(
+            PREFIX + fmt, f"imagecodecs {version} was built without {_BUILD_NAMES[fmt]}"
+        )
     return imagecodecs
 
 
 def _encoder(fmt: str, cfg: dict):
-    ic = _imagecodecs()
+    ic = _imagecodecs(fmt)
     if fmt == "png":
         return lambda a: ic.png_encode(a, level=cfg["level"])
     if fmt == "webp":
@@ -167,7 +194,7 @@ def _encoder(fmt: str, cfg: dict):
 
 
 def _decoder(fmt: str):
-    ic = _imagecodecs()
+    ic = _imagecodecs(fmt)
     return {
         "png": ic.png_decode,
         "webp": ic.webp_decode,
@@ -238,6 +265,8 @@ class FrameCodec:
             target = out[i] if self._plane is None else out[i].reshape(self._plane)
             try:
                 got = self._decode(mv[int(starts[i]) : int(ends[i])], out=target)
+            except ImportError as e:  # a stub of a build without it: not damage
+                raise MissingCodecError(PREFIX + self.fmt, f"{type(e).__name__}: {e}") from None
             except Exception as e:  # noqa: BLE001 - imagecodecs raises its own per format
                 raise ImageCodecError(
                     f"image codec {self.fmt!r}: frame {i} does not decode ({type(e).__name__}: {e})"

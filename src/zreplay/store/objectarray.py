@@ -182,6 +182,17 @@ def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int) -> bool:
     return 2 * span >= stored and gaps <= GAP
 
 
+def _within(obj: str, off: np.ndarray, nb: np.ndarray, a: int, z: int) -> None:
+    """ChunkError unless chunks at ``off`` of ``nb`` bytes lie in bytes ``[a, z)`` of
+    ``obj``, those it holds: an index placing them past its end is damage, or describes
+    an object since replaced (the read is retried with a fresh index)."""
+    if len(off) and (int(off.min()) < a or int((off + nb).max()) > z):
+        raise ChunkError(
+            f"{obj}: its index places chunks outside the {z - a:,} bytes read from "
+            f"[{a:,}, {z:,}) (the object ends there)"
+        )
+
+
 _DECODERS: ThreadPoolExecutor | None = None
 
 
@@ -404,7 +415,7 @@ class ObjectArray:
                 indexes[s] = None
                 continue
             mv = memoryview(body).cast("B")
-            idx = parse_index(mv[-m.index_nbytes :], m)
+            idx = parse_index(mv[-m.index_nbytes :], m, self._obj(s))
             covers[s] = min((s + 1) * sr, known // cr * cr)
             cache.put_index(self.key, s, idx, covers[s], (s + 1) * sr)
             indexes[s] = idx
@@ -429,6 +440,7 @@ class ObjectArray:
                 blocks[lo + j] = m.fill_block(cr)
             if s in whole:
                 body = whole[s]
+                _within(self._obj(s), off[stored], nb[stored], 0, len(body) - m.index_nbytes)
                 for j in np.flatnonzero(stored):
                     a = int(off[j])
                     jobs.append((lo + j, body[a : a + int(nb[j])]))
@@ -444,6 +456,7 @@ class ObjectArray:
         got = self.backend.get(reqs) if reqs else []
         for (lo, hi, s, a, off, nb, members), body in zip(where, got, strict=True):
             mv = memoryview(body).cast("B")
+            _within(self._obj(s), off[members], nb[members], a, a + len(mv))
             for j in members:
                 b = int(off[j]) - a
                 jobs.append((lo + j, mv[b : b + int(nb[j])]))

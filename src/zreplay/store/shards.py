@@ -27,8 +27,8 @@ import google_crc32c
 import numcodecs
 import numpy as np
 
-from ..errors import CorruptBufferError
-from .imagecodec import FrameCodec, ImageCodecError, format_of
+from ..errors import CorruptBufferError, MissingCodecError
+from .imagecodec import FORMATS, FrameCodec, ImageCodecError, check_frame_shape, format_of
 from .layout import shard_key
 
 MISSING = 2**64 - 1
@@ -76,7 +76,7 @@ class ChunkCodec:
             body = _strip_crc(data) if self.crc else memoryview(data).cast("B")
             raw = self.compressor.decode(body) if self.compressor is not None else body
             return np.frombuffer(raw, self.dtype).reshape(self.shape)
-        except ChunkError:
+        except (ChunkError, MissingCodecError):
             raise
         except Exception as e:  # noqa: BLE001 - numcodecs/imagecodecs raise many kinds
             raise ChunkError(f"a chunk does not decode ({type(e).__name__}: {e})") from None
@@ -87,10 +87,15 @@ def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec
     crc = bool(names) and names[-1] == "crc32c"
     body = names[:-1] if crc else names
     if len(body) == 1 and format_of(body[0]) is not None:
+        fmt = format_of(body[0])
         try:
-            frames = FrameCodec(format_of(body[0]), chain[0].get("configuration") or {}, shape)
+            if fmt in FORMATS:  # the array's own dtype (a FrameCodec takes uint8 as given)
+                check_frame_shape(fmt, shape[1:], dtype)
+            frames = FrameCodec(fmt, chain[0].get("configuration") or {}, shape)
         except ImageCodecError as e:
             raise CorruptBufferError(f"{where}: {e}") from None
+        except MissingCodecError as e:
+            raise MissingCodecError(e.codec, e.reason, where) from None
         return ChunkCodec(shape, dtype, frames, crc)
     if not body or body[0] != "bytes" or len(body) > 2 or "crc32c" in body:
         raise UnsupportedArray(f"{where}: codecs {names}")
@@ -160,6 +165,7 @@ class ArrayMeta:
             )
             if (
                 chunk[1:] != list(shape[1:])
+                or chunk[0] < 1
                 or grid[0] % chunk[0]
                 or cfg.get("index_location", "end") != "end"
                 or idx not in (["bytes"], ["bytes", "crc32c"])
@@ -214,12 +220,18 @@ class ArrayMeta:
         return ArrayMeta.parse(raw, "resize"), raw
 
 
-def parse_index(raw, meta: ArrayMeta) -> np.ndarray:
-    """A shard's index ``uint64 [chunks per shard, 2]`` from its last ``index_nbytes``."""
+def parse_index(raw, meta: ArrayMeta, where: str = "a shard") -> np.ndarray:
+    """A shard's index ``uint64 [chunks per shard, 2]`` from its last ``index_nbytes``
+    (``where``: the shard, named in errors)."""
     body = _strip_crc(raw) if meta.index_crc else memoryview(raw).cast("B")
     if len(body) != 16 * meta.chunks_per_shard:
-        raise ChunkError(f"a shard index of {len(body)} bytes")
-    return np.frombuffer(body, "<u8").reshape(meta.chunks_per_shard, 2)
+        raise ChunkError(f"{where}: an index of {len(body)} bytes")
+    index = np.frombuffer(body, "<u8").reshape(meta.chunks_per_shard, 2)
+    # Offsets and sizes become int64 byte ranges: past 2**62 no object could hold them.
+    stored = index[:, 0] != np.uint64(MISSING)
+    if np.any(index[stored] >= np.uint64(1 << 62)):
+        raise ChunkError(f"{where}: an index entry past any object's size")
+    return index
 
 
 def build_shard(chunks: dict[int, bytes], meta: ArrayMeta) -> tuple[bytes, np.ndarray]:

@@ -4,7 +4,8 @@ Checks, per segment: the commit record parses and is consistent (a ZarrStorage's
 in it too, and the ``view_rows`` it may hold), every array's ``zarr.json`` says what the
 root records (dtype, row shape, layout, crc32c checksums), the array shapes and shard files cover the commit's counts, the index (offsets,
 trajectory and episode columns) agrees with it, and (with ``data=True``) every committed
-row of every key decodes with a valid checksum.  Reads only; takes no lock, so it can run beside a
+row of every key decodes with a valid checksum (a segment whose codec this Python lacks is
+listed as not checked, not as damaged).  Reads only; takes no lock, so it can run beside a
 live writer (rows committed after it read a segment's commit are not checked).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptBufferError, FormatError
+from ..errors import CorruptBufferError, FormatError, MissingCodecError
 from .arraymeta import check_array, segment_arrays
 from .commit import read_commit, view_rows_problem
 from .format import PRIORITY_SLOTS, commit_path, is_temp_name
@@ -29,8 +30,10 @@ from .torchrl_record import KIND, record_problem
 
 @dataclass
 class VerifyReport:
-    """What :func:`verify` found. ``ok`` is True when ``problems`` is empty;
-    ``rows_checked`` counts rows (every key of each was decoded), not rows x keys."""
+    """What :func:`verify` found. ``ok`` is True when ``problems`` and ``unchecked`` are
+    empty; ``rows_checked`` counts rows (every key of each was decoded), not rows x keys;
+    ``unchecked``: what could not be checked here and why (a codec this Python lacks:
+    no damage was found, none is ruled out)."""
 
     path: str
     segments: int = 0
@@ -38,18 +41,21 @@ class VerifyReport:
     rows_checked: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.unchecked
 
     def __str__(self) -> str:
+        state = f"{len(self.problems)} problem(s)" if self.problems else "not all checked"
         head = (
-            f"{self.path}: {'OK' if self.ok else f'{len(self.problems)} problem(s)'}; "
+            f"{self.path}: {'OK' if self.ok else state}; "
             f"{self.segments} segment(s), {self.trajectories} trajectories, "
             f"{self.rows_checked} rows checked"
         )
         lines = [head] + [f"  problem: {p}" for p in self.problems]
+        lines += [f"  cannot check: {u}" for u in self.unchecked]
         return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
 
 
@@ -152,6 +158,9 @@ def verify(
         except CorruptBufferError as e:
             report.problems.append(e.finding)
             continue
+        except MissingCodecError as e:
+            report.unchecked.append(f"segment {wid!r}: missing codec: {e}")
+            continue
         del cols  # read_index checked it against the commit (segment.index_problem)
         report.trajectories += commit.n_traj - commit.low_traj
         if data:
@@ -252,6 +261,9 @@ def _check_rows(
         lo, hi = max(a, first), min(a + step, stop)
         try:
             seg.read_range(key, lo, hi).result()
+        except MissingCodecError as e:
+            report.unchecked.append(f"segment {seg.writer_id!r}, key {key!r}: missing codec: {e}")
+            break
         except CorruptBufferError as e:
             if gone is None or not gone(lo):  # evicted since by a live writer: no damage
                 report.problems.append(e.finding)
