@@ -28,7 +28,7 @@ import numcodecs
 import numpy as np
 
 from ..errors import CorruptBufferError
-from .imagecodec import FrameCodec, ImageCodecError, format_of
+from .imagecodec import ImageCodecError, chunk_codec, format_of
 from .layout import shard_key
 
 MISSING = 2**64 - 1
@@ -88,7 +88,7 @@ def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec
     body = names[:-1] if crc else names
     if len(body) == 1 and format_of(body[0]) is not None:
         try:
-            frames = FrameCodec(format_of(body[0]), chain[0].get("configuration") or {}, shape)
+            frames = chunk_codec(format_of(body[0]), chain[0].get("configuration") or {}, shape)
         except ImageCodecError as e:
             raise CorruptBufferError(f"{where}: {e}") from None
         return ChunkCodec(shape, dtype, frames, crc)
