@@ -34,8 +34,8 @@ IMAGE_CODECS = {
     # camera frames came back changed (measured; tests/test_image_codecs.py)
     "jpegxl": ("jpegxl", "effort", 2, (2, 9), {"lossless": True, "distance": 0.0}),
     "qoi": ("qoi", None, 0, (0, 0), {}),
-    # zreplay's own: colour planes, row-above residuals, zstd at this level
-    "planes": ("planes", "level", 1, (1, 22), {}),
+    # zreplay's own: green subtracted, row-above residuals, zstd at this level
+    "rowdiff": ("rowdiff", "level", 1, (1, 22), {}),
     # lossy: level is the quality, 0-100
     "webp-lossy": ("webp", "quality", 90, (0, 100), {"lossless": False, "method": 4}),
     "jpegxl-lossy": ("jpegxl", "quality", 90, (30, 100), {"lossless": False, "effort": 3}),
