@@ -243,3 +243,27 @@ def test_plain_zarr_reads_it_in_a_fresh_process_without_warnings(tmp_path):
         assert out.stdout.split() == ["uint8", size, str(int(want.sum()))]
     meta = json.loads((path / "segments/default/data/pixels/zarr.json").read_text())
     assert "zreplay.rowdiff" in json.dumps(meta)
+
+
+def test_a_buffer_written_with_zstd_keeps_it_when_reopened_and_appended(tmp_path, monkeypatch):
+    """A new default never changes an existing key: its codec is in its array's
+    metadata and the buffer's recorded layout, for the segment written before and for a
+    new writer's segment alike."""
+    from zreplay.store import layout
+
+    path = tmp_path / "b"
+    monkeypatch.setattr(layout, "DEFAULT_IMAGE_CODEC", None)  # zreplay before rowdiff
+    old = tic.write_episodes(path, None)
+    monkeypatch.undo()
+    assert layout.DEFAULT_IMAGE_CODEC == "rowdiff"
+    more = tic.write_episodes(path, None)  # reopened, appended
+    other = tic.write_episodes(path, None, writer_id="w2")
+    for writer in ("default", "w2"):
+        names = [c["name"] for c in tic.pixel_codec(path, writer)]
+        assert names == ["bytes", "zstd", "crc32c"], writer
+    view = zreplay.open(path)
+    got = np.concatenate([view.episode(i)["pixels"] for i in range(view.num_episodes)])
+    want = np.concatenate([e["pixels"] for e in old + more + other])
+    assert view.num_episodes == 9
+    assert sorted(map(bytes, got)) == sorted(map(bytes, want))
+    assert zreplay.verify(path).ok

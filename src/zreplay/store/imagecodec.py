@@ -4,7 +4,8 @@ A chunk of ``[rows, H, W]`` or ``[rows, H, W, C]`` uint8 (C in 1, 3, 4) is store
 frame: ``uint32 n`` (little-endian, = rows), ``uint32 size[n]``, then the ``n`` encoded
 frames back to back (see FORMAT.md, "Image codecs").  Each frame is encoded on its own
 (one row per chunk is the default layout for images, and every format has a largest
-image side that a tiled chunk would run into).
+image side that a tiled chunk would run into).  zreplay's own ``rowdiff`` (:class:`RowDiff`,
+the default for camera frames) codes a whole chunk as one zstd frame instead.
 
 :class:`FrameCodec` is the codec as zreplay's own shard reader uses it (pure bytes and
 numpy, via imagecodecs); the ``*Codec`` classes wrap it for zarr-python (registered here

@@ -42,15 +42,15 @@ IMAGE_CODECS = {
     "avif": ("avif", "quality", 80, (0, 100), {"speed": 8}),
     "jpeg": ("jpeg", "quality", 90, (1, 100), {}),
 }
-# The codec of uint8 image-like keys (see image_like) unless a layout says otherwise;
-# None: zstd over raw pixels, as before image codecs.  An image codec is not the default
-# yet: on 224x224 camera frames WebP lossless takes 0.90x PNG's bytes (zstd 1.36x) and
-# decodes faster than PNG, but at 84x84 and 480x640 it decodes slower than PNG, and it
-# encodes ~4 ms a frame where zstd takes well under 1 ms (benchmarks/bench_frames.py, a
-# loaded machine): the default waits for the quiet run of that benchmark and for the
-# add-latency check of the RLinf workload (issue 36).
-DEFAULT_IMAGE_CODEC: str | None = None
-# ... and of one-channel frames, which WebP does not take.
+# The codec of uint8 image-like keys (see image_like) unless a layout says otherwise
+# (None: zstd over raw pixels).  rowdiff, by measurement (benchmarks/bench_frames.py,
+# benchmarks/README.md "Camera frames"): on camera frames it takes 0.93-0.99x PNG's
+# bytes where zstd takes 1.3-1.6x, sample(256) from disk costs well under 0.5x decoding
+# the same frames from PNG, and it encodes in about 1.4x zstd-1's time where PNG takes
+# 10-100x and WebP/JPEG-XL lossless 4-160 ms a frame; on Atari frames it is 0.6x PNG.
+# A key's codec is recorded in its array's metadata: buffers written with zstd keep it.
+DEFAULT_IMAGE_CODEC: str | None = "rowdiff"
+# ... and of frames the default codec does not take.
 DEFAULT_GRAY_CODEC = "png"
 # Frames at least this large on both sides count as images for the default.
 MIN_IMAGE_SIDE = 16
