@@ -44,10 +44,12 @@ IMAGE_CODECS = {
 }
 # The codec of uint8 image-like keys (see image_like) unless a layout says otherwise
 # (None: zstd over raw pixels).  rowdiff, by measurement (benchmarks/bench_frames.py,
-# benchmarks/README.md "Camera frames"): on camera frames it takes 0.93-0.99x PNG's
-# bytes where zstd takes 1.3-1.6x, sample(256) from disk costs well under 0.5x decoding
-# the same frames from PNG, and it encodes in about 1.4x zstd-1's time where PNG takes
-# 10-100x and WebP/JPEG-XL lossless 4-160 ms a frame; on Atari frames it is 0.6x PNG.
+# benchmarks/README.md "Camera frames"): on camera frames it takes 0.93-0.97x PNG's
+# bytes where zstd takes 1.3-1.8x, sample(256) from disk costs 0.18-0.42x decoding the
+# same frames from PNG (84x84 to 480x640, a loaded machine), and it encodes in 1.3-1.4x
+# zstd-1's time (1.0-2.2x under heavier load; 2.5x on flat Atari frames, 0.09 ms) where
+# PNG, WebP and JPEG-XL lossless take milliseconds; on Atari frames it is 0.65x PNG.
+# DQN's 84x84 luma is smaller with zstd (0.74x PNG, rowdiff 1.0x): name it per key.
 # A key's codec is recorded in its array's metadata: buffers written with zstd keep it.
 DEFAULT_IMAGE_CODEC: str | None = "rowdiff"
 # ... and of frames the default codec does not take.
