@@ -55,6 +55,8 @@ PHOTO_SIZES = ((84, 84), (224, 224), (480, 640))
 NOISE_SIGMA = 2.0  # DN at 8 bits: a decent camera in good light
 SAMPLE_N = 256
 TARGET_PSNR_DB = 40.0
+# zreplay's own lossless codec (layout codec "rowdiff") as a candidate
+ROWDIFF = "zreplay.rowdiff (R-G,G,B-G + row-delta + zstd-1)"
 
 
 # -- frame sets ----------------------------------------------------------------------------
@@ -282,7 +284,29 @@ def byte_codecs() -> list[Candidate]:
         Candidate("planes + row-delta + zstd-1", True, *planes(z1, True)),
         Candidate("planes + row-delta + lz4", True, *planes(lz, True)),
         Candidate("time-delta + zstd-1", True, *in_time(z1), random_access=False),
+        Candidate(ROWDIFF, True, *zreplay_rowdiff(1)),
     ]
+
+
+def zreplay_rowdiff(level: int):
+    """zreplay's own codec (store/imagecodec.py ``RowDiff``) on one-frame chunks, as a
+    buffer stores them."""
+    from zreplay.store.imagecodec import RowDiff
+
+    codecs: dict = {}
+
+    def codec(shape):
+        if shape not in codecs:
+            codecs[shape] = RowDiff({"level": level}, (1, *shape))
+        return codecs[shape]
+
+    def enc(f, _p):
+        return codec(f.shape).encode(f[None])
+
+    def dec(b, s, _p):
+        return codec(tuple(s)).decode(b)[0]
+
+    return enc, dec
 
 
 def image_codecs() -> list[Candidate]:
@@ -306,6 +330,7 @@ def image_codecs() -> list[Candidate]:
         c("PNG (libpng)", True, ic.png_encode, ic.png_decode),
         c("PNG (libspng)", True, ic.spng_encode, ic.spng_decode),
         c("QOI", True, ic.qoi_encode, ic.qoi_decode),
+        c("JPEG-LS", True, ic.jpegls_encode, ic.jpegls_decode),
         c(
             "WebP lossless",
             True,
@@ -351,6 +376,17 @@ def image_codecs() -> list[Candidate]:
                 setting=q,
             )
         )
+    for q in (92, 94):  # between the grid points, Huffman tables optimized
+        out.append(
+            c(
+                f"JPEG q{q} 444 optimized",
+                False,
+                lambda f, q=q: ic.jpeg8_encode(f, level=q, subsampling="444", optimize=True),
+                ic.jpeg8_decode,
+                family="JPEG",
+                setting=q,
+            )
+        )
     for q in (75, 90, 95, 100):  # lossy WebP is always 4:2:0
         out.append(
             c(
@@ -373,12 +409,12 @@ def image_codecs() -> list[Candidate]:
                 setting=d,
             )
         )
-    for q in (75, 85, 90, 95):
+    for q, speed in ((75, 8), (85, 8), (88, 8), (88, 6), (90, 8), (95, 8)):
         out.append(
             c(
-                f"AVIF q{q} speed 8",
+                f"AVIF q{q} speed {speed}",
                 False,
-                lambda f, q=q: ic.avif_encode(f, level=q, speed=8, numthreads=1),
+                lambda f, q=q, s=speed: ic.avif_encode(f, level=q, speed=s, numthreads=1),
                 lambda b: ic.avif_decode(b, numthreads=1),
                 family="AVIF",
                 setting=q,
@@ -476,47 +512,79 @@ def measure(
 # -- the reference points: zreplay today vs PNG --------------------------------------------
 
 
-def zreplay_reference(frames: np.ndarray, repeats: int, seed: int) -> dict:
-    """A buffer of ``frames`` (one episode, today's default layout) on disk: bytes per
-    frame of its image array, and ``view.sample(256)`` medians (page cache warm) without
-    and with the decoded-chunk cache, against decoding 256 frames drawn the same way
-    (uniform over ``frames``) from in-memory PNGs (libpng, one thread)."""
+REFERENCE_CODECS = ("zstd", "rowdiff")
+
+
+def zreplay_reference(
+    frames: np.ndarray, repeats: int, seed: int, codecs: tuple = REFERENCE_CODECS
+) -> dict:
+    """A buffer of ``frames`` (one episode, one frame per chunk) per layout codec in
+    ``codecs`` on disk: bytes per frame of its image array, and ``view.sample(256)``
+    without the decoded-chunk cache and the column cache (page cache warm), against
+    decoding 256 frames drawn the same way (uniform over ``frames``) from in-memory PNGs
+    (libpng, one thread). The buffers and the PNG decode take turns, one call each per
+    round, so a load that comes and goes falls on all of them alike. ``sample`` and the
+    ``disk_*`` figures at the top are those of today's default layout."""
     import imagecodecs as ic
 
     import zreplay
+    from zreplay.store import layout
 
     work = Path(tempfile.mkdtemp(prefix="zreplay-bench-frames-"))
-    try:
-        n = len(frames)
-        buf = zreplay.ReplayBuffer(max_steps=n, path=work / "buf", seed=seed)
-        buf.write_episode({"pixels": frames, "action": np.zeros((n, 2), np.float32)})
-        buf.close()
-        image_bytes = benchlib.dir_bytes(work / "buf" / "segments" / "default" / "data" / "pixels")
-        benchlib.warm_page_cache(work / "buf")
-        sample = {}
-        for label, cache in (("no_chunk_cache", 0), ("default_chunk_cache", None)):
-            view = zreplay.open(work / "buf", seed=seed, chunk_cache_bytes=cache)
-            sample[label] = benchlib.repeat(lambda v=view: v.sample(SAMPLE_N), repeats)
-            view.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    n = len(frames)
     pngs = [ic.png_encode(f[..., 0] if f.shape[-1] == 1 else f) for f in frames]
+    png_bytes = float(np.mean([len(b) for b in pngs]))
     rng = np.random.default_rng(seed)
 
     def png_256():
         return np.stack([ic.png_decode(pngs[i]) for i in rng.integers(0, n, SAMPLE_N)])
 
-    png = benchlib.repeat(png_256, repeats)
-    z = sample["no_chunk_cache"]["median_s"]
+    views, per_codec = {}, {}
+    try:
+        for codec in codecs:
+            path = work / codec
+            buf = zreplay.ReplayBuffer(
+                max_steps=n, path=path, seed=seed, layout={"pixels": {"codec": codec}}
+            )
+            buf.write_episode({"pixels": frames, "action": np.zeros((n, 2), np.float32)})
+            buf.close()
+            image = benchlib.dir_bytes(path / "segments" / "default" / "data" / "pixels")
+            per_codec[codec] = {
+                "disk_bytes_per_frame": image / n,
+                "disk_over_png": image / n / png_bytes,
+            }
+            benchlib.warm_page_cache(path)
+            views[codec] = zreplay.open(path, seed=seed, chunk_cache_bytes=0, column_cache_bytes=0)
+        calls = {c: (lambda v=v: v.sample(SAMPLE_N)) for c, v in views.items()}
+        calls["png"] = png_256
+        times: dict = {c: [] for c in calls}
+        for r in range(repeats + 2):  # two rounds of warm-up
+            for c, fn in calls.items():
+                t0 = time.perf_counter()
+                fn()
+                if r >= 2:
+                    times[c].append(time.perf_counter() - t0)
+    finally:
+        for v in views.values():
+            v.close()
+        shutil.rmtree(work, ignore_errors=True)
+    png = benchlib.stats(times.pop("png"))
+    for codec, t in times.items():
+        per_codec[codec]["sample_256"] = benchlib.stats(t)
+        per_codec[codec]["sample_over_png_decode"] = float(np.median(t)) / png["median_s"]
+        per_codec[codec]["sample_over_png_decode_min"] = min(t) / png["min_s"]
+    default = per_codec.get(layout.DEFAULT_IMAGE_CODEC or "zstd", per_codec[codecs[0]])
     return {
         "frames": n,
         "frame_shape": list(frames.shape[1:]),
-        "disk_bytes_per_frame": image_bytes / n,
-        "png_bytes_per_frame": float(np.mean([len(b) for b in pngs])),
-        "disk_over_png": image_bytes / n / np.mean([len(b) for b in pngs]),
-        "sample": sample,
+        "default_codec": layout.DEFAULT_IMAGE_CODEC or "zstd",
+        "disk_bytes_per_frame": default["disk_bytes_per_frame"],
+        "png_bytes_per_frame": png_bytes,
+        "disk_over_png": default["disk_over_png"],
+        "sample": {"no_chunk_cache": default["sample_256"]},
         "png_decode_256": png,
-        "sample_over_png_decode": z / png["median_s"],
+        "sample_over_png_decode": default["sample_over_png_decode"],
+        "codecs": per_codec,
     }
 
 
@@ -606,9 +674,11 @@ README_LOSSLESS = (
     "row-delta + zstd-1",
     "planes + row-delta + zstd-1",
     "time-delta + zstd-1",
+    ROWDIFF,
     "PNG (libpng)",
     "PNG (libspng)",
     "QOI",
+    "JPEG-LS",
     "WebP lossless",
     "WebP lossless method 0",
     "JPEG-XL lossless e1",
@@ -675,14 +745,25 @@ def headline_rows(results: dict, reference: dict, best: dict) -> list[dict]:
         )
         rows.append(
             {
-                "figure": f"frames {label}: view.sample(256) from disk (no chunk cache)",
+                "figure": f"frames {label}: view.sample(256) from disk (no chunk or column cache)",
                 "zreplay": benchlib.fmt_time(ref["sample"]["no_chunk_cache"]["median_s"]),
                 "peer": f"256 PNG decodes {benchlib.fmt_time(ref['png_decode_256']['median_s'])}",
                 "ratio": ref["sample_over_png_decode"],
             }
         )
+        for codec, r in ref.get("codecs", {}).items():
+            rows.append(
+                {
+                    "figure": f"frames {label}: layout codec {codec}: view.sample(256) "
+                    f"from disk (no chunk or column cache), {r['disk_over_png']:.2f}x PNG bytes",
+                    "zreplay": benchlib.fmt_time(r["sample_256"]["median_s"]),
+                    "peer": f"256 PNG decodes "
+                    f"{benchlib.fmt_time(ref['png_decode_256']['median_s'])}",
+                    "ratio": r["sample_over_png_decode"],
+                }
+            )
     for s in ("photo-224x224-noisy", "photo-224x224", "atari"):
-        for cname in ("JPEG-XL lossless e1", "WebP lossless", "QOI"):
+        for cname in ("JPEG-XL lossless e1", "WebP lossless", "QOI", ROWDIFF):
             r = results.get(s, {}).get(cname)
             if r and "error" not in r:
                 rows.append(
@@ -755,24 +836,27 @@ def main(argv: list[str] | None = None) -> int:
 
     reference = {}
     if not a.no_reference:
-        h, w = (224, 224)
-        cam = with_noise(camera_frames(photos(), a.reference_frames, h, w, 7), NOISE_SIGMA, 8)
-        reference["photo-224x224-noisy"] = zreplay_reference(cam, 5 if a.quick else 20, 1)
+        rounds = 5 if a.quick else 20
+        for h, w in ((224, 224), (84, 84), (480, 640)):
+            # a quarter of the frames at 480x640: the same order of bytes on disk
+            n = a.reference_frames if h < 480 else max(8, a.reference_frames // 4)
+            cam = with_noise(camera_frames(photos(), n, h, w, 7), NOISE_SIGMA, 8)
+            reference[f"photo-{h}x{w}-noisy"] = zreplay_reference(cam, rounds, 1)
         per_game = max(1, a.reference_frames // len(ATARI_GAMES))
         atari = atari_frames(ATARI_GAMES, per_game, 3)
-        reference["atari"] = zreplay_reference(atari, 5 if a.quick else 20, 1)
+        reference["atari"] = zreplay_reference(atari, rounds, 1)
 
     print(table_text(results))
     print("smallest grid setting with PSNR >= 40 dB:", best)
     for label, ref in reference.items():
-        print(
-            f"reference {label}: zreplay today {ref['disk_bytes_per_frame']:.0f} B/frame "
-            f"({ref['disk_over_png']:.2f}x PNG); sample(256) no chunk cache "
-            f"{benchlib.fmt_time(ref['sample']['no_chunk_cache']['median_s'])}, with "
-            f"{benchlib.fmt_time(ref['sample']['default_chunk_cache']['median_s'])}; 256 PNG "
-            f"decodes {benchlib.fmt_time(ref['png_decode_256']['median_s'])} "
-            f"({ref['sample_over_png_decode']:.2f}x)"
-        )
+        for codec, r in ref["codecs"].items():
+            print(
+                f"reference {label} {codec}: {r['disk_bytes_per_frame']:.0f} B/frame "
+                f"({r['disk_over_png']:.2f}x PNG); sample(256) without chunk and column "
+                f"caches {benchlib.fmt_time(r['sample_256']['median_s'])}; 256 PNG decodes "
+                f"{benchlib.fmt_time(ref['png_decode_256']['median_s'])} "
+                f"({r['sample_over_png_decode']:.2f}x, minima {r['sample_over_png_decode_min']:.2f}x)"
+            )
     result = {
         "benchmark": "frames",
         "machine": machine,

@@ -142,10 +142,13 @@ def test_a_buffer_stores_reads_and_verifies_each_codec(tmp_path, name):
     assert zreplay.verify(tmp_path / "b").ok
 
 
-def test_uint8_images_default_to_zstd_until_a_codec_is_chosen(tmp_path):
-    """No image codec by default yet (store/layout.py says why): frames are zstd over
-    raw pixels unless a layout names a codec."""
-    eps = write_episodes(tmp_path / "z", None)
+def test_uint8_images_default_to_rowdiff_and_zstd_when_a_layout_says_so(tmp_path):
+    """Image-like frames are zreplay.rowdiff by default (store/layout.py says why), zstd
+    over raw pixels where a layout names it."""
+    eps = write_episodes(tmp_path / "d", None)
+    assert [c["name"] for c in pixel_codec(tmp_path / "d")] == ["zreplay.rowdiff", "crc32c"]
+    assert np.array_equal(zreplay.open(tmp_path / "d").episode(1)["pixels"], eps[1]["pixels"])
+    eps = write_episodes(tmp_path / "z", "zstd")
     assert [c["name"] for c in pixel_codec(tmp_path / "z")] == ["bytes", "zstd", "crc32c"]
     assert np.array_equal(zreplay.open(tmp_path / "z").episode(1)["pixels"], eps[1]["pixels"])
 

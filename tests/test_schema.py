@@ -47,7 +47,7 @@ def test_unsafe_names_never_pass(name):
 
 def test_layout_defaults_follow_row_size():
     img = KeyLayout.default(KeySpec("img", np.dtype("uint8"), (84, 84, 3)))
-    assert img.chunk_rows == 1 and img.codec == "zstd" and 64 <= img.shard_rows <= 256
+    assert img.chunk_rows == 1 and img.codec == "rowdiff" and 64 <= img.shard_rows <= 256
     st_ = KeyLayout.default(KeySpec("s", np.dtype("float32"), (64,)))
     assert st_.chunk_rows == 64 and st_.codec == "lz4" and st_.shard_rows % st_.chunk_rows == 0
     flag = KeyLayout.default(KeySpec("d", np.dtype("bool"), (4,)))

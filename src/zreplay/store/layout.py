@@ -34,21 +34,27 @@ IMAGE_CODECS = {
     # camera frames came back changed (measured; tests/test_image_codecs.py)
     "jpegxl": ("jpegxl", "effort", 2, (2, 9), {"lossless": True, "distance": 0.0}),
     "qoi": ("qoi", None, 0, (0, 0), {}),
+    # zreplay's own: green subtracted, row-above residuals, zstd at this level
+    "rowdiff": ("rowdiff", "level", 1, (1, 22), {}),
     # lossy: level is the quality, 0-100
     "webp-lossy": ("webp", "quality", 90, (0, 100), {"lossless": False, "method": 4}),
     "jpegxl-lossy": ("jpegxl", "quality", 90, (30, 100), {"lossless": False, "effort": 3}),
     "avif": ("avif", "quality", 80, (0, 100), {"speed": 8}),
     "jpeg": ("jpeg", "quality", 90, (1, 100), {}),
 }
-# The codec of uint8 image-like keys (see image_like) unless a layout says otherwise;
-# None: zstd over raw pixels, as before image codecs.  An image codec is not the default
-# yet: on 224x224 camera frames WebP lossless takes 0.90x PNG's bytes (zstd 1.36x) and
-# decodes faster than PNG, but at 84x84 and 480x640 it decodes slower than PNG, and it
-# encodes ~4 ms a frame where zstd takes well under 1 ms (benchmarks/bench_frames.py, a
-# loaded machine): the default waits for the quiet run of that benchmark and for the
-# add-latency check of the RLinf workload (issue 36).
-DEFAULT_IMAGE_CODEC: str | None = None
-# ... and of one-channel frames, which WebP does not take.
+# The codec of uint8 image-like keys (see image_like) unless a layout says otherwise
+# (None: zstd over raw pixels).  rowdiff, by measurement (benchmarks/bench_frames.py,
+# benchmarks/README.md "Camera frames"): on camera frames it takes 0.93-0.97x PNG's
+# bytes where zstd takes 1.3-1.8x, sample(256) from disk costs 0.18-0.42x decoding the
+# same frames from PNG (84x84 to 480x640, a loaded machine), and it encodes in 1.3-1.4x
+# zstd-1's time (1.0-2.2x under heavier load; 2.5x on flat Atari frames, 0.09 ms) where
+# PNG, WebP and JPEG-XL lossless take milliseconds; on Atari frames it is 0.65x PNG.
+# DQN's 84x84 luma is smaller with zstd (0.74x PNG, rowdiff 1.0x): name it per key.
+# Clips of 64x64x3 from disk read 1.6-2.4x slower than zstd's (TensorStore): any image
+# codec goes through zreplay's own shard reader, a Python call per one-frame chunk.
+# A key's codec is recorded in its array's metadata: buffers written with zstd keep it.
+DEFAULT_IMAGE_CODEC: str | None = "rowdiff"
+# ... and of frames the default codec does not take.
 DEFAULT_GRAY_CODEC = "png"
 # Frames at least this large on both sides count as images for the default.
 MIN_IMAGE_SIDE = 16

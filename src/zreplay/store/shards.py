@@ -28,7 +28,7 @@ import numcodecs
 import numpy as np
 
 from ..errors import CorruptBufferError, MissingCodecError
-from .imagecodec import FORMATS, FrameCodec, ImageCodecError, check_frame_shape, format_of
+from .imagecodec import FORMATS, ImageCodecError, check_frame_shape, chunk_codec, format_of
 from .layout import shard_key
 
 MISSING = 2**64 - 1
@@ -91,7 +91,7 @@ def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec
         try:
             if fmt in FORMATS:  # the array's own dtype (a FrameCodec takes uint8 as given)
                 check_frame_shape(fmt, shape[1:], dtype)
-            frames = FrameCodec(fmt, chain[0].get("configuration") or {}, shape)
+            frames = chunk_codec(fmt, chain[0].get("configuration") or {}, shape)
         except ImageCodecError as e:
             raise CorruptBufferError(f"{where}: {e}") from None
         except MissingCodecError as e:
