@@ -5,12 +5,18 @@ reports it; a segment not yet committed, or an import still building, is no dama
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 
 import zreplay
-from zreplay.errors import CorruptBufferError
+from zreplay.errors import CorruptBufferError, SealedSegmentError
 
 
 def sealed_buffer(p, T=5):
@@ -114,3 +120,142 @@ def test_a_buffer_being_replaced_by_an_import_stays_whole_for_its_readers(tmp_pa
     assert seen == [(5, 5)]
     assert zreplay.open(p).num_rows == 9
     assert zreplay.verify(p).ok
+
+
+# -- Ctrl-C in an import ------------------------------------------------------------------
+
+
+@pytest.fixture
+def ctrl_c():
+    """Python's own Ctrl-C handler (a process started in the background by a
+    non-interactive shell inherits SIGINT ignored), and a way to press it now."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield lambda: os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_a_writer_closes_is_raised_with_its_lock_released(tmp_path, ctrl_c):
+    """The cause of the held locks (and "writer lock lost" logs) after a Ctrl-C in an
+    import's final flush: a SIGINT landing while close() joins the writer's threads cut
+    its cleanup short before the lock was released."""
+    from zreplay.engine.committer import Committer
+
+    p = tmp_path / "b"
+    b = zreplay.ReplayBuffer(100, path=p)
+    b.write_episode({"x": np.arange(5, dtype=np.float32)})
+    stop = Committer.stop
+
+    def pressed_in_stop(self):
+        ctrl_c()
+        stop(self)
+
+    with mock.patch.object(Committer, "stop", pressed_in_stop), pytest.raises(KeyboardInterrupt):
+        b.close()
+    again = zreplay.ReplayBuffer(100, path=p)  # the lock was let go: no WriterLockedError
+    assert len(again) == 5
+    again.close()
+
+
+def test_ctrl_c_while_seal_takes_the_lock_is_raised_with_the_lock_released(tmp_path, ctrl_c):
+    from zreplay.store.lock import WriterLock
+
+    p = tmp_path / "b"
+    b = zreplay.ReplayBuffer(100, path=p, writer_id="offline")
+    b.write_episode({"x": np.arange(5, dtype=np.float32)})
+    b.close()
+    acquire = WriterLock.acquire
+
+    def pressed_while_taken(self, *a, **kw):
+        acquire(self, *a, **kw)
+        ctrl_c()  # held back until the lock is taken, then raised
+
+    with mock.patch.object(WriterLock, "acquire", pressed_while_taken):
+        with pytest.raises(KeyboardInterrupt):
+            zreplay.seal(p, "offline")
+    zreplay.seal(p, "offline")  # no WriterLockedError: nothing was left held
+    with pytest.raises(SealedSegmentError):
+        zreplay.ReplayBuffer(100, path=p, writer_id="offline")
+
+
+SWEEP = r"""
+import io, json, logging, os, shutil, signal, sys, threading, time
+from pathlib import Path
+import numpy as np
+from lerobot_layout import write_dataset
+import zreplay
+from zreplay.store import lock as zlock
+
+log = io.StringIO()
+logging.getLogger("zreplay").addHandler(logging.StreamHandler(log))
+signal.signal(signal.SIGINT, signal.default_int_handler)
+base, budget = Path(sys.argv[1]), float(sys.argv[2])
+src = base / "ds"
+write_dataset(src, lengths=(3, 4, 5), video=False)
+took = []
+for _ in range(2):
+    t = time.perf_counter()
+    zreplay.import_lerobot(src, base / "w")
+    took.append(time.perf_counter() - t)
+    shutil.rmtree(base / "w")
+took = max(took)
+rng = np.random.default_rng(0)
+end = time.monotonic() + budget
+while time.monotonic() < end:
+    dst = base / "b"
+    delay = float(rng.uniform(0.0, 1.1 * took))
+    fired, out = [], {"delay": delay}
+    timer = threading.Timer(delay, lambda: (fired.append(time.perf_counter()),
+                                            os.kill(os.getpid(), signal.SIGINT)))
+    log.seek(0); log.truncate()
+    returned = None
+    try:
+        timer.start()
+        zreplay.import_lerobot(src, dst)
+        returned = time.perf_counter()
+        timer.join()  # a Ctrl-C after the import returned is raised here
+        time.sleep(0.05)
+        out["outcome"] = "returned"
+    except KeyboardInterrupt:
+        out["outcome"] = "interrupted" if returned is None else "after"
+    finally:
+        timer.cancel(); timer.join()
+    out["fired_before_return"] = bool(fired) and (returned is None or fired[0] < returned)
+    out["dst"] = dst.exists()
+    if dst.exists():
+        v = zreplay.open(dst)
+        out["whole"] = v.num_rows == 12 and zreplay.verify(dst, data=False).ok
+    out["left"] = sorted(x.name for x in base.iterdir() if x.name not in ("ds", "b"))
+    out["held"] = len(zlock._HELD_HERE)
+    out["log"] = log.getvalue()[-300:]
+    print(json.dumps(out), flush=True)
+    shutil.rmtree(dst, ignore_errors=True)
+"""
+
+
+@pytest.mark.slow
+def test_real_ctrl_c_anywhere_in_an_import_is_raised_and_leaves_nothing(tmp_path):
+    """Real SIGINTs sent at many moments of ``import_lerobot`` (a fresh process, for
+    ~35 s): each one surfaces as KeyboardInterrupt (a Ctrl-C after the import returned,
+    once the buffer is in place, where the caller is), nothing is left in staging, no
+    lock stays held and nothing logs a lost lock; a buffer at dst is always whole."""
+    pytest.importorskip("pyarrow")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    proc = subprocess.run(
+        [sys.executable, "-c", SWEEP, str(tmp_path), "35"],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in proc.stdout.splitlines()]
+    for r in runs:
+        assert not r["left"] and not r["held"] and "lock lost" not in r["log"], r
+        if r["outcome"] == "returned":  # never with a SIGINT sent before it returned
+            assert not r["fired_before_return"], r
+        if r["outcome"] == "interrupted":
+            assert not r["dst"] or r["whole"], r
+        if r["outcome"] != "interrupted":
+            assert r["dst"] and r["whole"], r
+    interrupted = sum(r["outcome"] == "interrupted" for r in runs)
+    assert interrupted >= 10 and len(runs) - interrupted >= 1, runs

@@ -210,9 +210,11 @@ def seal(path, writer_id: str = "default", storage_options: dict | None = None) 
     if commit.sealed:
         return
     lock = WriterLock(seg_dir)
-    with deferred_interrupts():  # the lock is taken and released, or never taken
-        lock.acquire()
     try:
+        # A Ctrl-C while the lock is taken is raised as the block ends, the lock taken:
+        # inside the try, so that it is released then too.
+        with deferred_interrupts():
+            lock.acquire()
         commit = read_commit(seg_dir)  # what the writer that last held the lock left
         with lock.fenced():
             sealed = Commit(**{**vars(commit), "gen": commit.gen + 1, "sealed": True})

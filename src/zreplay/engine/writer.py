@@ -500,12 +500,17 @@ class SegmentWriter:
             try:
                 self.flush()
             finally:
-                self._preload.stop()
-                self._committer.stop()
-                self._closed = True
-                self.lock.release()
-                if self.temporary:
-                    self._finalizer()
+                # Whatever arrives meanwhile (a Ctrl-C in the threads' joins), every step
+                # runs: an interrupted one would leave the lock held and renewed for a
+                # segment its caller then removes (an import's staging tree).  A Ctrl-C
+                # here is raised once the lock is released.
+                with deferred_interrupts():
+                    self._preload.stop()
+                    self._committer.stop()
+                    self._closed = True
+                    self.lock.release()
+                    if self.temporary:
+                        self._finalizer()
 
     @property
     def closed(self) -> bool:
