@@ -259,3 +259,113 @@ def test_real_ctrl_c_anywhere_in_an_import_is_raised_and_leaves_nothing(tmp_path
             assert r["dst"] and r["whole"], r
     interrupted = sum(r["outcome"] == "interrupted" for r in runs)
     assert interrupted >= 10 and len(runs) - interrupted >= 1, runs
+
+
+# -- imports into s3:// -------------------------------------------------------------------
+
+
+def _s3_objects(s3, url) -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    fs.invalidate_cache()
+    return fs.find(url.removeprefix("s3://")) if fs.exists(url) else []
+
+
+def _rows(path, options=None) -> dict:
+    v = zreplay.open(path, storage_options=options)
+    return v.rows(np.arange(v.num_rows))
+
+
+def _assert_same(got, want, where="") -> None:
+    if isinstance(want, dict):
+        assert sorted(got) == sorted(want), where
+        for k in want:
+            _assert_same(got[k], want[k], f"{where}/{k}")
+    else:
+        assert got.dtype == want.dtype, where
+        np.testing.assert_array_equal(got, want, err_msg=where)
+
+
+def test_import_lerobot_and_minari_into_s3_arrive_as_locally(tmp_path, s3, url):
+    """Both imports write an ``s3://`` destination: the same rows as a local import, a
+    verified buffer, and its offline part sampled beside an online writer's rows."""
+    pytest.importorskip("pyarrow")
+    from lerobot_layout import write_dataset
+    from test_minari import write_minari
+
+    write_dataset(tmp_path / "ds", lengths=(3, 4, 5), video=False)
+    write_minari(tmp_path / "mds", [3, 2, 4])
+    for imp, src, local, there in [
+        (zreplay.import_lerobot, tmp_path / "ds", tmp_path / "lr", url),
+        (zreplay.import_minari, tmp_path / "mds", tmp_path / "mi", url + "-minari"),
+    ]:
+        imp(src, local)
+        imp(src, there, storage_options=s3)
+        _assert_same(_rows(there, s3), _rows(local))
+        assert zreplay.verify(there, storage_options=s3).ok
+    online = zreplay.ReplayBuffer(100, path=url, writer_id="online", storage_options=s3)
+    assert len(online) == 12  # the sealed offline part beside its own (none yet)
+    online.close()
+
+
+def test_a_failing_import_into_s3_leaves_nothing_a_reader_or_writer_sees(tmp_path, s3, url):
+    """An error mid-import (here: the third episode's progress) leaves no object at a new
+    ``s3://`` destination, and an existing buffer it was to replace as it was."""
+    from test_minari import write_minari
+
+    write_minari(tmp_path / "mds", [3, 2, 4])
+
+    def fail_at_third():
+        seen = []
+
+        def progress(k):
+            seen.append(k)
+            if len(seen) == 3:
+                raise RuntimeError("injected")
+
+        return progress
+
+    with pytest.raises(RuntimeError, match="injected"):
+        zreplay.import_minari(tmp_path / "mds", url, storage_options=s3, progress=fail_at_third())
+    assert _s3_objects(s3, url) == []
+    with pytest.raises(zreplay.FormatError):
+        zreplay.open(url, storage_options=s3)
+
+    write_minari(tmp_path / "small", [4])
+    zreplay.import_minari(tmp_path / "small", url, storage_options=s3)
+    before = _s3_objects(s3, url)
+    for fail in (fail_at_third(), lambda k: (_ for _ in ()).throw(KeyboardInterrupt)):
+        with pytest.raises((RuntimeError, KeyboardInterrupt)):
+            zreplay.import_minari(
+                tmp_path / "mds", url, storage_options=s3, overwrite=True, progress=fail
+            )
+        assert _s3_objects(s3, url) == before
+        assert zreplay.open(url, storage_options=s3).num_rows == 4
+        assert zreplay.verify(url, storage_options=s3).ok
+    w = zreplay.ReplayBuffer(100, path=url, writer_id="online", storage_options=s3)
+    assert len(w) == 4
+    w.close()
+
+
+def test_cli_import_into_s3(tmp_path, s3, url):
+    pytest.importorskip("pyarrow")
+    from lerobot_layout import write_dataset
+
+    write_dataset(tmp_path / "ds", lengths=(3, 2), video=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "AWS_ENDPOINT_URL": s3["endpoint_url"],
+        "AWS_ACCESS_KEY_ID": s3["key"],
+        "AWS_SECRET_ACCESS_KEY": s3["secret"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    cmd = [sys.executable, "-m", "zreplay.cli", "import", "--json", "-q"]
+    r = subprocess.run([*cmd, str(tmp_path / "ds"), url], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"] == 5
+    assert zreplay.open(url, storage_options=s3).num_rows == 5
+    assert not any(p.name.startswith("s3") for p in Path.cwd().iterdir())  # no local "s3:"
+    r = subprocess.run([*cmd, str(tmp_path / "ds"), url], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "--overwrite" in r.stdout + r.stderr
