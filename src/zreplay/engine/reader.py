@@ -71,12 +71,13 @@ def segment_damaged(
     """``e`` (damage found in segment ``writer_id``) worded for a reader of the buffer:
     which segment, whether it is sealed, and what to do."""
     if commit is None:  # its record could not be read
-        what = "perhaps the buffer's sealed offline part"
+        what = "perhaps the buffer's sealed offline part: its record cannot tell"
     else:
         what = "the buffer's sealed offline part" if commit.sealed else "not sealed"
     return CorruptBufferError(
         f"segment {writer_id!r} of {root.path} ({what}) is damaged: {e.finding}",
-        f"Run `zreplay verify {root.path}`; then restore the segment from a checkpoint, "
+        f"Run `zreplay verify {root.path}` (zreplay.verify() in Python); then restore the "
+        "segment from a checkpoint, "
         f"re-import its dataset, or remove {root.segment_dir(writer_id)} to go on without it",
     )
 
