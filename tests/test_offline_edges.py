@@ -445,3 +445,104 @@ def test_an_image_feature_without_a_channel_axis_is_refused_naming_it(tmp_path):
     with pytest.raises(zreplay.FormatError, match=rf"{name}.*\[height, width, channels\]"):
         zreplay.import_lerobot(src, tmp_path / "buf")
     assert not (tmp_path / "buf").exists()
+
+
+# -- export of numeric rows of several axes -----------------------------------------------
+
+READ_ND = r"""
+import json, sys
+import numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+root, out = sys.argv[1], sys.argv[2]
+ds = LeRobotDataset("local/zreplay-export", root=root, video_backend="pyav")
+items = [ds[i] for i in range(len(ds))]
+arrays = {k: np.stack([it[k].numpy() for it in items]) for k in items[0] if k != "task"}
+np.savez(out, **arrays)
+stats = {k: {s: list(np.shape(v)) for s, v in st.items()} for k, st in ds.meta.stats.items()}
+print(json.dumps({"len": len(ds), "stats": stats,
+                  "features": {k: f["shape"] for k, f in ds.meta.features.items()}}))
+"""
+
+
+def _nd_episode(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": {"mat": rng.standard_normal((n, 4, 3)).astype(np.float32)},
+        "grid": rng.integers(-5, 5, (n, 2, 2, 3)).astype(np.int64),
+        "deep": rng.standard_normal((n, 1, 2, 1, 2, 2)).astype(np.float32),
+        "action": rng.standard_normal((n, 2)).astype(np.float32),
+    }
+
+
+def _nd_buffer(path, lengths=(5, 7, 3)) -> dict:
+    rb = zreplay.ReplayBuffer(1000, path=str(path))
+    for i, n in enumerate(lengths):
+        rb.write_episode(_nd_episode(n, i))
+    rb.close()
+    eps = [_nd_episode(n, i) for i, n in enumerate(lengths)]
+    return {
+        "obs.mat": np.concatenate([e["obs"]["mat"] for e in eps]),
+        "grid": np.concatenate([e["grid"] for e in eps]),
+        "deep": np.concatenate([e["deep"] for e in eps]),
+        "action": np.concatenate([e["action"] for e in eps]),
+    }
+
+
+def test_rows_of_two_to_five_axes_export_with_their_shape_and_stats(tmp_path):
+    """A float32 [4, 3] row (and [2, 2, 3], [1, 2, 1, 2, 2]) exports as LeRobot stores it:
+    info.json keeps the shape, the parquet column is datasets' ArrayND, the stats reduce
+    every axis but the last; importing it back gives the rows exactly."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    want = _nd_buffer(tmp_path / "buf")
+    out = tmp_path / "ds"
+    zreplay.export_lerobot(tmp_path / "buf", out, fps=10)
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["features"]["obs.mat"]["shape"] == [4, 3]
+    assert info["features"]["deep"]["shape"] == [1, 2, 1, 2, 2]
+    table = pq.read_table(next((out / "data").rglob("*.parquet")))
+    hf = json.loads(table.schema.metadata[b"huggingface"])["info"]["features"]
+    assert hf["obs.mat"] == {"shape": [4, 3], "dtype": "float32", "_type": "Array2D"}
+    assert hf["deep"]["_type"] == "Array5D"
+    stats = json.loads((out / "meta/stats.json").read_text())
+    for name, v in want.items():
+        flat = v.reshape(-1, v.shape[-1]).astype(np.float64)
+        np.testing.assert_allclose(stats[name]["mean"], flat.mean(axis=0), rtol=1e-9)
+        np.testing.assert_allclose(stats[name]["max"], flat.max(axis=0))
+        assert stats[name]["count"] == [len(v)]
+    zreplay.import_lerobot(out, tmp_path / "back")
+    back = _rows(tmp_path / "back")
+    for name, v in want.items():
+        np.testing.assert_array_equal(back[name], v, err_msg=name)
+
+
+def test_rows_of_six_axes_are_refused_naming_lerobots_limit(tmp_path):
+    rb = zreplay.ReplayBuffer(100, path=str(tmp_path / "b"))
+    rb.write_episode({"x": np.zeros((3, 1, 1, 1, 1, 1, 2), np.float32)})
+    rb.close()
+    with pytest.raises(zreplay.SchemaError, match=r"'x'.*at most 5 axes.*Array5D"):
+        zreplay.export_lerobot(tmp_path / "b", tmp_path / "out", fps=10)
+    assert not (tmp_path / "out").exists()
+
+
+@_judged
+def test_rows_of_several_axes_load_in_lerobot_item_for_item(tmp_path):
+    """LeRobot 0.4.4's own LeRobotDataset loads the export: every item's [4, 3] (and
+    [2, 2, 3], [1, 2, 1, 2, 2]) row equals the buffer's, with its stats of LeRobot's
+    shape."""
+    from lerobot_judge import run_judge_source
+
+    pytest.importorskip("pyarrow")
+    want = _nd_buffer(tmp_path / "buf")
+    zreplay.export_lerobot(tmp_path / "buf", tmp_path / "ds", fps=10)
+    out = tmp_path / "items.npz"
+    meta = json.loads(
+        run_judge_source(READ_ND, tmp_path / "ds", out, scratch=tmp_path).splitlines()[-1]
+    )
+    got = dict(np.load(out))
+    assert meta["len"] == 15
+    for name, v in want.items():
+        assert meta["features"][name] == list(v.shape[1:])
+        assert meta["stats"][name]["mean"] == [v.shape[-1]]
+        assert got[name].dtype == v.dtype, name
+        np.testing.assert_array_equal(got[name], v, err_msg=name)
