@@ -293,7 +293,7 @@ def test_refusals_leave_nothing_behind(buf, tmp_path):
         zreplay.export_lerobot(buf, tmp_path / "x", task=["a"])
     odd = tmp_path / "odd"
     rb = zreplay.ReplayBuffer(100, path=str(odd))
-    rb.write_episode({"cam": np.zeros((3, 33, 48, 3), np.uint8), "x": np.zeros((3, 2, 2))})
+    rb.write_episode({"cam": np.zeros((3, 33, 48, 3), np.uint8), "x": np.zeros((3, *[1] * 5, 2))})
     rb.close()
     with pytest.raises(SchemaError, match="even"):
         zreplay.export_lerobot(odd, tmp_path / "x", keys=["cam"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import zreplay
-from zreplay.errors import FormatError, SchemaError
+from zreplay.errors import CorruptBufferError, FormatError, SchemaError
 
 tensordict = pytest.importorskip("tensordict")
 pytest.importorskip("torchrl")
@@ -48,17 +48,15 @@ def test_video_export_refuses_frames_too_small_for_av1(tmp_path, side):
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
 
 
-def test_a_writer_says_when_it_leaves_out_a_segment_it_cannot_read(tmp_path, caplog):
-    """A damaged commit (of what may be the sealed offline part) is left out of a
-    writer's samples, as a view reports it: the writer says so rather than quietly
-    sampling online rows only."""
+def test_a_writer_refuses_a_segment_whose_commit_it_cannot_read(tmp_path):
+    """A damaged commit (of what may be the sealed offline part) is refused by a writer
+    of another segment as a view refuses it, rather than sampling online rows only
+    (tests/test_offline_edges.py has every kind of damage)."""
     p = tmp_path / "b"
     a = zreplay.ReplayBuffer(100, path=p, writer_id="offline")
     a.write_episode({"x": np.arange(5, dtype=np.float32)})
     a.close()
     zreplay.seal(p, "offline")
     (p / "segments" / "offline" / "zreplay" / "commit.json").write_text("{not json")
-    with caplog.at_level("WARNING", logger="zreplay"):
-        b = zreplay.ReplayBuffer(100, path=p, writer_id="online")
-    b.close()
-    assert "'offline' is left out of this writer's samples" in caplog.text
+    with pytest.raises(CorruptBufferError, match="segment 'offline' .*sealed offline part"):
+        zreplay.ReplayBuffer(100, path=p, writer_id="online")

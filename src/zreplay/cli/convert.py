@@ -87,14 +87,14 @@ def run_import(args) -> Result:
 
     from ..store.root import is_buffer
 
-    src, dst = existing(args.src), Path(args.dst)
+    src, dst = existing(args.src), locate(args.dst)  # an s3:// URL stays one
     kind, read = next(
         ((k, r) for k, (is_kind, r, _) in IMPORTS.items() if is_kind(src)), (None, None)
     )
     if kind is None:
         what = " nor ".join(w for _, _, w in IMPORTS.values())
         raise FormatError(f"{src} is neither {what}")
-    if args.overwrite and dst.is_dir() and writer_locks(dst):
+    if args.overwrite and dst.backend.is_local and dst.is_dir() and writer_locks(dst):
         raise FileExistsError(
             f"{dst} has a writer lock ({writer_locks(dst)[0]}): a writer may be running. "
             "Stop it (or delete the lock if it is gone) before overwriting"

@@ -69,5 +69,9 @@ def import_episodes(
                 core.close()
         seal(tmp, writer["writer_id"], writer.get("storage_options"))
         if finish is not None:
-            finish(tmp)
+            # Ctrl-C held back: one that ends zarr's wait for its own I/O thread leaves
+            # that thread writing into the tree while the tree is removed, and part of
+            # the staging tree stays behind.  (The metadata written here is small.)
+            with deferred_interrupts():
+                finish(tmp)
     return keys

@@ -88,6 +88,10 @@ MIN_VIDEO_SIDE = 32
 # -- which keys become which features --------------------------------------------------
 
 
+# LeRobot 0.4.4 stores a numeric row of up to 5 axes (datasets' Array2D..Array5D).
+MAX_AXES = 5
+
+
 def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) -> list[Feature]:
     """The features an export of ``core`` writes, the buffer's own then LeRobot's
     (see the module docstring); SchemaError for a key no LeRobot feature can hold."""
@@ -124,13 +128,13 @@ def lerobot_features(core: BufferCore, images: str, keys: Sequence[str] | None) 
                     "images='image' (PNG)"
                 )
             out.append(Feature(feature_name(key), images, np.dtype(np.uint8), row, key))
-        elif len(row) <= 1 and dt.kind in "biuf":
+        elif len(row) <= MAX_AXES and dt.kind in "biuf":
             out.append(Feature(feature_name(key), ARRAY, dt, row or (1,), key))
         else:
             raise SchemaError(
                 f"key {key!r} ({dt} rows of shape {list(row)}) is no LeRobot feature this "
-                "export writes (uint8 [H, W, 3] cameras and numeric rows of at most one axis); "
-                "leave it out with keys=[...]"
+                f"export writes (uint8 [H, W, 3] cameras and numeric rows of at most "
+                f"{MAX_AXES} axes, LeRobot 0.4.4's Array5D); leave it out with keys=[...]"
             )
     if reward is not None:
         spec = specs[reward]

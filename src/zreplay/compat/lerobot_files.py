@@ -40,9 +40,13 @@ VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 def hf_feature(f: Feature) -> dict:
     """``datasets``' serialized feature type of a data column (LeRobot 0.4.4's
     ``get_hf_features_from_features``: an image is ``Image()``, a one-element row a
-    ``Value``, a vector a fixed-length ``List``)."""
+    ``Value``, a vector a fixed-length ``List``, a row of 2 to 5 axes an ``Array2D`` to
+    ``Array5D``)."""
     if f.kind == IMAGE:
         return {"_type": "Image"}
+    if len(f.shape) > 1:
+        shape = [int(d) for d in f.shape]
+        return {"shape": shape, "dtype": f.dtype.name, "_type": f"Array{len(shape)}D"}
     value = {"dtype": f.dtype.name, "_type": "Value"}
     if f.shape == (1,):
         return value
@@ -70,6 +74,12 @@ def arrow_column(pa, f: Feature, v: np.ndarray):
         return pa.array(data, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
     flat = pa.array(np.ascontiguousarray(v).reshape(-1))
     if f.shape == (1,):
+        return flat
+    if len(f.shape) > 1:
+        # datasets' ArrayND storage: lists of lists (of no fixed size), innermost last.
+        for d in reversed(f.shape):
+            offsets = np.arange(0, len(flat) + 1, int(d), dtype=np.int32)
+            flat = pa.ListArray.from_arrays(pa.array(offsets), flat)
         return flat
     return pa.FixedSizeListArray.from_arrays(flat, int(f.shape[0]))
 

@@ -91,7 +91,7 @@ def need(module: str):
     except ImportError:
         raise ImportError(
             f"LeRobot import and export need {module!r}: pip install 'zreplay[lerobot]' "
-            "(pyarrow and PyAV)"
+            "(pyarrow, PyAV and Pillow)"
         ) from None
 
 

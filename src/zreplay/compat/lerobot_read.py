@@ -12,6 +12,7 @@ file and the episode.  pyarrow and PyAV are imported when first needed
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -272,6 +273,8 @@ def decode_image(data: Any, feat: Feature, where: str) -> np.ndarray:
     )
     if codec is None:
         raise FormatError(f"{where}: an image of {feat.name!r} is neither PNG nor JPEG")
+    if codec == "mjpeg":
+        return _jpeg_array(raw, feat, where)
     try:
         ctx = av.CodecContext.create(codec, "r")
         frames = ctx.decode(av.Packet(raw))
@@ -281,6 +284,26 @@ def decode_image(data: Any, feat: Feature, where: str) -> np.ndarray:
     if not frames:
         raise FormatError(f"{where}: an image of {feat.name!r} does not decode")
     return _frame_array(frames[0], feat, where)
+
+
+def _jpeg_array(raw: bytes, feat: Feature, where: str) -> np.ndarray:
+    """A JPEG decoded by Pillow, as LeRobot's reader (``datasets``' ``Image``) decodes
+    it: JPEG decoders differ in their IDCT and chroma upsampling (FFmpeg's by up to 3
+    levels in most pixels of a colour frame), and the import gives LeRobot's pixels."""
+    image = need("PIL.Image")
+    try:
+        with image.open(io.BytesIO(raw)) as im:
+            img = np.asarray(im)
+    except (OSError, ValueError) as e:  # UnidentifiedImageError is an OSError
+        raise FormatError(f"{where}: an image of {feat.name!r} does not decode ({e})") from None
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if img.dtype != np.uint8 or img.shape != feat.shape:
+        raise FormatError(
+            f"{where}: a JPEG frame of {feat.name!r} is {img.dtype} {list(img.shape)}; "
+            f"info.json declares uint8 {list(feat.shape)}"
+        )
+    return img
 
 
 def _frame_array(frame, feat: Feature, where: str) -> np.ndarray:

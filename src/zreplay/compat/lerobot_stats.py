@@ -19,12 +19,15 @@ STATS_SIDE = 150
 
 def feature_stats(f: Feature, v: np.ndarray) -> dict[str, np.ndarray]:
     """LeRobot's per-episode stats of ``v`` (``[n, *shape]``): min, max, mean, std,
-    count and the quantiles q01..q99, each of the feature's shape (a camera's:
-    :func:`camera_stats`)."""
+    count and the quantiles q01..q99, each of the feature's shape (of its last axis for
+    a row of several; a camera's: :func:`camera_stats`)."""
     if f.is_frame:
         return camera_stats(f, v)
     n = len(v)
-    rows = v.reshape(n, -1)
+    # LeRobot reduces every axis but the last of a row of several axes (its running
+    # stats take [..., last] batches): stats of shape [last], count the frames.
+    shape = f.shape if len(f.shape) == 1 else f.shape[-1:]
+    rows = v.reshape(-1, shape[0])
     px = rows.astype(np.float64)
     lo, hi = rows.min(axis=0), rows.max(axis=0)
     if f.dtype != np.bool_:
@@ -33,7 +36,7 @@ def feature_stats(f: Feature, v: np.ndarray) -> dict[str, np.ndarray]:
     qs = np.quantile(px, list(QUANTILES.values()), axis=0)
     stats = {"min": lo, "max": hi, "mean": px.mean(axis=0), "std": px.std(axis=0)}
     stats.update(zip(QUANTILES, qs, strict=True))
-    stats = {k: np.asarray(x).reshape(f.shape) for k, x in stats.items()}
+    stats = {k: np.asarray(x).reshape(shape) for k, x in stats.items()}
     return {**stats, "count": np.array([n], np.int64)}
 
 

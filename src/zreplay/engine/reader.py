@@ -40,6 +40,48 @@ from .gather import Evicted, Part, Snapshot, as_requests, gather, gather_begin, 
 RETRIES = 5
 
 
+# How a view and a writer of another segment (which samples the sealed ones, see
+# engine/sealed.py) take a segment of the buffer: the same commit checks, the same
+# index checks, the same error.
+
+
+def shown_commit(root: BufferRoot, writer_id: str) -> Commit | None:
+    """Segment ``writer_id``'s commit as every reader of the buffer takes it: None
+    before its first commit (a writer just joining; an import builds its buffer aside,
+    so a sealed segment never appears half made).  A record that cannot be read is a
+    :func:`segment_damaged` error: it may be the sealed offline part, which no sample
+    may quietly lose."""
+    try:
+        return read_commit(root.segment_dir(writer_id))
+    except CorruptBufferError as e:
+        raise segment_damaged(root, writer_id, e, None) from None
+
+
+def reads_index(commit: Commit) -> bool:
+    """Whether a reader reads (and so checks) the segment's index under ``commit``:
+    when it shows rows, and for a sealed segment whenever it holds trajectories.  A
+    sealed segment never changes, so its index always agrees with its commit: a commit
+    that says it shows nothing (a crafted ``low_row``) is caught, not read as empty."""
+    return commit.n_rows > commit.low_row or (commit.sealed and commit.n_traj > 0)
+
+
+def segment_damaged(
+    root: BufferRoot, writer_id: str, e: CorruptBufferError, commit: Commit | None
+) -> CorruptBufferError:
+    """``e`` (damage found in segment ``writer_id``) worded for a reader of the buffer:
+    which segment, whether it is sealed, and what to do."""
+    if commit is None:  # its record could not be read
+        what = "perhaps the buffer's sealed offline part: its record cannot tell"
+    else:
+        what = "the buffer's sealed offline part" if commit.sealed else "not sealed"
+    return CorruptBufferError(
+        f"segment {writer_id!r} of {root.path} ({what}) is damaged: {e.finding}",
+        f"Run `zreplay verify {root.path}` (zreplay.verify() in Python); then restore the "
+        "segment from a checkpoint, "
+        f"re-import its dataset, or remove {root.segment_dir(writer_id)} to go on without it",
+    )
+
+
 class _MovedOn(Exception):
     """What a refresh read was replaced meanwhile (a clear, a loaded checkpoint, the
     buffer started afresh): read again."""
@@ -257,16 +299,12 @@ class BufferReader:
             seg_dir = self.root.segment_dir(wid)
             # Taken first: a commit published after it changes the stamp stale() reads.
             stamps[wid] = (seg_dir, commit_stamp(seg_dir))
-            commit = read_commit(seg_dir)
+            commit = shown_commit(self.root, wid)
             if commit is not None:
                 seen[wid] = commit
-            if commit is None or commit.n_rows == commit.low_row:
+            if commit is None or not reads_index(commit):
                 # Nothing to read (never wrote, or cleared): its arrays may not exist (yet).
-                gone = self._segs.pop(wid, None)
-                if gone is not None:
-                    changed = True
-                    if gone.cache is not None:
-                        gone.cache.discard()  # the rows it held are nobody's any more
+                changed |= self._drop(wid)
                 continue
             st = self._segs.get(wid)
             if st is not None and (st.commit.gen, st.commit.contents) == (
@@ -282,14 +320,17 @@ class BufferReader:
                 if not self.every_row:
                     low = view_low_traj(commit, cols["offsets"], str(seg_dir))
                 index = TrajectoryIndex(cols, low=low)
-            except CorruptBufferError:
+            except CorruptBufferError as e:
                 now = read_commit(seg_dir)
                 if now is None or (now.gen, now.contents) != (commit.gen, commit.contents):
                     raise _MovedOn() from None
                 again = self.root.read_meta()  # a load of another schema landed between
                 if (again.get("schema"), again.get("layout")) != recorded:  # meta and commit
                     raise _MovedOn() from None
-                raise
+                raise segment_damaged(self.root, wid, e, commit) from None
+            if not index.visible_rows:  # a sealed segment emptied before it was sealed
+                changed |= self._drop(wid)
+                continue
             budget = self.column_cache_bytes
             self._segs[wid] = _CommitView(seg, commit, index, budget, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
@@ -297,6 +338,13 @@ class BufferReader:
         self._commits, self._stamps = seen, stamps
         self._rebuild()
         return changed
+
+    def _drop(self, writer_id: str) -> bool:
+        """Forget segment ``writer_id`` (it shows no rows now); True if it showed some."""
+        gone = self._segs.pop(writer_id, None)
+        if gone is not None and gone.cache is not None:
+            gone.cache.discard()  # the rows it held are nobody's any more
+        return gone is not None
 
     def stale(self) -> bool:
         """Has a segment this reader knows published a commit since its last refresh

@@ -14,7 +14,6 @@ beside it takes none of this path.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -25,16 +24,14 @@ from ..index.episodes import EpisodeView, concat_pieces
 from ..index.rowspace import RowSpace, VisibleRows
 from ..index.trajectories import TrajectoryIndex
 from ..schema import check_key_component
-from ..store.commit import Commit, read_commit, write_commit
+from ..store.commit import Commit, read_commit, view_low_traj, write_commit
 from ..store.lock import WriterLock
-from ..store.root import BufferRoot
+from ..store.root import BufferRoot, is_buffer
 from ..store.segment import Segment
 from ..threads import deferred_interrupts
 from .colcache import ColumnCache, contents_ident, small_keys
 from .gather import Part, Snapshot, gather
-from .reader import default_chunk_cache_bytes
-
-log = logging.getLogger("zreplay")
+from .reader import default_chunk_cache_bytes, reads_index, segment_damaged, shown_commit
 
 # The segment an import writes and seals, beside the "default" a writer opens.
 OFFLINE_WRITER = "offline"
@@ -69,45 +66,43 @@ class SealedPart:
         )
 
 
-def open_sealed(root: BufferRoot, schema, layouts, own: str, budget: int) -> list[SealedPart]:
+def open_sealed(root: BufferRoot, own: str, budget: int) -> list[SealedPart]:
     """Every sealed segment of ``root`` with visible rows other than ``own`` (the
     writer's), in name order, opened read-only; ``budget``: bytes of each one's column
-    cache of small keys (0: none)."""
+    cache of small keys (0: none).  Every other segment's commit is read as a view reads
+    it, and a sealed one's index checked as a view checks it: damage (or a record that
+    cannot be read, which may be the sealed part's) is the view's CorruptBufferError,
+    raised before the writer makes or changes anything."""
+    if not is_buffer(root.path):
+        return []
+    schema, layouts = root.schema()
     if schema is None:
         return []
     out = []
     for wid in root.writer_ids():
         if wid == own:
             continue
-        seg_dir = root.segment_dir(wid)
-        try:
-            commit = read_commit(seg_dir)
-        except (FormatError, CorruptBufferError) as e:
-            # Another writer's problem (an older format, damage), which views and
-            # zreplay.verify report; but if it was the sealed offline part, a mixed
-            # sample would quietly lose it: say so here.
-            log.warning(
-                "zreplay: segment %r is left out of this writer's samples: its commit "
-                "cannot be read (%s); if it is the buffer's sealed offline part, run "
-                "zreplay verify",
-                wid,
-                e,
-            )
-            continue
-        if commit is None or not commit.sealed or commit.n_rows == commit.low_row:
+        commit = shown_commit(root, wid)
+        if commit is None or not commit.sealed or not reads_index(commit):
             continue
         # As a view opens it: a decoded-chunk cache for the keys the column cache skips
         # (the rows never change, so nothing cached ever goes stale).
         small = set(small_keys(schema)) if budget > 0 else set()
-        segment = Segment(
-            seg_dir,
-            schema,
-            layouts,
-            writable=False,
-            chunk_cache_bytes=default_chunk_cache_bytes(),
-            chunk_cache_keys=frozenset(k for k in schema.keys if k not in small),
-        )
-        out.append(SealedPart(len(out) + 1, commit, segment, budget))
+        try:
+            segment = Segment(
+                root.segment_dir(wid),
+                schema,
+                layouts,
+                writable=False,
+                chunk_cache_bytes=default_chunk_cache_bytes(),
+                chunk_cache_keys=frozenset(k for k in schema.keys if k not in small),
+            )
+            part = SealedPart(len(out) + 1, commit, segment, budget)
+            view_low_traj(commit, part.index.offsets, str(segment.dir))  # as a view checks it
+        except CorruptBufferError as e:
+            raise segment_damaged(root, wid, e, commit) from None
+        if part.size:
+            out.append(part)
     return out
 
 
@@ -215,9 +210,11 @@ def seal(path, writer_id: str = "default", storage_options: dict | None = None) 
     if commit.sealed:
         return
     lock = WriterLock(seg_dir)
-    with deferred_interrupts():  # the lock is taken and released, or never taken
-        lock.acquire()
     try:
+        # A Ctrl-C while the lock is taken is raised as the block ends, the lock taken:
+        # inside the try, so that it is released then too.
+        with deferred_interrupts():
+            lock.acquire()
         commit = read_commit(seg_dir)  # what the writer that last held the lock left
         with lock.fenced():
             sealed = Commit(**{**vars(commit), "gen": commit.gen + 1, "sealed": True})

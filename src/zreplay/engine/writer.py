@@ -129,6 +129,9 @@ class SegmentWriter:
 
         if overwrite and self.path.exists() and not self.temporary:
             remove_for_overwrite(self.path)
+        # The buffer's sealed segments, which it samples beside its own: damage to one
+        # is refused before this writer makes or changes anything.
+        sealed = open_sealed(self.root, writer_id, self.ram.column_budget)
         self.root.create()
         self.seg_dir = self.root.segment_dir(writer_id)
         self.seg_dir.mkdir(parents=True, exist_ok=True)
@@ -142,9 +145,6 @@ class SegmentWriter:
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)
             self.state = WriterState(writer_id, opened, self.ram, capacity, staging_bytes)
-            sealed = open_sealed(
-                self.root, opened.schema, opened.layouts, writer_id, self.ram.column_budget
-            )
             if sealed:
                 self.state.sealed = SealedLayout(writer_id, sealed)
             # Reopened with a smaller capacity: rows beyond it leave at once (committed
@@ -500,12 +500,17 @@ class SegmentWriter:
             try:
                 self.flush()
             finally:
-                self._preload.stop()
-                self._committer.stop()
-                self._closed = True
-                self.lock.release()
-                if self.temporary:
-                    self._finalizer()
+                # Whatever arrives meanwhile (a Ctrl-C in the threads' joins), every step
+                # runs: an interrupted one would leave the lock held and renewed for a
+                # segment its caller then removes (an import's staging tree).  A Ctrl-C
+                # here is raised once the lock is released.
+                with deferred_interrupts():
+                    self._preload.stop()
+                    self._committer.stop()
+                    self._closed = True
+                    self.lock.release()
+                    if self.temporary:
+                        self._finalizer()
 
     @property
     def closed(self) -> bool:

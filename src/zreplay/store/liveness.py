@@ -221,8 +221,11 @@ class Hold:
 
     def __del__(self):
         # Dropped without release() (its owner was collected): the fd must not leak,
-        # or this process would keep the file looking alive for good.
-        self.release()
+        # or this process would keep the file looking alive for good.  A released one
+        # (nearly all) enters no deferral: a Ctrl-C held back there would be raised
+        # inside this finalizer, where Python ignores it (the user's Ctrl-C lost).
+        if getattr(self, "fd", None) is not None:
+            self.release()
 
     def release(self) -> None:
         with deferred_interrupts():  # a Ctrl-C between the two steps would leak the flock

@@ -481,11 +481,12 @@ def index_problem(cols: dict, commit: Commit) -> str | None:
     trajectory's rows are ``T * B``, the first visible one starts at ``low_row``, ids are
     unique and below the commit's next ids, and every piece lies inside its trajectory."""
     lo, n, k0 = commit.low_traj, commit.n_traj, commit.low_piece
-    if lo == n:
-        return None
     off = cols["offsets"]
+    # With no visible trajectory, low_row is where the rows end: off[n] (== n_rows).
     if int(off[lo]) != commit.low_row:
         return f"the first visible trajectory starts at row {int(off[lo])}, not {commit.low_row}"
+    if lo == n:
+        return None
     sizes = cols["T"][lo:n] * cols["B"][lo:n]
     bad = np.flatnonzero(np.diff(off[lo : n + 1]) != sizes)
     if len(bad):
