@@ -150,3 +150,21 @@ def test_adds_return_while_frames_wait_to_be_encoded(tmp_path, monkeypatch, code
         hold.set()
     buf.close()
     _check_on_disk(tmp_path / "b", 6)
+
+
+def test_frames_are_encoded_in_place_once_the_pool_is_shut_down(tmp_path, monkeypatch):
+    # At interpreter exit (buffers left open are committed then) no pool takes new work:
+    # the frames are encoded on the writer's own thread instead of failing the commit.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zreplay.store import objectarray
+
+    gone = ThreadPoolExecutor(1)
+    gone.shutdown()
+    monkeypatch.setattr(objectarray, "_ENCODERS", gone)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    buf = _buffer(tmp_path / "b", "qoi")
+    for i in range(2):
+        buf.add_trajectories([_trajectory(i)])
+    buf.close()
+    _check_on_disk(tmp_path / "b", 2)

@@ -220,7 +220,10 @@ def _encode_all(codec, blocks: list) -> list[bytes]:
         _ENCODERS = ThreadPoolExecutor(cores, thread_name_prefix="zreplay-io-encode")
     step = -(-len(blocks) // cores)
     batches = [blocks[i : i + step] for i in range(0, len(blocks), step)]
-    futs = [_ENCODERS.submit(_encode_batch, codec, b) for b in batches]
+    try:
+        futs = [_ENCODERS.submit(_encode_batch, codec, b) for b in batches]
+    except RuntimeError:  # interpreter shutdown (buffers committed at exit): encode here
+        return [codec.encode(b) for b in blocks]
     return [body for f in futs for body in f.result()]
 
 
