@@ -4,6 +4,7 @@
     python benchmarks/bench_add.py                        # ~3-5 min here
     python benchmarks/bench_add.py --quick --out /tmp/add.json
     python benchmarks/bench_add.py --zreplay-src /tmp/base/src --out before.json
+    python benchmarks/bench_add.py --only ingest --before-src /tmp/base/src   # side by side
 
 Sections (each system in fresh child processes; rounds alternate which goes first):
 
@@ -17,6 +18,10 @@ Sections (each system in fresh child processes; rounds alternate which goes firs
   zreplay (``staging_bytes``, image codec, ``durable=False``) run as extra sides.  The
   codec's own limit for that time: the workload's rows encoded in the layout zreplay
   recorded (its chunks, its codecs; numcodecs, one thread), divided by the cores.
+  ``--before-src`` adds a side ``zreplay (before)``: the default zreplay from another
+  tree's ``src/``, in the same rounds.  Each child also reports the CPU seconds (user +
+  system) its process spent from the first add to on disk: on a shared machine a steadier
+  figure than the wall clock.
 * ``sac``: one SAC-like trajectory [1000, 10] (64-d obs and next_obs, 8-d actions,
   reward, done) per ``add_trajectories`` with RLinf's default ``cache_size=5`` after the
   ring wrapped, writer idle at each call (flush between, untimed), against
@@ -65,6 +70,7 @@ CONFIGS = {
     "quick": {"traj": 20, "rounds": 1, "sac_adds": 10},
 }
 IMAGE_KEYS = ("curr_obs/main_images", "next_obs/main_images")
+BEFORE = "zreplay (before)"  # the default zreplay of --before-src
 # zreplay sides of the ingest section: name -> TrajectoryReplayBuffer keyword arguments
 # (``layout_images``: a layout override applied to both image keys).
 VARIANTS = {
@@ -73,6 +79,7 @@ VARIANTS = {
     "zreplay staging_bytes=3 GiB": {"staging_bytes": 3 << 30},
     "zreplay staging_bytes=0": {"staging_bytes": 0},
     "zreplay lz4 images": {"layout_images": {"codec": "lz4", "level": 1}},
+    "zreplay qoi images": {"layout_images": {"codec": "qoi"}},
     "zreplay durable=False": {"durable": False},
 }
 
@@ -94,9 +101,11 @@ def child_ingest(job: dict) -> dict:
         def finish():
             b.close(wait=True)
     else:
+        if job.get("src"):  # another tree's zreplay (the "before" side)
+            sys.path.insert(0, job["src"])
         import zreplay
 
-        kw = dict(VARIANTS[side])
+        kw = dict(VARIANTS.get(side, {}))
         lay = kw.pop("layout_images", None)
         if lay is not None:
             kw["layout"] = {k: lay for k in IMAGE_KEYS}
@@ -106,6 +115,7 @@ def child_ingest(job: dict) -> dict:
     os.sync()
     load0 = os.getloadavg()
     per_add = []
+    cpu0 = os.times()
     t0 = time.perf_counter()
     for it in items:
         a = time.perf_counter()
@@ -114,7 +124,10 @@ def child_ingest(job: dict) -> dict:
     t_adds = time.perf_counter() - t0
     finish()
     t_disk = time.perf_counter() - t0
+    cpu1 = os.times()
     out = {
+        "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+        "cpu_system_s": cpu1.system - cpu0.system,
         "add": stats(per_add),
         "adds_total_s": t_adds,
         "first add to on disk_s": t_disk,
@@ -325,20 +338,24 @@ def build_table(R: dict) -> tuple[str, dict]:
     if ing:
         lines.append(
             f"{'ingest, RLinf workload':<32} {'add med':>9} {'add p90':>9} "
-            f"{'to disk':>9} {'disk MB':>9}"
+            f"{'to disk':>9} {'cpu s':>7} {'disk MB':>9}"
         )
         for side in ing[0]:
             med = _med(ing, side, "add", "median_s")
             p90 = _med(ing, side, "add", "p90_s")
             disk = _med(ing, side, "first add to on disk_s")
             size = _med(ing, side, "disk_bytes")
+            cpu = _med(ing, side, "cpu_s")
             if med is None:
                 lines.append(f"{side:<32} ERROR")
                 continue
             lines.append(
-                f"{side:<32} {med * 1e3:7.1f}ms {p90 * 1e3:7.1f}ms {disk:8.2f}s {size / 1e6:9.1f}"
+                f"{side:<32} {med * 1e3:7.1f}ms {p90 * 1e3:7.1f}ms {disk:8.2f}s "
+                f"{cpu or float('nan'):7.2f} {size / 1e6:9.1f}"
             )
             summary[side] = {"add_median_s": med, "add_p90_s": p90, "to_disk_s": disk}
+            if cpu is not None:
+                summary[side]["cpu_s"] = cpu
             summary[side]["disk_bytes"] = size
         lim = R["sections"]["ingest"].get("codec_limit") or {}
         if "limit_s" in lim:
@@ -358,11 +375,14 @@ def build_table(R: dict) -> tuple[str, dict]:
                 s["add_median / rlinf"] = s["add_median_s"] / rl["add_median_s"]
                 s["to_disk / rlinf"] = s["to_disk_s"] / rl["to_disk_s"]
                 s["rlinf bytes / these"] = rl["disk_bytes"] / s["disk_bytes"]
+                if "cpu_s" in s and rl.get("cpu_s"):
+                    s["cpu / rlinf"] = s["cpu_s"] / rl["cpu_s"]
                 limit = s.get("to_disk / codec limit")
                 lines.append(
                     f"  {side} / RLinf: add median {s['add_median / rlinf']:.2f}x, to disk "
                     f"{s['to_disk / rlinf']:.2f}x, RLinf bytes {s['rlinf bytes / these']:.2f}x"
                     + ("" if limit is None else f"; to disk / codec limit {limit:.2f}x")
+                    + ("" if "cpu / rlinf" not in s else f"; cpu {s['cpu / rlinf']:.2f}x")
                 )
     sac = R["sections"].get("sac", {}).get("rounds")
     if sac:
@@ -399,6 +419,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="zreplay ingest sides")
     ap.add_argument("--tmpdir", type=Path, default=None)
     ap.add_argument("--zreplay-src", type=Path, default=None, help="a tree's src/ to measure")
+    ap.add_argument(
+        "--before-src", type=Path, default=None, help="ingest: another tree's src/, side by side"
+    )
     ap.add_argument("--rlinf-env", type=Path, default=HERE / ".rlinf-env")
     ap.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -412,6 +435,8 @@ def main(argv=None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
     env["ZREPLAY_BENCH_DIR"] = str(HERE)
     info["zreplay_src"] = str(src)
+    if args.before_src:
+        info["before_src"] = str(args.before_src.resolve())
     wdir = Path(tempfile.mkdtemp(prefix="bench_add-", dir=args.tmpdir))
     print(f"workdir {wdir}; zreplay from {src}", flush=True)
     t_all = time.perf_counter()
@@ -434,6 +459,8 @@ def main(argv=None) -> int:
             if section == "ingest":
                 bio.ensure_rlinf(args.rlinf_env)
                 sides = ["rlinf", *[v for v in args.variants.split(",") if v]]
+                if args.before_src:
+                    sides.insert(1, BEFORE)
                 rounds = []
                 for r in range(cfg["rounds"]):
                     order = sides if r % 2 == 0 else sides[::-1]
@@ -441,6 +468,8 @@ def main(argv=None) -> int:
                     for side in order:
                         job = {"side": side, "round": r}
                         job["rlinf_env"] = str(args.rlinf_env.resolve())
+                        if side == BEFORE:
+                            job["src"] = str(args.before_src.resolve())
                         got[side] = run("ingest", job)
                     rounds.append({s: got[s] for s in sides})
                 R["sections"]["ingest"] = {"rounds": rounds}

@@ -87,6 +87,12 @@ class ArrayHandle:
         # capacity doubled.
         return self.path.backend.widened(store, 2 * rows_needed, self._context)
 
+    def write_held(self, start: int, rows: np.ndarray):
+        """Writer only: start writing ``rows`` at row ``start``; returns the write's
+        future.  ``rows`` stay unchanged until it is done (the backend may write straight
+        from them)."""
+        return self.path.backend.write_held(self.store, start, rows, self._context)
+
     def start_resize(self, rows: int):
         """Writer only: start making the array exactly ``rows`` rows long (its metadata
         only: no chunk is written or deleted); returns what :meth:`finish_resize` waits

@@ -174,6 +174,12 @@ class Backend(ABC):
         ``[sel].write(v)`` returning futures, and ``resize(exclusive_max=...)``;
         ``fills_missing`` says a missing chunk reads as fill values instead of failing."""
 
+    def write_held(self, store, start: int, rows: Any, context) -> Any:
+        """Start writing ``rows`` at row ``start`` of ``store`` (opened with ``context``);
+        returns the write's future.  The caller leaves ``rows`` unchanged until that
+        future is done, so a backend may write straight from them instead of copying."""
+        return store[start : start + len(rows)].write(rows)
+
     def widened(self, store, rows: int, context) -> Any:
         """A read-only handle on the array of ``store`` taken as ``rows`` rows long,
         without reading or writing its metadata (a reader's headroom: it reads committed

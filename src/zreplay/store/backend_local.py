@@ -491,6 +491,18 @@ class LocalBackend(Backend):
         }
         return ts.open(spec, read=True, write=writable, context=context.ts).result(), fills
 
+    def write_held(self, store, start: int, rows, context) -> object:
+        sel = store[start : start + len(rows)]
+        if hasattr(store, "spec") and not context.cache_bytes:
+            # TensorStore copies a source into fresh memory before encoding it (RLinf's
+            # ingest: 600 MB of copies and page faults; measured 0.2 s less system time
+            # per 295 MB without them); rows held unchanged until the write is done may
+            # be encoded in place.  Only without a
+            # chunk cache: written chunks then leave TensorStore with the write, none can
+            # keep pointing at rows the caller reuses afterwards.
+            return sel.write(rows, can_reference_source_data_indefinitely=True)
+        return sel.write(rows)
+
     def widened(self, store, rows: int, context) -> object:
         if not hasattr(store, "spec"):  # a forked process's reader, an image array's
             return super().widened(store, rows, context)

@@ -220,7 +220,11 @@ class Segment:
             self._live = live
 
     def write_rows(self, key: str, start: int, rows: np.ndarray):
-        return self.data[key].store[start : start + len(rows)].write(rows)
+        """Start writing ``rows`` at row ``start`` of ``key``; returns the write's future.
+        ``rows`` must stay unchanged until it is done (the committer's rows are the RAM
+        tier's, whose slots are reused only once their commit is published), so they are
+        written without a copy where the backend can."""
+        return self.data[key].write_held(start, rows)
 
     def write_index(
         self,

@@ -31,8 +31,16 @@ class ShardWriter:
     encoded in ``chunks`` (chunk number within the shard -> bytes), the rows of an
     unfinished last chunk in ``partial`` (also stored, padded, in ``chunks``)."""
 
-    def __init__(self, meta: ArrayMeta, name: str):
+    def __init__(
+        self,
+        meta: ArrayMeta,
+        name: str,
+        encode_all: Callable[[list[np.ndarray]], list[bytes]] | None = None,
+    ):
+        """``encode_all(blocks)``: the chunks ``blocks`` encoded, in order (default: one
+        after the other, here)."""
         self.meta, self.name = meta, name
+        self.encode_all = encode_all or (lambda blocks: [meta.codec.encode(b) for b in blocks])
         self.shard = -1
         self.end = 0
         self.chunks: dict[int, bytes] = {}
@@ -124,8 +132,9 @@ class ShardWriter:
         data = np.concatenate([self.partial, values]) if len(self.partial) else values
         c = (base - s0) // cr
         n_full = len(data) // cr
-        for j in range(n_full):
-            self.chunks[c + j] = self.meta.codec.encode(data[j * cr : (j + 1) * cr])
+        full = [data[j * cr : (j + 1) * cr] for j in range(n_full)]
+        for j, body in enumerate(self.encode_all(full)):
+            self.chunks[c + j] = body
         rest = data[n_full * cr :]
         self.partial = rest.copy()
         if len(rest):  # stored padded with the fill value; re-encoded when it fills up
