@@ -222,3 +222,16 @@ def test_stable_worldmodel_clips_from_disk(tmp_path, codec):
         np.testing.assert_array_equal(np.asarray(got["pixels"]), frames(code))
         np.testing.assert_array_equal(np.diff(code, axis=1), 1)  # one episode each
     rb.close()
+
+
+def test_episode_reads_never_fill_the_image_cache(tmp_path, codec):
+    write(tmp_path / "b", range(4), codec).close()
+    view = zreplay.open(tmp_path / "b", seed=0)
+    ep = view.episode(1)  # an export's or a plot's read: straight from the store
+    code = ep["actions"][:, 0].astype(np.int64)
+    np.testing.assert_array_equal(ep["curr_obs"]["main_images"], frames(code))
+    assert large_cache(view).hi == 0  # nothing decoded into it
+    check(view.sample_clips(16, history_len=3), 3)  # a draw fills it
+    assert large_cache(view).hi == view.num_rows
+    again = view.episode(1)  # served from it now that it holds those rows
+    np.testing.assert_array_equal(again["curr_obs"]["main_images"], frames(code))

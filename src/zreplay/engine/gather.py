@@ -393,7 +393,15 @@ def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGath
             miss = np.flatnonzero(~in_tier)
             sel, rows = (miss if sel is None else sel[miss]), rows[miss]
     bulk = bool(part.caches) and len(rows) >= BULK_ROWS and _contiguous(rows)
+    ranged = None
     for cache in () if bulk else part.caches:
+        if cache is not part.cache:
+            # Large keys' rows are decoded into their cache by draws (samples, clips),
+            # not by an episode or a trajectory read through (an export, a plot): that
+            # would decode up to the whole budget of frames for a few rows.
+            ranged = _contiguous(rows) if ranged is None else ranged
+            if ranged:
+                continue
         cached, members = _split(members, cache)
         if cached:
             with cache.lock:

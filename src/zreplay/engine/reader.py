@@ -157,9 +157,11 @@ class BufferReader:
     column cache file (default: the machine's RAM; 0: off; :mod:`zreplay.engine.colcache`);
     ``chunk_cache_bytes`` (default :func:`default_chunk_cache_bytes`, a sixteenth of the
     machine's RAM; 0: none): bytes per segment of the other keys (images) kept decoded:
-    their newest rows in a second column cache file (filled, like the first, by the first
-    read that needs it; not kept where ``column_cache_bytes`` is 0), and chunks of rows
-    older than those in this process's memory (TensorStore's ``cache_pool``, locally).
+    their newest rows in a second column cache file for a local buffer (filled by the
+    first sample or clip read of them, never by an episode read; not kept where
+    ``column_cache_bytes`` is 0),
+    and chunks of the rows read from the store in this process's memory (TensorStore's
+    ``cache_pool`` locally; in an object store, the chunks its requests brought back).
 
     A segment whose commit records ``view_rows`` shows only its trajectories that start
     within its newest ``view_rows`` rows (:func:`~zreplay.store.commit.view_low_traj`:
@@ -183,10 +185,14 @@ class BufferReader:
         if chunk_cache_bytes is None:
             chunk_cache_bytes = default_chunk_cache_bytes()
         self.chunk_cache_bytes = int(chunk_cache_bytes)
-        # Decoded rows of large keys, shared like the small ones: a memory map's speed.
-        self.large_cache_bytes = self.chunk_cache_bytes if self.column_cache_bytes > 0 else 0
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
+        # Decoded rows of large keys, shared like the small ones: clips at a memory map's
+        # speed.  Locally only: from an object store its first read would download the
+        # newest chunk_cache_bytes of them (it keeps the chunks it reads instead).
+        local = self.path.backend.is_local
+        big = self.chunk_cache_bytes if local and self.column_cache_bytes > 0 else 0
+        self.large_cache_bytes = big
         self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
         self._origin = Origin()  # inherited by a forked child, which reopens (check_process)
@@ -323,7 +329,7 @@ class BufferReader:
             changed = True
         self._commits, self._stamps = seen, stamps
         for wid, st in self._segs.items():
-            st.stamp = stamps[wid][1]
+            st.stamp = stamps.get(wid, (None, None))[1]  # (None: its commit is read)
         self._rebuild()
         return changed
 
