@@ -385,7 +385,7 @@ class ColumnCache:
         self.max_rows = int(budget_bytes // self.row_bytes) if self.keys and self.row_bytes else 0
         if not self.max_rows:
             self.keys = []
-        self._key_set = frozenset(self.keys)
+        self.key_set = frozenset(self.keys)  # (read by the gather's fast path)
         self._ring: _Ring | None = None
         self._ident: str | None = None
         self._private = False  # the cache directory failed: this process's memory
@@ -397,7 +397,7 @@ class ColumnCache:
         self._wait = wait
 
     def holds(self, key: str) -> bool:
-        return key in self._key_set
+        return key in self.key_set
 
     @property
     def lo(self) -> int:
@@ -757,7 +757,7 @@ class ColumnCache:
         if lo > max(int(low_row), int(hi) - self.max_rows):
             return None
         for _, key in members:
-            if key not in self._key_set:
+            if key not in self.key_set:
                 return None
         self.last_read = None
         return lo

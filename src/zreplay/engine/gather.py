@@ -87,7 +87,9 @@ class Part:
         self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
         self.first, self.tier, self.tier_lo, self.reclaimed = first, tier, tier_lo, reclaimed
         self.cache = cache if cache is not None and cache.keys else None
-        self.caches = tuple(c for c in (cache, large_cache) if c is not None and c.keys)
+        large = large_cache if large_cache is not None and large_cache.keys else None
+        # (filter, not a generator: a frame on every writer's snapshot)
+        self.caches = tuple(filter(None, (self.cache, large)))
         self.cache_hi = n_rows if cache_hi is None else cache_hi
         self.cache_id, self.live_from = cache_id, live_from
 
@@ -323,7 +325,32 @@ def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None)
                         tier.gather(key, slots, pending.target(name))
                 continue
             if tier is None and part.caches and pending.adopt and len(rows) < BULK_ROWS:
-                members = _from_caches(part, rows, members, pending)
+                # Keys whose column cache already holds every row (a clip's small keys
+                # and its images: two caches), read right here too; the rest below.
+                low = None
+                for cache in part.caches:
+                    mine, rest, held = [], [], cache.key_set
+                    for m in members:  # (no call: a frame on every sample otherwise)
+                        (mine if m[1] in held else rest).append(m)
+                    if not mine:
+                        continue
+                    with cache.lock:
+                        lo = cache.holding(part.low_row, part.cache_hi, part.cache_id, mine)
+                        if lo is None:
+                            continue
+                        if lo > part.low_row:
+                            low = int(rows.min()) if low is None else low
+                            if low < lo:
+                                continue
+                        slots = cache.slots(rows, part.cache_hi)
+                        for name, key in mine:
+                            pending.adopt_rows(name, cache.gather(key, slots))
+                        if cache is not part.cache:  # checked against the commit
+                            low = int(rows.min()) if low is None else low
+                            pending.served.append((part, low))
+                        if not cache.kept(lo):  # another process reused their slots
+                            pending.reads.append(_DiskRead(part, None, rows, mine))
+                    members = rest
                 if not members:
                     continue
             _part_begin(part, None, rows, members, pending)
@@ -334,36 +361,6 @@ def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None)
             part = parts[int(i)]
             _part_begin(part, sel, part.rows_at(flat[sel]), members, pending)
     return pending
-
-
-def _from_caches(part: Part, rows: GlobalRows, members, pending: PendingGather) -> list:
-    """Outputs of ``members`` whose column cache already holds every row of ``rows`` (one
-    fancy index per key, the output itself); returns the members left for
-    :func:`_part_begin`.  A clip's rows of small keys and of images come from two caches
-    this way, without a lookup of the store."""
-    low = None
-    for cache in part.caches:
-        mine, rest = _split(members, cache)
-        if not mine:
-            continue
-        with cache.lock:
-            lo = cache.holding(part.low_row, part.cache_hi, part.cache_id, mine)
-            if lo is None:
-                continue
-            if lo > part.low_row:
-                low = int(rows.min()) if low is None else low
-                if low < lo:
-                    continue
-            slots = cache.slots(rows, part.cache_hi)
-            for name, key in mine:
-                pending.adopt_rows(name, cache.gather(key, slots))
-            if cache is not part.cache:
-                low = int(rows.min()) if low is None else low
-                pending.served.append((part, low))
-            if not cache.kept(lo):  # another process reused their slots meanwhile
-                pending.reads.append(_DiskRead(part, None, rows, mine))
-        members = rest
-    return members
 
 
 def _fill(pending: PendingGather, members, sel, hit, source, slots: np.ndarray) -> None:
