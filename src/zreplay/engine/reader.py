@@ -159,9 +159,9 @@ class BufferReader:
     machine's RAM; 0: none): bytes per segment of the other keys (images) kept decoded:
     their newest rows in a second column cache file for a local buffer (filled by the
     first sample or clip read of them, never by an episode read; not kept where
-    ``column_cache_bytes`` is 0),
-    and chunks of the rows read from the store in this process's memory (TensorStore's
-    ``cache_pool`` locally; in an object store, the chunks its requests brought back).
+    ``column_cache_bytes`` is 0), and chunks of the rows read from the store in this
+    process's memory (TensorStore's ``cache_pool`` locally; in an object store, the
+    chunks its requests brought back).
 
     A segment whose commit records ``view_rows`` shows only its trajectories that start
     within its newest ``view_rows`` rows (:func:`~zreplay.store.commit.view_low_traj`:
