@@ -224,9 +224,11 @@ def decode_limit(seg: Path, keys: list[str], rows: np.ndarray, threads: int = 2)
         )
         n_inner = shard_rows // inner
         nd = len(meta["shape"])
+        # (format 5 names shards "c.<i>.0...", older formats "c/<i>/0...")
+        sep = meta["chunk_key_encoding"].get("configuration", {}).get("separator", "/")
         chunks = np.unique(rows // inner)
         for s in np.unique(chunks * inner // shard_rows):
-            data = (seg / key / "c" / (str(s) + "/0" * (nd - 1))).read_bytes()
+            data = (seg / key / sep.join(["c", str(s), *["0"] * (nd - 1)])).read_bytes()
             idx = np.frombuffer(data[-(n_inner * 16 + 4) : -4], "<u8").reshape(-1, 2)
             for c in chunks[chunks * inner // shard_rows == s]:
                 o, nb = idx[c % n_inner]

@@ -41,10 +41,12 @@ class BufferView(Facade):
     cache serves (``ZREPLAY_CACHE_DIR``; :mod:`zreplay.engine.colcache`), so rows of
     them are drawn at memory speed and clips and n-step windows read only large rows
     (images) from disk.
-    ``chunk_cache_bytes`` (default a sixteenth of the machine's RAM, per segment, in this
-    process's memory, filled only as chunks are read; 0: none): a cache of decoded
-    chunks of the other keys (images); when the hot rows fit, clips of images read at
-    memory speed.  Local disk only (TensorStore's cache pool).
+    ``chunk_cache_bytes`` (default a sixteenth of the machine's RAM, per segment; 0:
+    none): the other keys (images) kept decoded: for a local buffer their newest rows in
+    a second column cache file, filled by the first draw of them (clips of images are
+    then one fancy index per key into mapped memory: a memory map's speed; not with
+    ``column_cache_bytes=0``), and decoded chunks of the rows read from the store in this
+    process's memory.
 
     The reader options (``storage_options``, ``column_cache_bytes``, ``chunk_cache_bytes``)
     are declared once, in :class:`zreplay.core.options.ReaderOptions`; a pickled view

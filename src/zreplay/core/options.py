@@ -108,9 +108,10 @@ class ReaderOptions(TypedDict, total=False):
         column_cache_bytes: bytes per segment of small keys (rows <= 1 KiB: flags,
             rewards, actions, states) kept decoded in a local file every process reading
             the segment maps (default: the machine's RAM; 0: off).
-        chunk_cache_bytes: bytes per segment of decoded chunks of the other keys
-            (images), in this process's memory (default: a sixteenth of the machine's
-            RAM; 0: none).
+        chunk_cache_bytes: bytes per segment of the other keys (images) kept decoded:
+            for a local buffer their newest rows in a second column cache file (not with
+            ``column_cache_bytes=0``), and decoded chunks of the rows read from the store
+            in this process's memory (default: a sixteenth of the machine's RAM; 0: none).
     """
 
     storage_options: Mapping | None

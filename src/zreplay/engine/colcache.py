@@ -125,8 +125,14 @@ class StaleRead(Exception):
 
 
 def small_keys(schema: Schema) -> list[str]:
-    """The keys a column cache holds for ``schema``."""
+    """The keys a column cache holds for ``schema`` by default."""
     return [s.path for s in schema if s.row_bytes <= SMALL_ROW_BYTES]
+
+
+def large_keys(schema: Schema) -> list[str]:
+    """The other keys (images): a view keeps them in a second column cache of their own,
+    with a budget of its own (see :class:`~zreplay.engine.reader.BufferReader`)."""
+    return [s.path for s in schema if s.row_bytes > SMALL_ROW_BYTES]
 
 
 def contents_ident(location, contents: str) -> str | None:
@@ -364,16 +370,22 @@ class ColumnCache:
     bytes.  Not thread-safe: its owner calls it under :attr:`lock` (one thread of a
     process at a time; other processes coordinate through the file).  ``wait=False`` (a
     writer, which reads under its own lock): a fill never waits for another process's
-    fill of the file; the rows are read from the store meanwhile."""
+    fill of the file; the rows are read from the store meanwhile.  ``keys``: the keys it
+    holds (default :func:`small_keys`); caches of other keys of one segment are other
+    files (a file is named by its keys too)."""
 
-    def __init__(self, schema: Schema, budget_bytes: int, wait: bool = True):
-        self.keys = small_keys(schema) if budget_bytes > 0 else []
+    def __init__(
+        self, schema: Schema, budget_bytes: int, wait: bool = True, keys: list[str] | None = None
+    ):
+        if keys is None:
+            keys = small_keys(schema)
+        self.keys = list(keys) if budget_bytes > 0 else []
         self._specs = {k: schema.specs[k] for k in self.keys}
         self.row_bytes = sum(s.row_bytes for s in self._specs.values())
         self.max_rows = int(budget_bytes // self.row_bytes) if self.keys and self.row_bytes else 0
         if not self.max_rows:
             self.keys = []
-        self._key_set = frozenset(self.keys)
+        self.key_set = frozenset(self.keys)  # (read by the gather's fast path)
         self._ring: _Ring | None = None
         self._ident: str | None = None
         self._private = False  # the cache directory failed: this process's memory
@@ -385,7 +397,7 @@ class ColumnCache:
         self._wait = wait
 
     def holds(self, key: str) -> bool:
-        return key in self._key_set
+        return key in self.key_set
 
     @property
     def lo(self) -> int:
@@ -745,7 +757,7 @@ class ColumnCache:
         if lo > max(int(low_row), int(hi) - self.max_rows):
             return None
         for _, key in members:
-            if key not in self._key_set:
+            if key not in self.key_set:
                 return None
         self.last_read = None
         return lo

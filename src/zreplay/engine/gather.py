@@ -57,14 +57,15 @@ class Part:
 
     ``tier``: the writer's RAM tier (rows at or above ``tier_lo`` are read from RAM);
     ``cache``: the segment's column cache of small keys, which may hold committed rows
-    below ``cache_hi`` (default ``n_rows``); ``reclaimed(row)``: for segments another
+    below ``cache_hi`` (default ``n_rows``), and ``large_cache`` a second one of the
+    large keys (images; a view's); ``reclaimed(row)``: for segments another
     process writes, whether that writer has since published a commit under which ``row``
     is gone (evicted and reclaimed, the segment cleared or replaced): then a failed or
     fill-value read means the rows went, not that they are damaged; ``live_from()``: the
     first row no such commit took away (None: none), for the column cache's fills."""
 
     __slots__ = ("segment", "index", "first", "tier", "tier_lo", "reclaimed", "low_row", "n_rows")
-    __slots__ += ("cache", "cache_hi", "cache_id", "live_from")
+    __slots__ += ("cache", "caches", "cache_hi", "cache_id", "live_from")
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class Part:
         tier_lo: GlobalRow = 0,
         reclaimed: Callable[[GlobalRow], bool] | None = None,
         cache: ColumnCache | None = None,
+        large_cache: ColumnCache | None = None,
         cache_hi: GlobalRow | None = None,
         cache_id: str | None = None,
         live_from: Callable[[], GlobalRow | None] | None = None,
@@ -85,6 +87,9 @@ class Part:
         self.segment, self.index, self.low_row, self.n_rows = segment, index, low_row, n_rows
         self.first, self.tier, self.tier_lo, self.reclaimed = first, tier, tier_lo, reclaimed
         self.cache = cache if cache is not None and cache.keys else None
+        large = large_cache if large_cache is not None and large_cache.keys else None
+        # (filter, not a generator: a frame on every writer's snapshot)
+        self.caches = tuple(filter(None, (self.cache, large)))
         self.cache_hi = n_rows if cache_hi is None else cache_hi
         self.cache_id, self.live_from = cache_id, live_from
 
@@ -232,12 +237,15 @@ class PendingGather:
     allocated on first use (``alloc``), except that one read filling a whole output
     becomes that output where ``adopt`` (no caller ``alloc``)."""
 
-    __slots__ = ("out", "dst", "reads", "_shapes", "_alloc", "adopt")
+    __slots__ = ("out", "dst", "reads", "served", "_shapes", "_alloc", "adopt")
 
     def __init__(self, shapes: dict, alloc: Alloc | None):
         self.out: dict[str, np.ndarray] = {}
         self.dst: dict[str, np.ndarray] = {}  # each output viewed as [rows, *row_shape]
         self.reads: list[_DiskRead] = []
+        # (part, first row) of rows a large keys' column cache gave in place of a disk
+        # read: checked against the commit as those reads are (see gather_finish).
+        self.served: list[tuple[Part, GlobalRow]] = []
         self._shapes, self._alloc, self.adopt = shapes, alloc or _empty, alloc is None
 
     def target(self, name: str) -> np.ndarray:
@@ -307,7 +315,7 @@ def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None)
             # A sample's common case is read right here, one fancy index per key (each
             # call between a facade and the data costs ~1 us of a ~50 us sample): every
             # row in the RAM tier, or every key in a column cache holding every row.
-            tier, cache = part.tier, part.cache
+            tier = part.tier
             if tier is not None and (part.tier_lo <= part.low_row or rows.min() >= part.tier_lo):
                 slots = tier.slots(rows, part.n_rows)
                 for name, key in members:
@@ -316,16 +324,35 @@ def gather_begin(snap: Snapshot, requests: Requests, alloc: Alloc | None = None)
                     else:
                         tier.gather(key, slots, pending.target(name))
                 continue
-            if tier is None and cache is not None and pending.adopt and len(rows) < BULK_ROWS:
-                with cache.lock:
-                    lo = cache.holding(part.low_row, part.cache_hi, part.cache_id, members)
-                    if lo is not None and (lo <= part.low_row or rows.min() >= lo):
-                        slots = cache.slots(rows, part.cache_hi)
-                        for name, key in members:
-                            pending.adopt_rows(name, cache.gather(key, slots))
-                        if not cache.kept(lo):  # another process reused their slots meanwhile
-                            pending.reads.append(_DiskRead(part, None, rows, members))
+            if tier is None and part.caches and pending.adopt and len(rows) < BULK_ROWS:
+                # Keys whose column cache already holds every row (a clip's small keys
+                # and its images: two caches), read right here too; the rest below.
+                low = None
+                for cache in part.caches:
+                    mine, rest, held = [], [], cache.key_set
+                    for m in members:  # (no call: a frame on every sample otherwise)
+                        (mine if m[1] in held else rest).append(m)
+                    if not mine:
                         continue
+                    with cache.lock:
+                        lo = cache.holding(part.low_row, part.cache_hi, part.cache_id, mine)
+                        if lo is None:
+                            continue
+                        if lo > part.low_row:
+                            low = int(rows.min()) if low is None else low
+                            if low < lo:
+                                continue
+                        slots = cache.slots(rows, part.cache_hi)
+                        for name, key in mine:
+                            pending.adopt_rows(name, cache.gather(key, slots))
+                        if cache is not part.cache:  # checked against the commit
+                            low = int(rows.min()) if low is None else low
+                            pending.served.append((part, low))
+                        if not cache.kept(lo):  # another process reused their slots
+                            pending.reads.append(_DiskRead(part, None, rows, mine))
+                    members = rest
+                if not members:
+                    continue
             _part_begin(part, None, rows, members, pending)
             continue
         which = np.searchsorted(snap.bounds, flat, side="right") - 1
@@ -362,8 +389,16 @@ def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGath
             _fill(pending, members, sel, hit, tier, slots)
             miss = np.flatnonzero(~in_tier)
             sel, rows = (miss if sel is None else sel[miss]), rows[miss]
-    cache = part.cache
-    if cache is not None and not (len(rows) >= BULK_ROWS and _contiguous(rows)):
+    bulk = bool(part.caches) and len(rows) >= BULK_ROWS and _contiguous(rows)
+    ranged = None
+    for cache in () if bulk else part.caches:
+        if cache is not part.cache:
+            # Large keys' rows are decoded into their cache by draws (samples, clips),
+            # not by an episode or a trajectory read through (an export, a plot): that
+            # would decode up to the whole budget of frames for a few rows.
+            ranged = _contiguous(rows) if ranged is None else ranged
+            if ranged:
+                continue
         cached, members = _split(members, cache)
         if cached:
             with cache.lock:
@@ -381,6 +416,8 @@ def _part_begin(part: Part, sel, rows: GlobalRows, members, pending: PendingGath
                 if len(r):
                     s = cache.slots(r, part.cache_hi)
                     _fill(pending, cached, sel, h, cache, s)
+                    if cache is not part.cache:
+                        pending.served.append((part, int(r.min())))
                     if cache.lo > lo:  # another process reused their slots meanwhile
                         hsel = h if sel is None else (sel if h is None else sel[h])
                         pending.reads.append(_DiskRead(part, hsel, r, cached))
@@ -453,14 +490,17 @@ def gather_finish(pending: PendingGather) -> dict[str, np.ndarray]:
     # A read that succeeded may still have read what the snapshot's rows are not: fill
     # values where shards were deleted, or rows of other contents at the same numbers (a
     # loaded checkpoint, a buffer made again with overwrite=True): only the commit can
-    # tell, read once per segment read from, after its rows were read.
-    checked = set()
-    for rd, first, _ in started:
-        part = rd.part
-        if part.reclaimed is not None and id(part) not in checked:
-            checked.add(id(part))
-            if part.reclaimed(first):
-                raise Evicted()
+    # tell, read once per segment read from, after its rows were read.  Rows of large
+    # keys a column cache gave are checked the same way: a draw that met rows evicted
+    # since its snapshot is drawn again on a fresh one, wherever they were read from.
+    firsts: dict[int, tuple[Part, GlobalRow]] = {}
+    for part, first in [*((rd.part, first) for rd, first, _ in started), *pending.served]:
+        if part.reclaimed is not None:
+            got = firsts.get(id(part))
+            firsts[id(part)] = (part, first if got is None else min(got[1], first))
+    for part, first in firsts.values():
+        if part.reclaimed(first):
+            raise Evicted()
     return pending.finish_outputs()
 
 

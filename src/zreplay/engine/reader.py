@@ -11,7 +11,9 @@ reads raise :class:`~zreplay.errors.StaleViewError` instead.
 Each segment keeps its small keys decoded in a column cache (up to ``column_cache_bytes``
 per segment, in a local file every process reading the segment shares;
 :mod:`zreplay.engine.colcache`), filled by the first read that needs it and extended by
-later ones after a refresh.
+later ones after a refresh; its large keys (images) likewise in a second one of their own
+(up to ``chunk_cache_bytes``): clips of images are then one fancy index per key into
+mapped memory, as a memory map of raw pixels is, not a decode of every frame.
 
 A reader handed to another process (DataLoader workers) reopens the store there instead
 of using handles (and TensorStore threads) inherited from its parent.
@@ -34,7 +36,7 @@ from ..store.commit import Commit, commit_stamp, read_commit, same_contents, vie
 from ..store.priority import saved_priorities
 from ..store.root import BufferRoot
 from ..store.segment import Segment
-from .colcache import ColumnCache, contents_ident, default_budget, small_keys
+from .colcache import ColumnCache, contents_ident, default_budget, large_keys, small_keys
 from .gather import Evicted, Part, Snapshot, as_requests, gather, gather_begin, gather_finish
 
 RETRIES = 5
@@ -89,23 +91,42 @@ class _MovedOn(Exception):
 
 class _CommitView:
     """What a reader holds of one segment as of its last refresh: its commit, the index
-    read under it, the rows' epoch and the segment's column cache."""
+    read under it, the rows' epoch and the segment's column caches (``cache`` of its small
+    keys, ``large`` of the others, with budgets ``budgets``)."""
 
     def __init__(
-        self, segment: Segment, commit: Commit, index: TrajectoryIndex, budget: int, before=None
+        self,
+        segment: Segment,
+        commit: Commit,
+        index: TrajectoryIndex,
+        budgets: tuple[int, int],
+        before=None,
     ):
         self.segment, self.commit, self.index = segment, commit, index
+        # The commit record's stamp taken before ``commit`` was read (set by every
+        # refresh): while the record still has it, ``commit`` is the newest.
+        self.stamp: object = None
         self.cache_id = contents_ident(segment.dir, commit.contents)
         # Same rows as the state it follows (a sampler keeps what it knows of them, the
         # column cache its rows), or rows renumbered from scratch (the writer cleared or
         # replaced its segment).
         if before is not None and _continues(before, self):
-            self.epoch, self.cache = before.epoch, before.cache
+            self.epoch, self.cache, self.large = before.epoch, before.cache, before.large
         else:
             self.epoch = object()
-            self.cache = ColumnCache(segment.schema, budget) if budget > 0 else None
-            if before is not None and before.cache is not None:
-                before.cache.discard()  # those rows are gone for every process
+            small, large = budgets
+            schema = segment.schema
+            self.cache = ColumnCache(schema, small) if small > 0 else None
+            keys = large_keys(schema)
+            self.large = ColumnCache(schema, large, keys=keys) if large > 0 and keys else None
+            if before is not None:
+                before.discard_caches()  # those rows are gone for every process
+
+    def discard_caches(self) -> None:
+        """Its contents went (a clear, a loaded checkpoint): remove its caches' files."""
+        for cache in (self.cache, self.large):
+            if cache is not None:
+                cache.discard()
 
     def gone(self, row: int) -> bool:
         """Has the writer, since this state was read, published a commit under which
@@ -119,8 +140,12 @@ class _CommitView:
         away (rows below it were evicted, perhaps reclaimed): what was read of rows from
         there on is theirs.  None: no row is (the segment was cleared, replaced or
         removed)."""
+        seg_dir = self.segment.dir
+        if self.stamp is not None and seg_dir.backend.is_local:
+            if commit_stamp(seg_dir) == self.stamp:  # (a stat, not a read of the record)
+                return 0  # nothing published since: the one commit read
         try:
-            now = read_commit(self.segment.dir)
+            now = read_commit(seg_dir)
         except CorruptBufferError:
             return 0
         if now is None:
@@ -172,9 +197,13 @@ class BufferReader:
 
     ``column_cache_bytes``: bytes per segment of small keys kept decoded in the shared
     column cache file (default: the machine's RAM; 0: off; :mod:`zreplay.engine.colcache`);
-    ``chunk_cache_bytes``: a cache of decoded chunks per segment for the other keys, in
-    this process's memory (TensorStore's ``cache_pool``, locally; default
-    :func:`default_chunk_cache_bytes`, a sixteenth of the machine's RAM; 0: none).
+    ``chunk_cache_bytes`` (default :func:`default_chunk_cache_bytes`, a sixteenth of the
+    machine's RAM; 0: none): bytes per segment of the other keys (images) kept decoded:
+    their newest rows in a second column cache file for a local buffer (filled by the
+    first sample or clip read of them, never by an episode read; not kept where
+    ``column_cache_bytes`` is 0), and chunks of the rows read from the store in this
+    process's memory (TensorStore's ``cache_pool`` locally; in an object store, the
+    chunks its requests brought back).
 
     A segment whose commit records ``view_rows`` shows only its trajectories that start
     within its newest ``view_rows`` rows (:func:`~zreplay.store.commit.view_low_traj`:
@@ -200,6 +229,12 @@ class BufferReader:
         self.chunk_cache_bytes = int(chunk_cache_bytes)
         self.root = BufferRoot(path, storage_options)
         self.path = self.root.path
+        # Decoded rows of large keys, shared like the small ones: clips at a memory map's
+        # speed.  Locally only: from an object store its first read would download the
+        # newest chunk_cache_bytes of them (it keeps the chunks it reads instead).
+        local = self.path.backend.is_local
+        big = self.chunk_cache_bytes if local and self.column_cache_bytes > 0 else 0
+        self.large_cache_bytes = big
         self.root.recover()
         self.root.read_meta()  # fails fast on a non-buffer
         self._origin = Origin()  # inherited by a forked child, which reopens (check_process)
@@ -287,8 +322,7 @@ class BufferReader:
                 # A writer loaded a checkpoint of another schema or layout into the only
                 # segment: no array handle opened for the old one may read the new one.
                 for st in self._segs.values():
-                    if st.cache is not None:
-                        st.cache.discard()
+                    st.discard_caches()
                 self._segs, changed = {}, True
             self.schema, self._layouts, self._recorded = schema, layouts, recorded
         if self.schema is None:
@@ -331,19 +365,21 @@ class BufferReader:
             if not index.visible_rows:  # a sealed segment emptied before it was sealed
                 changed |= self._drop(wid)
                 continue
-            budget = self.column_cache_bytes
-            self._segs[wid] = _CommitView(seg, commit, index, budget, before=st)
+            budgets = (self.column_cache_bytes, self.large_cache_bytes)
+            self._segs[wid] = _CommitView(seg, commit, index, budgets, before=st)
             self._seg_keys.setdefault(wid, len(self._seg_keys))
             changed = True
         self._commits, self._stamps = seen, stamps
+        for wid, st in self._segs.items():
+            st.stamp = stamps.get(wid, (None, None))[1]  # (None: its commit is read)
         self._rebuild()
         return changed
 
     def _drop(self, writer_id: str) -> bool:
         """Forget segment ``writer_id`` (it shows no rows now); True if it showed some."""
         gone = self._segs.pop(writer_id, None)
-        if gone is not None and gone.cache is not None:
-            gone.cache.discard()  # the rows it held are nobody's any more
+        if gone is not None:
+            gone.discard_caches()  # the rows it held are nobody's any more
         return gone is not None
 
     def stale(self) -> bool:
@@ -467,6 +503,7 @@ class BufferReader:
                     reclaimed=st.gone,
                     live_from=st.live_from,
                     cache=st.cache,
+                    large_cache=st.large,
                     cache_id=st.cache_id,
                 )
                 for si, st in enumerate(self._order)
