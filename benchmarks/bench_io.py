@@ -196,7 +196,7 @@ def build_rlinf_like(zreplay, path: Path, pool: list[dict], n: int) -> None:
 
 
 def decode_limit(seg: Path, keys: list[str], rows: np.ndarray, threads: int = 2) -> dict:
-    """Seconds to zstd/blosc-decode exactly the inner chunks ``rows`` of ``keys`` need
+    """Seconds to decode (zstd/blosc, or the key's image codec) exactly the inner chunks ``rows`` of ``keys`` need
     (shard index parsed here, chunk bytes read once beforehand; crc32c not checked)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -208,20 +208,30 @@ def decode_limit(seg: Path, keys: list[str], rows: np.ndarray, threads: int = 2)
         shard = meta["codecs"][0]["configuration"]
         inner = shard["chunk_shape"][0]
         shard_rows = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-        comp = shard["codecs"][1]
-        codec = numcodecs.get_codec(
-            {
-                "id": comp["name"],
-                **{k: v for k, v in comp["configuration"].items() if k != "checksum"},
-            }
-            if comp["name"] == "zstd"
-            else {
-                "id": "blosc",
-                "cname": comp["configuration"]["cname"],
-                "clevel": comp["configuration"]["clevel"],
-                "shuffle": 1,
-            }
-        )
+        first = shard["codecs"][0]
+        if first["name"].startswith("zreplay."):  # an image codec: array -> bytes itself
+            from zreplay.store.imagecodec import chunk_codec, format_of
+
+            codec = chunk_codec(
+                format_of(first["name"]),
+                first.get("configuration") or {},
+                shard["chunk_shape"],
+            )
+        else:
+            comp = shard["codecs"][1]
+            codec = numcodecs.get_codec(
+                {
+                    "id": comp["name"],
+                    **{k: v for k, v in comp["configuration"].items() if k != "checksum"},
+                }
+                if comp["name"] == "zstd"
+                else {
+                    "id": "blosc",
+                    "cname": comp["configuration"]["cname"],
+                    "clevel": comp["configuration"]["clevel"],
+                    "shuffle": 1,
+                }
+            )
         n_inner = shard_rows // inner
         nd = len(meta["shape"])
         # (format 5 names shards "c.<i>.0...", older formats "c/<i>/0...")
@@ -311,8 +321,9 @@ def child_clips(job: dict) -> dict:
     # Where the time goes: the same rows with the image keys stored lz4 or uncompressed
     # (layout overrides; the codec choice itself is the add path's), read the same way.
     imgs = ("curr_obs/main_images", "next_obs/main_images")
-    probes = {"zreplay view, images zstd-1 (default)": view}
+    probes = {"zreplay view, images in the default codec": view}
     for name, codec in (
+        ("zstd-1", {"codec": "zstd", "level": 1}),
         ("lz4-5", {"codec": "lz4", "level": 5}),
         ("uncompressed", {"codec": "none"}),
     ):

@@ -50,8 +50,9 @@ IMAGE_CODECS = {
 # zstd-1's time (1.0-2.2x under heavier load; 2.5x on flat Atari frames, 0.09 ms) where
 # PNG, WebP and JPEG-XL lossless take milliseconds; on Atari frames it is 0.65x PNG.
 # DQN's 84x84 luma is smaller with zstd (0.74x PNG, rowdiff 1.0x): name it per key.
-# Clips of 64x64x3 from disk read 1.6-2.4x slower than zstd's (TensorStore): any image
-# codec goes through zreplay's own shard reader, a Python call per one-frame chunk.
+# Reading it from the store is slower than zstd's (zreplay's own shard reader, a Python
+# call per one-frame chunk), but a local view serves clips and samples from its decoded
+# image cache file, so that costs the first fill only.
 # A key's codec is recorded in its array's metadata: buffers written with zstd keep it.
 DEFAULT_IMAGE_CODEC: str | None = "rowdiff"
 # ... and of frames the default codec does not take.
