@@ -319,8 +319,18 @@ def bench_ingest_ram(cfg, pool, raw_traj_bytes, main_dir: Path, tmp: Path, table
     """The buffer of the sampling figures: cache_size = every trajectory it will hold, so
     every add writes RAM-tier pages for the first time (first-touch page faults)."""
     n_total = cfg["lat_adds"] + cfg["ingest_trajs"] + 1
+    # Image keys in zstd-1: the disk figures compare zreplay's gather with raw TensorStore
+    # and zarr-python on the same bytes, and TensorStore cannot read zreplay's image codecs
+    # (the default for uint8 frames, store/layout.py); bench_frames measures those.
+    frames = {
+        k: {"codec": "zstd", "level": 1} for k in ("curr_obs/main_images", "next_obs/main_images")
+    }
     buf = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(main_dir), cache_size=n_total, sample_window_size=0
+        auto_save=True,
+        auto_save_path=str(main_dir),
+        cache_size=n_total,
+        sample_window_size=0,
+        layout=frames,
     )
     buf.add_trajectories([pool[0]])
     buf.flush()
