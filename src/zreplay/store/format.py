@@ -164,13 +164,16 @@ def old_format_error(buffer, version, where=None) -> FormatError:
     (``where``: the file that says so, if not the root): an upgradable one says how to
     upgrade it, any other is unsupported."""
     if version in UPGRADABLE_FORMATS:
-        return FormatError(
+        err = FormatError(
             f"{where or buffer}: this buffer is zreplay format {version}; this version "
             f"reads format {FORMAT_VERSION} only. Run `zreplay upgrade {buffer}` (or "
             f"zreplay.upgrade({str(buffer)!r})) once, then open it again"
         )
-    return FormatError(
-        f"{where or buffer}: zreplay format {version!r} is not supported (this version "
-        f"reads format {FORMAT_VERSION} and upgrades formats {list(UPGRADABLE_FORMATS)}); "
-        "upgrade zreplay"
-    )
+    else:
+        err = FormatError(
+            f"{where or buffer}: zreplay format {version!r} is not supported (this version "
+            f"reads format {FORMAT_VERSION} and upgrades formats {list(UPGRADABLE_FORMATS)}); "
+            "upgrade zreplay"
+        )
+    err.older = version in UPGRADABLE_FORMATS  # (an older zreplay's: upgradable)
+    return err
