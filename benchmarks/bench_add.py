@@ -78,6 +78,7 @@ VARIANTS = {
     "zreplay staging_bytes=1 GiB": {"staging_bytes": 1 << 30},
     "zreplay staging_bytes=3 GiB": {"staging_bytes": 3 << 30},
     "zreplay staging_bytes=0": {"staging_bytes": 0},
+    "zreplay zstd-1 images": {"layout_images": {"codec": "zstd", "level": 1}},
     "zreplay lz4 images": {"layout_images": {"codec": "lz4", "level": 1}},
     "zreplay qoi images": {"layout_images": {"codec": "qoi"}},
     "zreplay durable=False": {"durable": False},
@@ -159,6 +160,18 @@ def _numcodec(name: str, level: int, itemsize: int):
     if name == "lz4":
         shuffle = Blosc.SHUFFLE if itemsize > 1 else Blosc.BITSHUFFLE
         return Blosc("lz4", level, shuffle, blocksize=0)
+    from zreplay.store.imagecodec import chunk_codec
+    from zreplay.store.layout import IMAGE_CODECS
+
+    if name in IMAGE_CODECS:  # zreplay's own image codecs (rowdiff, png, ...): array -> bytes
+        fmt, knob, _, _, fixed = IMAGE_CODECS[name]
+        config = {**fixed, **({knob: level} if knob else {})}
+
+        class Frames:  # a chunk codec per chunk shape, as the shard writer makes them
+            def encode(self, chunk):
+                return chunk_codec(fmt, config, chunk.shape).encode(chunk)
+
+        return Frames()
     return None
 
 
