@@ -19,8 +19,11 @@ import functools
 import inspect
 import os
 import random
+import shutil
 import threading
 from collections.abc import Iterator
+
+from zreplay.errors import ZReplayError
 
 CRASH_STATUS = 87
 # Threads whose name starts with one of these are bystanders: readers racing the operation
@@ -166,3 +169,47 @@ class Interrupts(Faults):
             super().hit(name)
         except OSError:
             raise KeyboardInterrupt from None
+
+
+def sweep_faults(template, workdir, points, faults_of, run, outcome, seen: dict) -> None:
+    """For each store call ``at`` in ``points``: ``run(path)`` on a fresh copy of
+    ``template`` under ``workdir`` with ``faults_of(at)`` installed (an error, or a
+    Ctrl-C where the faults are :class:`Interrupts`), then ``seen[outcome(path)] += 1``
+    (``outcome`` judges what the operation left and raises if it is neither state)."""
+    for at in points:
+        path = workdir / f"at{at}"
+        shutil.copytree(template, path)
+        faults = faults_of(at)
+        try:
+            with faults.installed():
+                run(path)
+        except (OSError, ZReplayError) as e:
+            assert str(e), "an error without a message"
+        except KeyboardInterrupt:
+            assert isinstance(faults, Interrupts), "a Ctrl-C nobody sent"
+        assert faults.fired
+        try:
+            seen[outcome(path)] += 1
+        except BaseException as err:
+            err.add_note(f"after a fault at store call {at}: {faults.fired}")
+            raise
+        shutil.rmtree(path)
+
+
+def sweep_kills(template, workdir, points, ctx, target, outcome, seen: dict) -> None:
+    """For each store call ``at`` in ``points``: ``target(path, at)`` in a child process
+    (``ctx``) on a fresh copy of ``template``, killed at that call (``Faults(at,
+    "crash")`` there), then ``seen[outcome(path)] += 1``."""
+    for at in points:
+        path = workdir / f"at{at}"
+        shutil.copytree(template, path)
+        child = ctx.Process(target=target, args=(str(path), at))
+        child.start()
+        child.join(120)
+        assert child.exitcode in (0, CRASH_STATUS), f"exit code {child.exitcode} at call {at}"
+        try:
+            seen[outcome(path)] += 1
+        except BaseException as err:
+            err.add_note(f"after a crash at store call {at}")
+            raise
+        shutil.rmtree(path)

@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import processes
-from faultlib import CRASH_STATUS, Faults, Interrupts, budget, injection_points
+from faultlib import Faults, Interrupts, budget, injection_points, sweep_faults, sweep_kills
 
 import zreplay
 from zreplay import SchemaError, WriterLockedError
 from zreplay.cli import main as cli
-from zreplay.errors import ZReplayError
 from zreplay.store.recode import recode
 
 SHAPE = (24, 20, 3)
@@ -175,24 +174,15 @@ def test_recode_is_all_or_nothing_under_errors_and_ctrl_c(tmp_path, mode):
     calls = counter.calls
     points = injection_points(calls, budget(8), seed=zlib.crc32(mode.encode()))
     seen = {"old": 0, "new": 0}
-    for at in points:
-        path = tmp_path / f"at{at}"
-        shutil.copytree(template, path)
-        faults = (Faults if mode == "error" else Interrupts)(at, "error")
-        try:
-            with faults.installed():
-                recode(path, {"pixels": {"codec": "jpegxl"}})
-        except (OSError, ZReplayError) as e:
-            assert str(e), "an error without a message"
-        except KeyboardInterrupt:
-            assert mode == "interrupt"
-        assert faults.fired
-        try:
-            seen[recoded_or_not(path, want)] += 1
-        except BaseException as err:
-            err.add_note(f"after a {mode} at store call {at} of {calls}: {faults.fired}")
-            raise
-        shutil.rmtree(path)
+    sweep_faults(
+        template,
+        tmp_path,
+        points,
+        lambda at: (Faults if mode == "error" else Interrupts)(at, "error"),
+        lambda path: recode(path, {"pixels": {"codec": "jpegxl"}}),
+        lambda path: recoded_or_not(path, want),
+        seen,
+    )
     print(f"\nrecode [{mode}]: {calls} store calls, {len(points)} points, {seen}")
     assert seen["old"] > 0, seen
 
@@ -205,20 +195,9 @@ def _recode_in_child(path: str, at: int) -> None:
 @pytest.mark.slow
 def test_a_recode_killed_at_any_store_call_leaves_old_or_new(tmp_path):
     template, want, counter = counted_recode(tmp_path)
-    ctx = processes()
     seen = {"old": 0, "new": 0}
-    for at in injection_points(counter.calls, budget(24), seed=zlib.crc32(b"crash")):
-        path = tmp_path / f"at{at}"
-        shutil.copytree(template, path)
-        child = ctx.Process(target=_recode_in_child, args=(str(path), at))
-        child.start()
-        child.join(120)
-        assert child.exitcode in (0, CRASH_STATUS), f"exit code {child.exitcode} at call {at}"
-        try:
-            seen[recoded_or_not(path, want)] += 1
-        except BaseException as err:
-            err.add_note(f"after a crash at store call {at} of {counter.calls}")
-            raise
-        shutil.rmtree(path)
+    points = injection_points(counter.calls, budget(24), seed=zlib.crc32(b"crash"))
+    outcome = lambda path: recoded_or_not(path, want)  # noqa: E731
+    sweep_kills(template, tmp_path, points, processes(), _recode_in_child, outcome, seen)
     print(f"\nrecode [crash]: {counter.calls} store calls, {seen}")
     assert seen["old"] > 0, seen

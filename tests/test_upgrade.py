@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import S3_BUCKET, check_rows, codes_of, make_traj, processes
-from faultlib import CRASH_STATUS, Faults, Interrupts, budget, injection_points
+from faultlib import Faults, Interrupts, budget, injection_points, sweep_faults, sweep_kills
 
 import zreplay
 from zreplay.cli import main as cli
@@ -387,24 +387,15 @@ def test_an_upgrade_is_all_or_nothing_under_errors_and_ctrl_c(old_buffer, tmp_pa
     # sets both; =all is every call).
     points = injection_points(calls, budget(8), seed=zlib.crc32(mode.encode()))
     seen = {"old": 0, "new": 0}
-    for at in points:
-        path = tmp_path / f"at{at}"
-        shutil.copytree(template, path)
-        faults = (Faults if mode == "error" else Interrupts)(at, "error")
-        try:
-            with faults.installed():
-                zreplay.upgrade(path)
-        except (OSError, ZReplayError) as e:
-            assert str(e), "an error without a message"
-        except KeyboardInterrupt:
-            assert mode == "interrupt"
-        assert faults.fired
-        try:
-            seen[_outcome(path, want, old_files)] += 1
-        except BaseException as err:
-            err.add_note(f"after a {mode} at store call {at} of {calls}: {faults.fired}")
-            raise
-        shutil.rmtree(path)
+    sweep_faults(
+        template,
+        tmp_path,
+        points,
+        lambda at: (Faults if mode == "error" else Interrupts)(at, "error"),
+        zreplay.upgrade,
+        lambda path: _outcome(path, want, old_files),
+        seen,
+    )
     print(f"\nupgrade [{mode}]: {calls} store calls, {len(points)} points, {seen}")
     assert seen["old"] > 0, seen
 
@@ -456,22 +447,10 @@ def test_an_object_store_upgrade_is_all_or_nothing_under_errors(s3):
 @pytest.mark.slow
 def test_an_upgrade_killed_at_any_store_call_leaves_old_or_new(old_buffer, tmp_path):
     template, want, old_files, calls = old_buffer
-    ctx = processes()
     seen = {"old": 0, "new": 0}
     points = injection_points(calls, budget(24), seed=zlib.crc32(b"crash"))
-    for at in points:
-        path = tmp_path / f"at{at}"
-        shutil.copytree(template, path)
-        child = ctx.Process(target=_upgrade_in_child, args=(str(path), at))
-        child.start()
-        child.join(120)
-        assert child.exitcode in (0, CRASH_STATUS), f"exit code {child.exitcode} at call {at}"
-        try:
-            seen[_outcome(path, want, old_files)] += 1
-        except BaseException as err:
-            err.add_note(f"after a crash at store call {at} of {calls}")
-            raise
-        shutil.rmtree(path)
+    outcome = lambda path: _outcome(path, want, old_files)  # noqa: E731
+    sweep_kills(template, tmp_path, points, processes(), _upgrade_in_child, outcome, seen)
     print(f"\nupgrade [crash]: {calls} store calls, {len(points)} points, {seen}")
     assert seen["old"] > 0, seen  # (the swap is the last call: a kill there is before it)
 
