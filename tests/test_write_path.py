@@ -168,3 +168,41 @@ def test_frames_are_encoded_in_place_once_the_pool_is_shut_down(tmp_path, monkey
         buf.add_trajectories([_trajectory(i)])
     buf.close()
     _check_on_disk(tmp_path / "b", 2)
+
+
+EXIT_SCRIPT = """
+import sys, numpy as np, zreplay
+path, facade = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(0)
+if facade == "swm":
+    rb = zreplay.ReplayBuffer(400, path=path)
+    for e in range(12):
+        rb.write_episode({"pixels": rng.integers(0, 256, (10, 48, 48, 3), dtype=np.uint8),
+                          "terminated": np.arange(10) == 9})
+else:
+    rb = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=path)
+    for e in range(6):
+        rb.add_trajectories([{"obs": rng.integers(0, 256, (10, 2, 24, 24, 3), dtype=np.uint8),
+                              "rewards": np.ones((10, 2), np.float32)}])
+print("end of script", flush=True)  # left open, unflushed: committed at exit
+"""
+
+
+@pytest.mark.parametrize("facade", ["swm", "rlinf"])
+def test_a_buffer_left_open_with_image_rows_is_committed_at_exit(tmp_path, facade):
+    """Image keys (the default codec is an image codec, written by zreplay's shard writer)
+    in a buffer a script never closes: at exit the writer pool refuses work and the write
+    runs inline; it used to deadlock on the array's lock held around the submission."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "b"
+    run = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(path), facade],
+        capture_output=True,
+        text=True,
+        timeout=180,  # a hang is the failure (it never ended before the fix)
+    )
+    assert run.returncode == 0, run.stderr
+    view = zreplay.open(path)
+    assert view.num_rows == 120 and zreplay.verify(path).ok

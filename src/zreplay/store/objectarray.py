@@ -272,6 +272,16 @@ def _submit(fn, *args) -> Future:
         return f
 
 
+def _pass_on(to: Future, done: Future) -> None:
+    """``done``'s outcome onto ``to``."""
+    if done.cancelled():
+        to.cancel()
+    elif done.exception() is not None:
+        to.set_exception(done.exception())
+    else:
+        to.set_result(done.result())
+
+
 class _Selection:
     def __init__(self, array: ObjectArray, sel):
         self._array, self._sel = array, sel
@@ -522,10 +532,14 @@ class ObjectArray:
             done: Future = Future()
             done.set_result(None)
             return done
+        # The lane takes this write's future before the write is submitted, and the
+        # submission happens outside the lock: at interpreter shutdown _submit runs the
+        # write inline, in this thread, and _write_after takes the lock itself.
+        fut: Future = Future()
         with self.cache.lock:
             prev = self.cache.lanes.get(self.key)
-            fut = _submit(self._write_after, prev, start, values)
             self.cache.lanes[self.key] = fut
+        _submit(self._write_after, prev, start, values).add_done_callback(partial(_pass_on, fut))
         return fut
 
     def _write_after(self, prev: Future | None, start: int, values: np.ndarray) -> None:
