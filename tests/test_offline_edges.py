@@ -576,3 +576,43 @@ def test_rows_of_several_axes_load_in_lerobot_item_for_item(tmp_path):
         assert meta["stats"][name]["mean"] == [v.shape[-1]]
         assert got[name].dtype == v.dtype, name
         np.testing.assert_array_equal(got[name], v, err_msg=name)
+
+
+def test_a_ctrl_c_while_an_s3_import_rolls_into_place_is_raised_after_it_finishes(
+    tmp_path, s3, url, monkeypatch
+):
+    """A real SIGINT delivered while the staged tree is copied into place (the intent is
+    published: the import is committed) is raised once the roll forward is done, and
+    nothing staged is left for the next open to finish: it used to be raised mid-copy,
+    leaving a half-swapped tree that plain Zarr and a bucket listing saw."""
+    import os
+    import signal
+
+    from test_minari import write_minari
+
+    from zreplay.store import objectswap
+
+    write_minari(tmp_path / "mds", [3, 2, 4])
+    rolled = objectswap.roll_forward
+    sent = []
+
+    def roll_with_ctrl_c(dest, name):
+        original = dest.backend.import_file
+
+        def import_file(*a, **k):
+            if not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)  # as a user pressing Ctrl-C now
+            return original(*a, **k)
+
+        monkeypatch.setattr(dest.backend, "import_file", import_file)
+        return rolled(dest, name)
+
+    monkeypatch.setattr(objectswap, "roll_forward", roll_with_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        zreplay.import_minari(tmp_path / "mds", url, storage_options=s3)
+    assert sent
+    objects = _s3_objects(s3, url)
+    assert not [o for o in objects if "/zreplay/staged-" in o or o.endswith("/swap.json")]
+    assert zreplay.open(url, storage_options=s3).num_rows == 9
+    assert zreplay.verify(url, storage_options=s3).ok

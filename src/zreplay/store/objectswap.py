@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 
 from ..errors import CorruptBufferError
+from ..threads import deferred_interrupts
 from .format import META
 from .liveness import process_tag, tag_is_dead
 
@@ -131,5 +132,9 @@ def staged(dest) -> Iterator:
     except BaseException:
         dest.backend.remove_tree(tmp)
         raise
-    dest.backend.publish(dest / META / INTENT, json.dumps({"staged": name}).encode(), True)
-    roll_forward(dest, name)
+    # Ctrl-C held back from the intent to the end of the roll forward: a committed
+    # replacement is finished here, not left half rolled for the next open to finish
+    # (plain Zarr and a bucket listing would see the half-swapped tree until then).
+    with deferred_interrupts():
+        dest.backend.publish(dest / META / INTENT, json.dumps({"staged": name}).encode(), True)
+        roll_forward(dest, name)
