@@ -326,6 +326,10 @@ def plant_huge_size(shard: Path, tmp_path) -> None:
     rewrite_index(shard, lambda idx, size: idx.__setitem__((0, 1), 1 << 63))
 
 
+def plant_aliased_chunk(shard: Path, tmp_path) -> None:
+    rewrite_index(shard, lambda idx, size: idx.__setitem__(1, idx[0]))
+
+
 def plant_sparse_giant(shard: Path, tmp_path) -> None:
     tmp = shard.with_name("planted")
     with open(tmp, "wb") as f:
@@ -341,6 +345,7 @@ def plant_sparse_giant(shard: Path, tmp_path) -> None:
         (plant_offsets_past_end, "outside"),
         (plant_huge_size, "past any object"),
         (plant_sparse_giant, "more than a shard"),
+        (plant_aliased_chunk, "overlap"),
     ],
 )
 def test_a_shard_swapped_after_open_is_refused_before_reading_or_allocating(tmp_path, plant, says):

@@ -231,6 +231,13 @@ def parse_index(raw, meta: ArrayMeta, where: str = "a shard") -> np.ndarray:
     stored = index[:, 0] != np.uint64(MISSING)
     if np.any(index[stored] >= np.uint64(1 << 62)):
         raise ChunkError(f"{where}: an index entry past any object's size")
+    # Every writer puts each chunk in bytes of its own: entries that share bytes would
+    # read one chunk's rows as another's, checksums and all.
+    ranges = index[stored].astype(np.int64)
+    if len(ranges) > 1:
+        ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
+        if np.any(ranges[:-1, 0] + ranges[:-1, 1] > ranges[1:, 0]):
+            raise ChunkError(f"{where}: index entries overlap (two chunks in the same bytes)")
     return index
 
 
