@@ -209,6 +209,18 @@ def _decoder(fmt: str):
     }[fmt]
 
 
+def _chunk_block(fmt: str, block, chunk_shape: tuple) -> np.ndarray:
+    """``block`` as the uint8 array of shape ``chunk_shape`` a chunk of format ``fmt``
+    encodes (ImageCodecError for anything else)."""
+    block = np.asarray(block)
+    if block.dtype != np.uint8 or block.shape != chunk_shape:
+        raise ImageCodecError(
+            f"image codec {fmt!r}: a chunk of {block.dtype} {block.shape}, "
+            f"expected uint8 {chunk_shape}"
+        )
+    return block
+
+
 class FrameCodec:
     """Chunks ``[rows, *frame]`` of uint8 frames <-> bytes in format ``fmt`` (see the
     module docstring for the byte layout)."""
@@ -230,12 +242,7 @@ class FrameCodec:
 
     def encode(self, block: np.ndarray) -> bytes:
         """One chunk ``uint8 [rows, *frame]`` as bytes."""
-        block = np.asarray(block)
-        if block.dtype != np.uint8 or block.shape != self.chunk_shape:
-            raise ImageCodecError(
-                f"image codec {self.fmt!r}: a chunk of {block.dtype} {block.shape}, "
-                f"expected uint8 {self.chunk_shape}"
-            )
+        block = _chunk_block(self.fmt, block, self.chunk_shape)
         frames = [
             bytes(
                 self._encode(
@@ -322,12 +329,7 @@ class RowDiff:
 
     def encode(self, block: np.ndarray) -> bytes:
         """One chunk ``uint8 [rows, *frame]`` as bytes."""
-        block = np.asarray(block)
-        if block.dtype != np.uint8 or block.shape != self.chunk_shape:
-            raise ImageCodecError(
-                f"image codec 'rowdiff': a chunk of {block.dtype} {block.shape}, "
-                f"expected uint8 {self.chunk_shape}"
-            )
+        block = _chunk_block(self.fmt, block, self.chunk_shape)
         pix = block.reshape(self._rows)
         # numpy's subtract into a second buffer: several times faster here than
         # imagecodecs.delta_encode (measured), and in place it would copy for the overlap

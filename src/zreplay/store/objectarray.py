@@ -226,7 +226,7 @@ def _encode_all(codec, blocks: list) -> list[bytes]:
     global _ENCODERS
     cores = os.cpu_count() or 2
     if len(blocks) < 2 or cores < 2 or not getattr(codec.compressor, "decodes_slowly", False):
-        return [codec.encode(b) for b in blocks]
+        return _encode_batch(codec, blocks)
     if _ENCODERS is None:
         _ENCODERS = ThreadPoolExecutor(cores, thread_name_prefix="zreplay-io-encode")
     step = -(-len(blocks) // cores)
@@ -234,7 +234,7 @@ def _encode_all(codec, blocks: list) -> list[bytes]:
     try:
         futs = [_ENCODERS.submit(_encode_batch, codec, b) for b in batches]
     except RuntimeError:  # interpreter shutdown (buffers committed at exit): encode here
-        return [codec.encode(b) for b in blocks]
+        return _encode_batch(codec, blocks)
     return [body for f in futs for body in f.result()]
 
 
