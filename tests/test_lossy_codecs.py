@@ -8,11 +8,14 @@ written before them (no ``subsampling``) still reads."""
 
 from __future__ import annotations
 
+import sys
+
 import imagecodecs
 import numpy as np
 import pytest
 from test_image_codecs import (
     PLAIN_READ,
+    ROOT,
     codec_for,
     edit_codec,
     entry_point_site,
@@ -174,7 +177,7 @@ def test_jpeg_written_without_the_new_parameters_still_reads(tmp_path):
 
 def test_plain_zarr_reads_jpeg_444_in_a_fresh_process_without_warnings(tmp_path):
     site = entry_point_site(tmp_path)
-    src = __import__("test_image_codecs").ROOT / "src"
+    src = ROOT / "src"
     for shape in ((24, 20, 3), (24, 20, 1)):
         path = tmp_path / f"c{shape[-1]}"
         write_episodes(path, "jpeg-444", shape)
@@ -184,3 +187,42 @@ def test_plain_zarr_reads_jpeg_444_in_a_fresh_process_without_warnings(tmp_path)
         assert out.returncode == 0, out.stderr
         size = "x".join(map(str, (18, *shape)))
         assert out.stdout.split() == ["uint8", size, str(int(want.sum()))]
+
+
+def test_the_bench_reports_the_lossy_frontier_and_whether_all_three_targets_are_met():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_frames as bf
+
+    fam = [
+        bf.Candidate(n, False, None, None, family=f, setting=q)
+        for n, f, q in (("A q1", "A", 1), ("A q2", "A", 2), ("B q1", "B", 1), ("B q2", "B", 2))
+    ]
+
+    def r(raw, db, ms):
+        return {"over_raw": raw, "bytes_per_frame": raw, "psnr_db": db, "decode_ms_1t": 2 * ms}
+
+    results = {
+        "photo-224x224": {
+            "A q1": r(0.08, 39.0, 0.2) | {"decode_ms_1t_min": 0.2},  # small, below 40 dB
+            "A q2": r(0.15, 40.5, 0.4) | {"decode_ms_1t_min": 0.4},  # fast, too big
+            "B q1": r(0.09, 40.2, 2.0) | {"decode_ms_1t_min": 2.0},  # small, too slow
+            "B q2": r(0.12, 41.0, 3.0) | {"decode_ms_1t_min": 3.0},
+        },
+        "photo-448x448": {  # four times the pixels: four times the decode budget
+            "A q2": r(0.09, 40.1, 3.9) | {"decode_ms_1t_min": 3.9},
+        },
+    }
+    shapes = {"photo-224x224": (224, 224, 3), "photo-448x448": (448, 448, 3)}
+    got = bf.lossy_frontier(results, fam, shapes)
+    f = got["photo-224x224"]
+    assert f["decode_budget_ms"] == 1.0 and f["met"] is False
+    assert f["families"]["A"]["candidate"] == "A q2"
+    assert f["families"]["A"]["targets"] == {"bytes": False, "psnr": True, "decode": True}
+    assert f["families"]["B"]["candidate"] == "B q1" and not f["families"]["B"]["all_three"]
+    assert f["fewest_bytes_within_decode"]["candidate"] == "A q2"
+    assert f["fastest_decode_within_bytes"]["candidate"] == "B q1"
+    g = got["photo-448x448"]
+    assert g["decode_budget_ms"] == 4.0 and g["met"] is True
+    assert g["families"]["A"]["all_three"] and g["families"]["B"] is None
+    table = bf.frontier_markdown(got)
+    assert "**all three**" in table and "| all three met | False | True |" in table
