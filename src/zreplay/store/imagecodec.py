@@ -45,19 +45,22 @@ class ImageCodecError(ValueError):
 @dataclass(frozen=True)
 class _Param:
     kind: type
-    low: float
-    high: float
+    low: float = 0
+    high: float = 0
+    choices: tuple = ()  # the values a str parameter takes
 
 
 @dataclass(frozen=True)
 class Format:
     """One image format: its parameters (name -> type and range), the channel counts it
     takes, and whether it is lossless for every configuration (``lossless`` parameter
-    otherwise)."""
+    otherwise).  ``optional``: the parameters a configuration may leave out (added after
+    buffers were written without them), each with the value its absence means."""
 
     name: str
     params: dict = field(default_factory=dict)
     channels: tuple = (1, 3, 4)
+    optional: dict = field(default_factory=dict)
 
 
 FORMATS = {
@@ -80,7 +83,18 @@ FORMATS = {
         },
     ),
     "avif": Format("avif", {"quality": _Param(int, 0, 100), "speed": _Param(int, 0, 10)}),
-    "jpeg": Format("jpeg", {"quality": _Param(int, 1, 100)}, channels=(1, 3)),
+    # libjpeg-turbo; chroma subsampling 4:2:0 unless the configuration says 4:4:4 (which
+    # photos need for 40 dB), Huffman tables optimized per frame when it says so
+    "jpeg": Format(
+        "jpeg",
+        {
+            "quality": _Param(int, 1, 100),
+            "subsampling": _Param(str, choices=("420", "444")),
+            "optimize": _Param(bool, 0, 1),
+        },
+        channels=(1, 3),
+        optional={"subsampling": "420", "optimize": False},
+    ),
     "qoi": Format("qoi", {}, channels=(3, 4)),
     # zreplay's own lossless codec (see RowDiff): zstd's level
     "rowdiff": Format("rowdiff", {"level": _Param(int, 1, 22)}),
@@ -95,23 +109,31 @@ def check_config(fmt: str, config: Any) -> dict:
         raise ImageCodecError(f"unknown image codec {fmt!r}; known: {sorted(FORMATS)}")
     if not isinstance(config, dict):
         raise ImageCodecError(f"codec {PREFIX}{fmt}: configuration {config!r} is not an object")
-    if set(config) != set(spec.params):
+    required = set(spec.params) - set(spec.optional)
+    if not required <= set(config) <= set(spec.params):
+        also = f" (optional: {sorted(spec.optional)})" if spec.optional else ""
         raise ImageCodecError(
             f"codec {PREFIX}{fmt}: parameters {sorted(config)}, expected exactly "
-            f"{sorted(spec.params)} (a damaged or crafted zarr.json, or a newer zreplay's)"
+            f"{sorted(required)}{also} (a damaged or crafted zarr.json, or a newer zreplay's)"
         )
-    out = {}
-    for name, p in spec.params.items():
-        v = config[name]
-        ok = isinstance(v, bool) if p.kind is bool else not isinstance(v, bool)
-        ok = ok and isinstance(v, (int, float) if p.kind is float else p.kind)
-        if not ok or not p.low <= v <= p.high:
+    # only the parameters given: a configuration is recorded as it was written
+    return {name: _checked(fmt, name, spec.params[name], v) for name, v in config.items()}
+
+
+def _checked(fmt: str, name: str, p: _Param, v: Any):
+    if p.kind is str:
+        if not isinstance(v, str) or v not in p.choices:
             raise ImageCodecError(
-                f"codec {PREFIX}{fmt}: {name}={v!r}, expected {p.kind.__name__} in "
-                f"[{p.low}, {p.high}]"
+                f"codec {PREFIX}{fmt}: {name}={v!r}, expected one of {list(p.choices)}"
             )
-        out[name] = p.kind(v)
-    return out
+        return v
+    ok = isinstance(v, bool) if p.kind is bool else not isinstance(v, bool)
+    ok = ok and isinstance(v, (int, float) if p.kind is float else p.kind)
+    if not ok or not p.low <= v <= p.high:
+        raise ImageCodecError(
+            f"codec {PREFIX}{fmt}: {name}={v!r}, expected {p.kind.__name__} in [{p.low}, {p.high}]"
+        )
+    return p.kind(v)
 
 
 def check_frame_shape(fmt: str, frame: tuple, dtype) -> None:
@@ -193,7 +215,10 @@ def _encoder(fmt: str, cfg: dict):
     if fmt == "avif":
         return lambda a: ic.avif_encode(a, level=cfg["quality"], speed=cfg["speed"], numthreads=1)
     if fmt == "jpeg":
-        return lambda a: ic.jpeg8_encode(a, level=cfg["quality"])
+        cfg = FORMATS["jpeg"].optional | cfg
+        return lambda a: ic.jpeg8_encode(
+            a, level=cfg["quality"], subsampling=cfg["subsampling"], optimize=cfg["optimize"]
+        )
     return ic.qoi_encode
 
 

@@ -41,6 +41,10 @@ IMAGE_CODECS = {
     "jpegxl-lossy": ("jpegxl", "quality", 90, (30, 100), {"lossless": False, "effort": 3}),
     "avif": ("avif", "quality", 80, (0, 100), {"speed": 8}),
     "jpeg": ("jpeg", "quality", 90, (1, 100), {}),
+    # chroma kept whole (4:2:0 halves it, which holds photos below 40 dB at any quality),
+    # Huffman tables optimized: at 94, 0.16x raw at 40.7 dB on 224x224 camera frames,
+    # 0.4 ms a frame to decode (benchmarks/README.md, "Camera frames")
+    "jpeg-444": ("jpeg", "quality", 94, (1, 100), {"subsampling": "444", "optimize": True}),
 }
 # The codec of uint8 image-like keys (see image_like) unless a layout says otherwise
 # (None: zstd over raw pixels).  rowdiff, by measurement (benchmarks/bench_frames.py,
