@@ -32,7 +32,7 @@ import zreplay
 from zreplay import CorruptBufferError, SchemaError
 from zreplay.schema import KeySpec
 from zreplay.store.imagecodec import FrameCodec, ImageCodecError
-from zreplay.store.layout import KeyLayout, layouts_for
+from zreplay.store.layout import LOSSY_IMAGE_CODECS, KeyLayout, layouts_for
 
 JPEG_444 = {"quality": 94, "subsampling": "444", "optimize": True}
 
@@ -123,9 +123,7 @@ def write(path, shape, seeds, layout=None):
 @pytest.mark.parametrize("shape", [(24, 20, 3), (24, 20, 1)])
 def test_a_buffer_records_reopens_appends_and_verifies_jpeg_444(tmp_path, shape):
     path = tmp_path / "b"
-    # one frame a chunk, as camera frames get by default (a reopened writer re-encodes
-    # the rows of a partly filled chunk: with a lossy codec, a second loss)
-    write(path, shape, (0, 1), {"pixels": {"codec": "jpeg-444", "chunk_rows": 1}})
+    write(path, shape, (0, 1), {"pixels": {"codec": "jpeg-444"}})
     chain = pixel_codec(path)
     assert chain[0] == {"name": "zreplay.jpeg", "configuration": JPEG_444}
     first = zreplay.open(path).episode(0)["pixels"]
@@ -226,3 +224,29 @@ def test_the_bench_reports_the_lossy_frontier_and_whether_all_three_targets_are_
     assert g["families"]["A"]["all_three"] and g["families"]["B"] is None
     table = bf.frontier_markdown(got)
     assert "**all three**" in table and "| all three met | False | True |" in table
+
+
+@pytest.mark.parametrize("codec", LOSSY_IMAGE_CODECS)
+def test_a_lossy_codec_stores_one_frame_per_chunk(codec):
+    # 8x8 grey frames would get hundreds of rows a chunk; a chunk of several lossy frames
+    # would be decoded and re-encoded when a reopened writer appends to it
+    spec = KeyLayout.default(KeySpec("pixels", np.dtype(np.uint8), (8, 8, 3)))
+    assert spec.chunk_rows > 1
+    lay = spec.with_overrides({"codec": codec})
+    assert lay.chunk_rows == 1 and lay.shard_rows % 1 == 0
+    assert spec.with_overrides({"codec": codec, "chunk_rows": 1}).chunk_rows == 1
+    with pytest.raises(SchemaError, match="lossy and stores one frame per chunk"):
+        spec.with_overrides({"codec": codec, "chunk_rows": 4})
+    assert spec.with_overrides({"codec": "rowdiff", "chunk_rows": 4}).chunk_rows == 4
+
+
+def test_appending_after_a_reopen_leaves_earlier_lossy_frames_as_they_were(tmp_path):
+    path = tmp_path / "b"
+    shape = (20, 20, 3)  # small frames: without the rule, many frames a chunk
+    write(path, shape, (0, 1), {"pixels": {"codec": "jpeg"}})
+    before = [zreplay.open(path).episode(i)["pixels"] for i in range(2)]
+    write(path, shape, (9,))  # reopened: appends after the partly filled last chunk
+    view = zreplay.open(path)
+    assert view.num_episodes == 3
+    for i, px in enumerate(before):
+        assert np.array_equal(view.episode(i)["pixels"], px)
