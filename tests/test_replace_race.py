@@ -2,7 +2,8 @@
 writer gets ``WriterLockedError`` (the buffer is being replaced; open it again), never
 damage or a raw ``FileNotFoundError``, and the replacement stays all or nothing: the
 result is exactly the imported data, with no segment of the late writer in it or beside
-it.  A replacement killed with ``kill -9`` blocks no later writer."""
+it.  A replacement killed with ``kill -9`` blocks no later writer.  A writer made with
+``overwrite=True`` removes the old buffer: a writer opening it meanwhile is refused too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import processes
+from conftest import check_rows, make_traj, processes
 from test_minari import write_minari
 
 import zreplay
@@ -220,3 +221,51 @@ def test_writers_opening_in_a_loop_while_imports_replace_the_buffer(tmp_path):
     assert done >= 1 and outcomes.get("refused", 0) >= 1, (done, outcomes)
     zreplay.import_minari(srcs[1], dst, overwrite=True)
     _is_exactly(dst, LENGTHS[1])
+
+
+def _overwrite_paused(dst: str, ready: str, go: str) -> None:
+    """A writer made with ``overwrite=True`` over the buffer at ``dst`` that stops while
+    it holds the buffer's locks, before it removes the old buffer, until ``go`` exists."""
+    import zreplay.engine.recovery as recovery
+
+    real = recovery._remove_buffer
+
+    def paused(path):
+        Path(ready).touch()
+        deadline = time.monotonic() + 60
+        while not Path(go).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real(path)
+
+    recovery._remove_buffer = paused
+    with zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=dst, overwrite=True, sample_window_size=0
+    ) as buf:
+        buf.add_trajectories([make_traj(50)])
+
+
+def test_a_writer_opening_while_another_starts_the_buffer_afresh_is_told_to_open_again(
+    tmp_path,
+):
+    """``overwrite=True`` removes the whole buffer: a writer of another segment opening
+    meanwhile is refused as for an import, and the fresh buffer holds only what the
+    overwriting writer added."""
+    dst, ready, go = tmp_path / "buf", tmp_path / "ready", tmp_path / "go"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(dst)) as buf:
+        buf.add_trajectories([make_traj(i) for i in range(3)])
+    with processes().Pool(1) as pool:
+        job = pool.apply_async(_overwrite_paused, (str(dst), str(ready), str(go)))
+        _wait_for(ready, job)
+        try:
+            with pytest.raises(WriterLockedError, match=REPLACED):
+                zreplay.TrajectoryReplayBuffer(
+                    auto_save=True, auto_save_path=str(dst), writer_id="late"
+                )
+        finally:
+            go.touch()
+        job.get(timeout=60)
+    assert sorted(p.name for p in (dst / "segments").iterdir()) == ["default", "zarr.json"]
+    view = zreplay.open(dst)
+    assert view.num_trajectories == 1
+    assert set(check_rows(view.sample(64)) // 10000) == {50}
+    assert zreplay.verify(dst).ok
