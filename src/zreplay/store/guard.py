@@ -131,7 +131,8 @@ def check_target(
 def _replacing_error(what: str, path: Location, info: dict) -> WriterLockedError:
     return WriterLockedError(
         f"{what}: {path} is being replaced by pid {info.get('pid')} on host "
-        f"{info.get('host')!r} (an import, checkpoint save, upgrade or recode over it); "
+        f"{info.get('host')!r} (an import, checkpoint save, upgrade, recode or "
+        "overwrite=True over it); "
         "wait until that is done, or pick another path"
     )
 
@@ -236,9 +237,9 @@ class TreeWatch:
         why = self.replaced(lock)
         if why is not None:
             raise WriterLockedError(
-                f"{self.path} is being replaced ({why}: an import, checkpoint save, upgrade "
-                "or recode over it) while this writer opened it; the writer wrote nothing "
-                "there. Open it again once that is done"
+                f"{self.path} is being replaced ({why}: an import, checkpoint save, upgrade, "
+                "recode or overwrite=True over it) while this writer opened it; the writer "
+                "added nothing. Open it again once that is done"
             )
 
 
