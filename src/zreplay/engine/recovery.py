@@ -24,7 +24,7 @@ from ..index.trajectories import TrajectoryIndex
 from ..schema import Schema
 from ..store.commit import Commit, read_commit, remove_orphans
 from ..store.format import ID_BITS, commit_path
-from ..store.guard import live_writer
+from ..store.guard import holding_writer_locks, live_writer
 from ..store.layout import check_recorded, layouts_for
 from ..store.root import BufferRoot, is_buffer, leftover_of_buffer
 from ..store.segment import Segment
@@ -166,7 +166,10 @@ def open_segment(root: BufferRoot, writer_id: str, durable: bool) -> Recovered:
 
 def remove_for_overwrite(path) -> None:
     """Delete the buffer at ``path`` (``overwrite=True``): refused while any of its
-    segments has a live writer, and for anything that is not a zreplay buffer."""
+    segments has a live writer (or another replacement holds it), and for anything that
+    is not a zreplay buffer.  It is removed holding the buffer's own writer lock and every
+    segment's, as a replacement does (store/guard.py), so a writer opening it meanwhile
+    is refused instead of writing into a tree being deleted."""
     if is_buffer(path):
         found = live_writer(path)
         if found is not None:
@@ -176,7 +179,8 @@ def remove_for_overwrite(path) -> None:
                 f"written by pid {info.get('pid')} on host {info.get('host')!r}; "
                 "close that writer first"
             )
-        _remove_buffer(path)
+        with holding_writer_locks(path, "overwrite=True refused"):
+            _remove_buffer(path)
     elif leftover_of_buffer(path):
         path.backend.remove_tree(path)  # what a removal raced by a learner's publish left
     elif any(True for _ in path.iterdir()):

@@ -113,6 +113,16 @@ def open_sealed(root: BufferRoot, own: str, budget: int) -> list[SealedPart]:
     return out
 
 
+def sealed_moved(sealed: list[SealedPart]) -> bool:
+    """Whether a segment of ``sealed`` (as :func:`open_sealed` opened them) holds other
+    contents now: the buffer was replaced since (an import over it)."""
+    for part in sealed:
+        commit = read_commit(part.segment.dir)
+        if commit is None or commit.contents != part.commit.contents:
+            return True
+    return False
+
+
 class SealedLayout:
     """A writer's snapshots with its sealed parts beside its own rows, in segment name
     order.  The episodes and row space are rebuilt only when the writer's own visible

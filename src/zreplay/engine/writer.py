@@ -35,7 +35,7 @@ from ..numbers import as_int, check_json
 from ..schema import Schema, check_key_component
 from ..store.checkpoint import write_snapshot
 from ..store.commit import Commit
-from ..store.guard import check_target
+from ..store.guard import TreeWatch, check_target
 from ..store.layout import check_recorded
 from ..store.location import locate
 from ..store.lock import WriterLock
@@ -49,7 +49,7 @@ from .prepared import Prepared, check_batch
 from .ramtier import RamPolicy
 from .recovery import fix_schema, open_segment, remove_for_overwrite
 from .replace import clear as clear_segment
-from .sealed import SealedLayout, open_sealed
+from .sealed import SealedLayout, open_sealed, sealed_moved
 from .state import WriterState
 
 log = logging.getLogger("zreplay")
@@ -129,18 +129,41 @@ class SegmentWriter:
 
         if overwrite and self.path.exists() and not self.temporary:
             remove_for_overwrite(self.path)
-        # The buffer's sealed segments, which it samples beside its own: damage to one
-        # is refused before this writer makes or changes anything.
-        sealed = open_sealed(self.root, writer_id, self.ram.column_budget)
-        self.root.create()
-        self.seg_dir = self.root.segment_dir(writer_id)
-        self.seg_dir.mkdir(parents=True, exist_ok=True)
-        self.root.create_meta_node(self.seg_dir)
+        # An import or checkpoint replacing the whole buffer meanwhile (store/guard.py):
+        # what failed or was read here may be half of each tree, so it is refused as
+        # the race it is (WriterLockedError), never reported as damage.
+        watch = TreeWatch(self.path)
+        try:
+            # The buffer's sealed segments, which it samples beside its own: damage to
+            # one is refused before this writer makes or changes anything.
+            sealed = open_sealed(self.root, writer_id, self.ram.column_budget)
+            self.root.create()
+            made = watch.stamp is None  # (no buffer yet: its sealed segments read below)
+            watch.restamp()
+            self.seg_dir = self.root.segment_dir(writer_id)
+            self.seg_dir.mkdir(parents=True, exist_ok=True)
+            self.root.create_meta_node(self.seg_dir)
+        except Exception:
+            watch.check()
+            raise
         # The segment's writer lock: the committer fences its writes with it.
         self.lock = WriterLock(self.seg_dir)
         self._committer = self._preload = None
         try:  # from taking the lock on: a Ctrl-C anywhere leaves nothing held
-            self.lock.acquire(break_lock=break_lock)
+            try:
+                self.lock.acquire(break_lock=break_lock)
+            except Exception:
+                watch.check()  # the replacement holds this segment's lock, or moved it
+                raise
+            # From here on no replacement starts (it would find this lock held), so
+            # what is read next is of one tree: the one checked now.
+            watch.check(self.lock)
+            if watch.stamp is None:  # no file stamps here (object stores): compare reads
+                stale = not sealed or sealed_moved(sealed)
+            else:
+                stale = made  # read before there was a buffer: one may have been put there
+            if stale:
+                sealed = open_sealed(self.root, writer_id, self.ram.column_budget)
             opened = open_segment(self.root, writer_id, durable)
             if opened.schema is not None:
                 check_recorded(opened.schema.specs, opened.layouts, self._layout_overrides)

@@ -127,6 +127,11 @@ class Backend(ABC):
         no-op where the store has none; ``TimeoutError`` if it cannot be had within
         ``timeout`` seconds (None: wait as long as it takes)."""
 
+    def guard_file(self, loc) -> Any:
+        """The file :meth:`guard` makes for ``loc`` (to leave a tree as it found it), or
+        None where it makes none."""
+        return None
+
     def hold(self, loc) -> Any:
         """Keep an ``flock`` on the file ``loc`` for as long as this process lives (or
         until the returned object's ``release()``): how other processes on this kernel

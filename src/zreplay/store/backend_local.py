@@ -410,6 +410,9 @@ class LocalBackend(Backend):
                         pass
         return removed
 
+    def guard_file(self, loc):
+        return loc.with_name(loc.name + ".guard")
+
     @contextlib.contextmanager
     def guard(self, loc, timeout: float | None = None) -> Iterator[None]:
         # Ctrl-C held back from opening the fd to closing it (a Ctrl-C landing between
@@ -417,9 +420,7 @@ class LocalBackend(Backend):
         # short (a commit, a lock's judgement), and the wait for the flock polls for it.
         with deferred_interrupts() as deferral:
             try:
-                fd = liveness.open_tracked(
-                    loc.with_name(loc.name + ".guard"), os.O_RDWR | os.O_CREAT
-                )
+                fd = liveness.open_tracked(self.guard_file(loc), os.O_RDWR | os.O_CREAT)
             except OSError:
                 yield  # read-only or odd filesystem: go on without the guard
                 return

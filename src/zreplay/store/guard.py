@@ -5,8 +5,12 @@ before anything is touched.
 A target is refused when it is the source, lies inside it or holds it (replacing it would
 delete the source), is a buffer with a live writer, is a file, or is a non-empty
 directory that is not what the operation replaces.  While a target buffer is replaced,
-:func:`holding_writer_locks` holds the writer lock of each of its segments, so no writer
-opens it half way through.
+:func:`holding_writer_locks` holds the buffer's own writer lock (the root's
+``zreplay/writer.lock``: the mark of a replacement in progress, taken before the segments
+are listed) and the writer lock of each of its segments, so no writer opens it half way
+through: a writer that opens a segment the listing missed finds the mark
+(:class:`TreeWatch`) and refuses with WriterLockedError instead of writing into a tree
+that is being swapped out (or reading half of each).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import DestinationError, WriterLockedError
 from ..threads import deferred_interrupts
+from .format import META
 from .location import Location, locate
 from .lock import WriterLock
 from .objectswap import only_dead_builds
@@ -123,12 +128,51 @@ def check_target(
         )
 
 
+def _replacing_error(what: str, path: Location, info: dict) -> WriterLockedError:
+    return WriterLockedError(
+        f"{what}: {path} is being replaced by pid {info.get('pid')} on host "
+        f"{info.get('host')!r} (an import, checkpoint save, upgrade, recode or "
+        "overwrite=True over it); "
+        "wait until that is done, or pick another path"
+    )
+
+
+def _hold_whole(path: Location, what: str) -> tuple[WriterLock | None, Location | None]:
+    """Take the writer lock of the buffer at ``path`` itself (its root's
+    ``zreplay/writer.lock``); returns it (None if ``path`` is no buffer) and the guard
+    file that taking it made (None if there was one), which a replacement that fails
+    removes so as to leave the tree as it was; WriterLockedError while another
+    replacement holds it."""
+    if not is_buffer(path):
+        return None, None
+    meta = BufferRoot(path).path / META  # (confined: never through a link)
+    meta.mkdir(parents=True, exist_ok=True)
+    lock = WriterLock(path)
+    made = path.backend.guard_file(lock.path)
+    if made is not None and made.exists():
+        made = None
+    try:
+        lock.acquire()
+    except WriterLockedError:
+        raise _replacing_error(what, path, lock.live_holder() or {}) from None
+    return lock, made
+
+
 @contextlib.contextmanager
 def holding_writer_locks(path: Location, what: str) -> Iterator[None]:
-    """Hold the writer lock of every segment of the buffer at ``path`` (if it is one), so
-    no writer opens it while it is replaced; WriterLockedError if one is live."""
+    """Hold the buffer's own writer lock, then the writer lock of every segment of the
+    buffer at ``path`` (if it is one), so no writer opens it while it is replaced;
+    WriterLockedError if a writer (or another replacement) is live.  The buffer's lock
+    comes first: a writer whose segment the listing misses finds it when it opens."""
     held: list[WriterLock] = []
+    made = None
+    kept = True  # the tree at ``path`` is the one found (the replacement failed)
     try:
+        # A Ctrl-C between taking a lock and recording it would leave it held here.
+        with deferred_interrupts():
+            whole, made = _hold_whole(path, what)
+            if whole is not None:
+                held.append(whole)
         for seg in _segment_dirs(path):
             lock = WriterLock(seg)
             # A Ctrl-C between taking a lock and recording it would leave it held here.
@@ -142,10 +186,61 @@ def holding_writer_locks(path: Location, what: str) -> Iterator[None]:
                     raise _locked_error(what, path, (seg.name, info)) from None
                 held.append(lock)
         yield
+        kept = False
     finally:
         with deferred_interrupts():  # every lock is released, whatever arrives meanwhile
-            for lock in held:
+            for lock in reversed(held):  # the buffer's own lock last
                 lock.release()
+            if kept and made is not None:
+                made.unlink(missing_ok=True)
+
+
+class TreeWatch:
+    """What a writer opening the buffer at ``path`` checks, once it holds its segment's
+    lock, to tell that a replacement of the whole buffer (:func:`new_tree`) came between:
+    the buffer's own writer lock held by a live process, the tree swapped out under it
+    (locally: the root's ``zreplay/zarr.json`` is another file than when the writer
+    began), or its segment lock no longer there (it was in the tree swapped out).  Made
+    before the writer reads or makes anything of the buffer."""
+
+    def __init__(self, path: Location):
+        self.path = path
+        self.stamp = self._stamp()
+
+    def _stamp(self):
+        # Written once when the buffer is made and never rewritten (unlike the root's
+        # zarr.json, whose schema a writer of another segment may fix meanwhile).
+        return self.path.backend.file_stamps([self.path / META / "zarr.json"])[0]
+
+    def restamp(self) -> None:
+        """The buffer was made just now: watch the tree as it is."""
+        if self.stamp is None:
+            self.stamp = self._stamp()
+
+    def replaced(self, lock: WriterLock | None = None) -> str | None:
+        """Why the buffer is being (or was just) replaced under this writer, or None.
+        ``lock``: the writer's segment lock, if it took it."""
+        info = WriterLock(self.path).alive_holder()
+        if info is not None:
+            return f"by pid {info.get('pid')} on host {info.get('host')!r}"
+        if self.stamp is not None and self._stamp() != self.stamp:
+            return "just now"
+        if lock is not None and lock.held:
+            info = lock.holder()
+            if info is None or info.get("token") != lock.token:
+                return "just now"
+        return None
+
+    def check(self, lock: WriterLock | None = None) -> None:
+        """WriterLockedError if the buffer is being (or was just) replaced (see
+        :meth:`replaced`)."""
+        why = self.replaced(lock)
+        if why is not None:
+            raise WriterLockedError(
+                f"{self.path} is being replaced ({why}: an import, checkpoint save, upgrade, "
+                "recode or overwrite=True over it) while this writer opened it; the writer "
+                "added nothing. Open it again once that is done"
+            )
 
 
 @contextlib.contextmanager

@@ -172,6 +172,24 @@ class WriterLock:
             return info
         return None
 
+    def alive_holder(self) -> dict | None:
+        """The holder of this lock if it is alive, or None: judged as :meth:`acquire`
+        judges it, so where only the lease can tell (another machine, an object store),
+        after watching the lease (up to ``lease_s`` seconds: a live holder is found out
+        within one renewal, a dead one's lock is ignored once its lease ran out)."""
+        for _ in range(8):
+            info = self.holder()
+            if info is None:
+                return None
+            verdict = self.judge(info)
+            if verdict == UNKNOWN:
+                verdict = self._watch_lease(info, self._read_beat())
+            if verdict == LIVE:
+                return info
+            if verdict == STALE:
+                return None
+        return self.live_holder()  # changing hands all along: whoever holds it now
+
     # -- taking it ------------------------------------------------------------------
 
     def acquire(self, break_lock: bool = False) -> None:
@@ -446,6 +464,13 @@ class WriterLock:
         _RENEWER.discard(self)
         _HELD_HERE.discard(self.token)
         try:
+            if not self.path.exists():
+                # Moved away with its tree (a replacement swapped the tree that held it
+                # out) or removed: no guard file is made where another tree is now.
+                beat = self._read_beat()
+                if beat is not None and beat[0] == self.token:
+                    self.beat_path.unlink(missing_ok=True)
+                return
             with self.path.backend.guard(self.path):
                 info = self.holder()
                 if info is not None and info.get("token") == self.token:

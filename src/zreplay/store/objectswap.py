@@ -5,7 +5,8 @@ A new tree for ``dest`` (a checkpoint, an import) is built under
 looks.  Publishing the intent ``dest/zreplay/swap.json`` (one PUT) commits the
 replacement; the tree is then rolled forward: the old root ``zarr.json`` is deleted (the
 half-swapped tree is no buffer), every staged object is copied to its place, objects the
-new tree lacks are deleted, the new root ``zarr.json`` is copied last, and the intent and
+new tree lacks are deleted (but the buffer's own writer lock, held by the replacement
+throughout), the new root ``zarr.json`` is copied last, and the intent and
 the staged tree are removed.  Every step is idempotent, so a crash anywhere leaves the old
 tree (no intent yet) or a committed intent that the next open of ``dest`` rolls forward
 (:func:`recover`), giving the new tree; two processes rolling forward at once only repeat
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 
 from ..errors import CorruptBufferError
 from ..threads import deferred_interrupts
-from .format import META
+from .format import LOCK_NAME, META
 from .liveness import process_tag, tag_is_dead
 
 INTENT = "swap.json"
@@ -51,9 +52,12 @@ def _read_intent(dest) -> str | None:
 
 
 def _internal(rel: str) -> bool:
-    """Paths under ``dest`` that belong to a replacement, not to the tree."""
+    """Paths under ``dest`` that belong to a replacement, not to the tree: its staged
+    trees and intent, and the buffer's own writer lock it holds throughout (a writer
+    opening the buffer meanwhile finds it there: ``guard.TreeWatch``)."""
     head, _, rest = rel.partition("/")
-    return head == META and is_staging_name(rest.split("/", 1)[0])
+    name = rest.split("/", 1)[0]
+    return head == META and (is_staging_name(name) or rest.startswith(LOCK_NAME))
 
 
 def roll_forward(dest, name: str) -> None:
