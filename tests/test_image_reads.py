@@ -69,6 +69,20 @@ def test_a_batch_decodes_as_each_chunk_alone(name, shape, rows):
         assert np.array_equal(out[i], want), (name, shape, rows, i)
 
 
+@pytest.mark.parametrize("shape", [(48, 96), (48, 64, 3), (33, 70, 4)])
+def test_rowdiff_batches_large_and_small_undo_filters_alike(shape):
+    """A large batch (its pixel rows summed with one numpy call each over every frame)
+    and a small one (imagecodecs' running sum) give each chunk's own decode."""
+    codec = chunk_codec_for("rowdiff", (1, *shape))
+    data = frames(96, shape, seed=5)
+    bodies = [codec.encode(f[None]) for f in data]
+    for n in (2, 96):
+        out = np.empty((n, 1, *shape), np.uint8)
+        codec.decode_many(bodies[:n], out, [("shard", i) for i in range(n)])
+        assert np.array_equal(out[:, 0], data[:n]), n
+        assert all(np.array_equal(out[i], codec.decode(b)) for i, b in enumerate(bodies[:n]))
+
+
 def make_buffer(path, name: str, shape: tuple, chunk_rows: int, n: int = 29) -> np.ndarray:
     data = frames(n, shape, seed=n)
     layout = {"pixels": {"codec": name, "chunk_rows": chunk_rows, "shard_rows": 4 * chunk_rows}}
