@@ -170,17 +170,18 @@ class ShardCache:
 SegmentCache = ShardCache  # its name until issue 34 (tests and older code import it)
 
 
-def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int) -> bool:
+def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int, gap: int = GAP) -> bool:
     """Would the ranges of the wanted ``chunks`` (sorted, of one shard of ``stored`` bytes,
     ``chunk_nbytes`` each; sizes before compression) span most of the shard once merged
-    across gaps of up to ``GAP``?  True for a shard of at most ``GAP`` bytes; for a larger
-    one, where the chunks spread over half of it or more, at most ``GAP`` apart on
-    average (random rows: yes; a clip or an episode: a few adjacent chunks, no)."""
+    across gaps of up to ``gap``?  True for a shard of at most ``GAP`` bytes (one request,
+    not two); for a larger one, where the chunks spread over half of it or more, at most
+    ``gap`` apart on average (random rows: yes; a clip or an episode: a few adjacent
+    chunks, no)."""
     if stored <= GAP:
         return True
     span = (int(chunks[-1]) - int(chunks[0]) + 1) * chunk_nbytes
     gaps = (span - len(chunks) * chunk_nbytes) / max(1, len(chunks) - 1)
-    return 2 * span >= stored and gaps <= GAP
+    return 2 * span >= stored and gaps <= gap
 
 
 def _within(obj: str, off: np.ndarray, nb: np.ndarray, a: int, z: int) -> None:
@@ -453,6 +454,7 @@ class ObjectArray:
         shards, sfirst = np.unique(shard_of, return_index=True)
         sbounds = np.append(sfirst, len(uniq))
         known = max(cache.known_rows, int(rows[-1]) + 1)
+        gap = getattr(self.backend, "gap", GAP)  # local files declare their own
         indexes: dict[int, np.ndarray | None] = {}
         covers: dict[int, int] = {}  # rows each index vouches for
         whole: dict[int, memoryview] = {}
@@ -472,7 +474,7 @@ class ObjectArray:
         reqs = []
         for s, chunks in zip(need, wanted, strict=True):
             stored = (min((s + 1) * sr, known) - s * sr) * m.row_bytes  # before compression
-            whole_get = _mostly_spanned(chunks, cr * m.row_bytes, stored)
+            whole_get = _mostly_spanned(chunks, cr * m.row_bytes, stored, gap)
             reqs.append((self._obj(s), None if whole_get else (-m.index_nbytes, None)))
         got = self.backend.get(reqs, True) if reqs else []
         for s, (_, rng), body in zip(need, reqs, got, strict=True):
@@ -515,7 +517,7 @@ class ObjectArray:
             order = js[np.argsort(off[js], kind="stable")]
             starts = off[order].astype(np.int64)
             ends = starts + nb[order].astype(np.int64)
-            for a, z in merge_ranges(starts, ends, GAP):
+            for a, z in merge_ranges(starts, ends, gap):
                 reqs.append((self._obj(s), (a, z)))
                 where.append((lo, hi, s, a, off, nb, order[(starts >= a) & (ends <= z)]))
         got = self.backend.get(reqs) if reqs else []
