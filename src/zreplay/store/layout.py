@@ -57,9 +57,11 @@ LOSSY_IMAGE_CODECS = ("webp-lossy", "jpegxl-lossy", "avif", "jpeg", "jpeg-444")
 # zstd-1's time (1.0-2.2x under heavier load; 2.5x on flat Atari frames, 0.09 ms) where
 # PNG, WebP and JPEG-XL lossless take milliseconds; on Atari frames it is 0.65x PNG.
 # DQN's 84x84 luma is smaller with zstd (0.74x PNG, rowdiff 1.0x): name it per key.
-# Reading it from the store is slower than zstd's (zreplay's own shard reader, a Python
-# call per one-frame chunk), but a local view serves clips and samples from its decoded
-# image cache file, so that costs the first fill only.
+# Reading it from the store is slower than zstd's through TensorStore (zreplay's own
+# shard reader, a read's chunks decoded as one batch per core: 0.8-1.5x zstd-1's time on
+# 4096 contiguous rows, 1.1-3.3x on 256 random rows, a loaded run of
+# benchmarks/bench_image_reads.py), but a local view serves clips and samples from its
+# decoded image cache file, so that costs the first fill only.
 # A key's codec is recorded in its array's metadata: buffers written with zstd keep it.
 DEFAULT_IMAGE_CODEC: str | None = "rowdiff"
 # ... and of frames the default codec does not take.

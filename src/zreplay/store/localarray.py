@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 from ..errors import CorruptBufferError
@@ -49,44 +51,55 @@ class FileObjects:
     backend: object
     max_bytes: int  # the most one get reads (shard_bytes_bound)
 
+    # Ranges of one file at most this far apart are read as one (the shard reader's
+    # merge; an object store's is 1 MiB): a local read costs its bytes more than its
+    # requests, which are preads of one open file
+    gap = 16 << 10
+
     def get(self, requests: Sequence, missing_ok: bool = False) -> list:
         """``(path, None)`` a whole file, ``(path, (a, z))`` bytes ``[a, z)``, ``(path,
-        (-n, None))`` its last n bytes; None for a missing file if ``missing_ok``."""
-        return [self._get(key, rng, missing_ok) for key, rng in requests]
+        (-n, None))`` its last n bytes; None for a missing file if ``missing_ok``.
+        Neighbouring requests of one file are read through one open of it."""
+        out: list = []
+        for key, group in groupby(requests, key=itemgetter(0)):
+            out.extend(self._get(key, [rng for _, rng in group], missing_ok))
+        return out
 
-    def _get(self, key: str, rng, missing_ok: bool) -> bytes | None:
+    def _get(self, key: str, ranges: list, missing_ok: bool) -> list:
         try:
             fd, st = self.backend.open_regular(key, follow=False)
         except FileNotFoundError:
             if missing_ok:
-                return None
+                return [None] * len(ranges)
             raise
         try:
-            size = st.st_size
-            if rng is None:
-                a, z = 0, size
-            elif rng[0] < 0 and rng[1] is None:
-                a, z = max(0, size + rng[0]), size
-            elif rng[0] < 0:
-                raise CorruptBufferError(f"{key}: a read of bytes {rng} (a damaged index)")
-            else:
-                a, z = rng[0], size if rng[1] is None else min(rng[1], size)
-            if z - a > self.max_bytes:
-                raise CorruptBufferError(
-                    f"{key}: a read of {z - a:,} bytes of a {size:,}-byte file, more than a "
-                    f"shard of this array can hold ({self.max_bytes:,}); the file is damaged "
-                    "or was crafted. Run zreplay.verify(path); restore a checkpoint"
-                )
-            parts, pos = [], a
-            while pos < z:
-                part = os.pread(fd, z - pos, pos)
-                if not part:
-                    break
-                parts.append(part)
-                pos += len(part)
-            return b"".join(parts)
+            return [self._read(fd, key, st.st_size, rng) for rng in ranges]
         finally:
             os.close(fd)
+
+    def _read(self, fd: int, key: str, size: int, rng) -> bytes:
+        if rng is None:
+            a, z = 0, size
+        elif rng[0] < 0 and rng[1] is None:
+            a, z = max(0, size + rng[0]), size
+        elif rng[0] < 0:
+            raise CorruptBufferError(f"{key}: a read of bytes {rng} (a damaged index)")
+        else:
+            a, z = rng[0], size if rng[1] is None else min(rng[1], size)
+        if z - a > self.max_bytes:
+            raise CorruptBufferError(
+                f"{key}: a read of {z - a:,} bytes of a {size:,}-byte file, more than a "
+                f"shard of this array can hold ({self.max_bytes:,}); the file is damaged "
+                "or was crafted. Run zreplay.verify(path); restore a checkpoint"
+            )
+        parts, pos = [], a
+        while pos < z:
+            part = os.pread(fd, z - pos, pos)
+            if not part:
+                break
+            parts.append(part)
+            pos += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def put(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Replace each file ``path`` with ``data`` atomically."""

@@ -170,17 +170,18 @@ class ShardCache:
 SegmentCache = ShardCache  # its name until issue 34 (tests and older code import it)
 
 
-def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int) -> bool:
+def _mostly_spanned(chunks: np.ndarray, chunk_nbytes: int, stored: int, gap: int = GAP) -> bool:
     """Would the ranges of the wanted ``chunks`` (sorted, of one shard of ``stored`` bytes,
     ``chunk_nbytes`` each; sizes before compression) span most of the shard once merged
-    across gaps of up to ``GAP``?  True for a shard of at most ``GAP`` bytes; for a larger
-    one, where the chunks spread over half of it or more, at most ``GAP`` apart on
-    average (random rows: yes; a clip or an episode: a few adjacent chunks, no)."""
+    across gaps of up to ``gap``?  True for a shard of at most ``GAP`` bytes (one request,
+    not two); for a larger one, where the chunks spread over half of it or more, at most
+    ``gap`` apart on average (random rows: yes; a clip or an episode: a few adjacent
+    chunks, no)."""
     if stored <= GAP:
         return True
     span = (int(chunks[-1]) - int(chunks[0]) + 1) * chunk_nbytes
     gaps = (span - len(chunks) * chunk_nbytes) / max(1, len(chunks) - 1)
-    return 2 * span >= stored and gaps <= GAP
+    return 2 * span >= stored and gaps <= gap
 
 
 def _within(obj: str, off: np.ndarray, nb: np.ndarray, a: int, z: int) -> None:
@@ -197,16 +198,37 @@ def _within(obj: str, off: np.ndarray, nb: np.ndarray, a: int, z: int) -> None:
 _DECODERS: ThreadPoolExecutor | None = None
 
 
-def _decode_all(codec, jobs: list) -> list:
-    """The chunks ``jobs`` (``(block number, bytes)``) decoded, in order.  Image chunks
-    (a frame codec: milliseconds each, the GIL released) on a pool of one thread per
-    core; others here (zstd over a chunk: microseconds, not worth a hand-off)."""
+def _decode_all(codec, jobs: list, blocks: np.ndarray) -> None:
+    """Decode the chunks ``jobs`` (``(block number, bytes, (object, chunk))``) into
+    their ``blocks`` (``[n, chunk_rows, *row_shape]``; rows of blocks no job names are
+    left as they are).  Image chunks (a frame codec: the GIL released) in one batch of
+    neighbouring blocks per core, each unpacked into its rows and its filters undone
+    over the whole batch at once; others here (zstd over a chunk: microseconds, not
+    worth a hand-off)."""
     global _DECODERS
-    if len(jobs) < 2 or not getattr(codec.compressor, "decodes_slowly", False):
-        return [codec.decode(b) for _, b in jobs]
+    bodies: list = [None] * len(blocks)
+    where: list = [None] * len(blocks)
+    for j, body, at in jobs:
+        bodies[j], where[j] = body, at
+    cores = os.cpu_count() or 2
+    if len(jobs) < 2 or cores < 2 or not getattr(codec.compressor, "decodes_slowly", False):
+        codec.decode_many(bodies, blocks, where)
+        return
     if _DECODERS is None:
-        _DECODERS = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="zreplay-io-decode")
-    return list(_DECODERS.map(codec.decode, [b for _, b in jobs]))
+        _DECODERS = ThreadPoolExecutor(cores, thread_name_prefix="zreplay-io-decode")
+    step = -(-len(blocks) // cores)
+    spans = [(a, a + step) for a in range(0, len(blocks), step)]
+    try:
+        futs = [
+            _DECODERS.submit(codec.decode_many, bodies[a:z], blocks[a:z], where[a:z])
+            for a, z in spans
+        ]
+    except RuntimeError:  # interpreter shutdown (buffers read at exit): decode here
+        codec.decode_many(bodies, blocks, where)
+        return
+    wait(futs)  # every batch done writing ``blocks`` before any failure is raised
+    for f in futs:
+        f.result()
 
 
 def _forget_decoders() -> None:
@@ -342,6 +364,12 @@ class ObjectArray:
         chunk = rows // self.meta.chunk_rows
         uniq, first = np.unique(chunk, return_index=True)
         bounds = np.append(first, len(rows))
+        cr = self.meta.chunk_rows
+        if cr == 1 and not self.cache.chunk_bytes:
+            # (rows are sorted and unique here: chunk j is row j) every chunk straight
+            # into its row of ``out``, no block of its own, nothing kept
+            self._read_blocks(uniq, rows, bounds, out.reshape(len(uniq), 1, *out.shape[1:]))
+            return out
         blocks = self.cache.chunks(self.key, uniq)
         self._decode_held(uniq, blocks)
         miss = [j for j, b in enumerate(blocks) if b is None]
@@ -355,8 +383,8 @@ class ObjectArray:
                 mu, got = uniq, self._read_blocks(uniq, rows, bounds)
             for j, b in zip(miss, got, strict=True):
                 blocks[j] = b
-            self.cache.put_chunks(self.key, mu, got, self.meta.chunk_rows)
-        cr = self.meta.chunk_rows
+            if self.cache.chunk_bytes:  # blocks of their own, not views of one read's array
+                self.cache.put_chunks(self.key, mu, [b.copy() for b in got], cr)
         if cr == 1:
             for j, b in enumerate(blocks):
                 out[j] = b[0]
@@ -384,14 +412,18 @@ class ObjectArray:
                 self.key, uniq[done], [blocks[j] for j in done], self.meta.chunk_rows
             )
 
-    def _read_blocks(self, uniq, rows, bounds) -> list:
+    def _read_blocks(self, uniq, rows, bounds, blocks: np.ndarray | None = None) -> np.ndarray:
         """The decoded chunks ``uniq`` (sorted) holding ``rows`` (sorted; ``bounds``:
-        where each chunk's rows start), from the store."""
-        if self.meta.shard_rows is None:
-            return self._read_chunks(uniq)
+        where each chunk's rows start), from the store, as ``blocks`` ``[len(uniq),
+        chunk_rows, *row_shape]`` (made here if None)."""
+        m = self.meta
+        if blocks is None:
+            blocks = np.empty((len(uniq), m.chunk_rows, *m.row_shape), m.dtype)
+        if m.shard_rows is None:
+            return self._read_chunks(uniq, blocks)
         for attempt in range(RETRIES):
             try:
-                return self._read_sharded(uniq, rows, bounds, use_cache=attempt == 0)
+                return self._read_sharded(uniq, rows, bounds, attempt == 0, blocks)
             except (ChunkError, FileNotFoundError):
                 # A cached index may describe an object since replaced, and a writer may
                 # replace a shard between its index GET and the chunk GETs (a chunk still
@@ -405,24 +437,24 @@ class ObjectArray:
         if self.meta.all_chunks_stored:
             raise FileNotFoundError(f"{self.key}: {what} is not stored")
 
-    def _read_chunks(self, uniq: np.ndarray) -> list:
+    def _read_chunks(self, uniq: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         got = self.backend.get([(self._obj(int(c)), None) for c in uniq], missing_ok=True)
-        blocks = []
-        for c, body in zip(uniq, got, strict=True):
+        for j, (c, body) in enumerate(zip(uniq, got, strict=True)):
             if body is None:
                 self._missing(f"chunk {int(c)}")
-                blocks.append(self.meta.fill_block(self.meta.chunk_rows))
+                blocks[j] = self.meta.fill_value
             else:
-                blocks.append(self.meta.codec.decode(body))
+                blocks[j] = self.meta.codec.decode(body)
         return blocks
 
-    def _read_sharded(self, uniq, rows, bounds, use_cache: bool) -> list:
+    def _read_sharded(self, uniq, rows, bounds, use_cache: bool, blocks) -> np.ndarray:
         m, cache = self.meta, self.cache
         cps, sr, cr = m.chunks_per_shard, m.shard_rows, m.chunk_rows
         shard_of = uniq // cps
         shards, sfirst = np.unique(shard_of, return_index=True)
         sbounds = np.append(sfirst, len(uniq))
         known = max(cache.known_rows, int(rows[-1]) + 1)
+        gap = getattr(self.backend, "gap", GAP)  # local files declare their own
         indexes: dict[int, np.ndarray | None] = {}
         covers: dict[int, int] = {}  # rows each index vouches for
         whole: dict[int, memoryview] = {}
@@ -442,7 +474,7 @@ class ObjectArray:
         reqs = []
         for s, chunks in zip(need, wanted, strict=True):
             stored = (min((s + 1) * sr, known) - s * sr) * m.row_bytes  # before compression
-            whole_get = _mostly_spanned(chunks, cr * m.row_bytes, stored)
+            whole_get = _mostly_spanned(chunks, cr * m.row_bytes, stored, gap)
             reqs.append((self._obj(s), None if whole_get else (-m.index_nbytes, None)))
         got = self.backend.get(reqs, True) if reqs else []
         for s, (_, rng), body in zip(need, reqs, got, strict=True):
@@ -458,47 +490,47 @@ class ObjectArray:
             if rng is None:
                 whole[s] = mv
         # Round 2: the chunks, merged ranges per shard.
-        blocks: list = [None] * len(uniq)
+        fills: list = []  # blocks of chunks not stored
         reqs, where = [], []
-        jobs: list = []  # (block number, encoded bytes) to decode
+        jobs: list = []  # (block number, encoded bytes, (object, chunk)) to decode
         for i, s in enumerate(shards.tolist()):
             lo, hi = int(sbounds[i]), int(sbounds[i + 1])
             idx = indexes[s]
             if idx is None:
-                for j in range(lo, hi):
-                    blocks[j] = m.fill_block(cr)
+                fills.extend(range(lo, hi))
                 continue
             local = uniq[lo:hi] - s * cps
             off, nb = idx[local, 0], idx[local, 1]
             stored = off != np.uint64(MISSING)
             for j in np.flatnonzero(~stored):
                 self._missing(f"chunk {int(uniq[lo + j])}")
-                blocks[lo + j] = m.fill_block(cr)
+                fills.append(lo + j)
             if s in whole:
-                body = whole[s]
-                _within(self._obj(s), off[stored], nb[stored], 0, len(body) - m.index_nbytes)
+                body, obj = whole[s], self._obj(s)
+                _within(obj, off[stored], nb[stored], 0, len(body) - m.index_nbytes)
                 for j in np.flatnonzero(stored):
                     a = int(off[j])
-                    jobs.append((lo + j, body[a : a + int(nb[j])]))
+                    jobs.append((lo + j, body[a : a + int(nb[j])], (obj, uniq[lo + j])))
                 self._keep_between(s, idx, covers[s], body, 0, len(body), uniq[lo:hi])
                 continue
             js = np.flatnonzero(stored)
             order = js[np.argsort(off[js], kind="stable")]
             starts = off[order].astype(np.int64)
             ends = starts + nb[order].astype(np.int64)
-            for a, z in merge_ranges(starts, ends, GAP):
+            for a, z in merge_ranges(starts, ends, gap):
                 reqs.append((self._obj(s), (a, z)))
                 where.append((lo, hi, s, a, off, nb, order[(starts >= a) & (ends <= z)]))
         got = self.backend.get(reqs) if reqs else []
         for (lo, hi, s, a, off, nb, members), body in zip(where, got, strict=True):
-            mv = memoryview(body).cast("B")
-            _within(self._obj(s), off[members], nb[members], a, a + len(mv))
+            mv, obj = memoryview(body).cast("B"), self._obj(s)
+            _within(obj, off[members], nb[members], a, a + len(mv))
             for j in members:
                 b = int(off[j]) - a
-                jobs.append((lo + j, mv[b : b + int(nb[j])]))
+                jobs.append((lo + j, mv[b : b + int(nb[j])], (obj, uniq[lo + j])))
             self._keep_between(s, indexes[s], covers[s], mv, a, a + len(mv), uniq[lo:hi])
-        for j, block in zip([j for j, _ in jobs], _decode_all(m.codec, jobs), strict=True):
-            blocks[j] = block
+        _decode_all(m.codec, jobs, blocks)
+        for j in fills:
+            blocks[j] = m.fill_value
         return blocks
 
     def _keep_between(self, s: int, idx, covers: int, body, a: int, z: int, needed) -> None:

@@ -81,6 +81,34 @@ class ChunkCodec:
         except Exception as e:  # noqa: BLE001 - numcodecs/imagecodecs raise many kinds
             raise ChunkError(f"a chunk does not decode ({type(e).__name__}: {e})") from None
 
+    def decode_many(self, bodies: list, out: np.ndarray, where: list) -> None:
+        """Decode chunk ``bodies[i]`` (encoded bytes; None: leave its rows) into
+        ``out[i]`` (``[len(bodies), *shape]`` of ``dtype``, C order).  An image codec
+        unpacks each chunk straight into its rows and undoes its filters over all of
+        them at once; other codecs decode chunk by chunk.  ChunkError naming
+        ``where[i]`` (``(object, chunk)``) for a chunk that fails its checksum or does
+        not decode; MissingCodecError as it comes."""
+        frames = self.compressor
+        batched = hasattr(frames, "undo_filters")
+        for i, body in enumerate(bodies):
+            if body is None:
+                continue
+            try:
+                if not batched:
+                    out[i] = self.decode(body)
+                    continue
+                frames.unpack(_strip_crc(body) if self.crc else body, out[i])
+            except MissingCodecError:
+                raise
+            except Exception as e:  # noqa: BLE001 - as decode: a chunk that does not decode
+                obj, chunk = where[i]
+                raise ChunkError(f"{obj}, chunk {chunk}: {e}") from None
+        if batched:  # over each run of chunks decoded here: the rows left stay as they are
+            held = np.flatnonzero([b is not None for b in bodies])
+            for run in np.split(held, np.flatnonzero(np.diff(held) > 1) + 1):
+                if len(run):
+                    frames.undo_filters(out[run[0] : run[-1] + 1])
+
 
 def _codec(chain: list, dtype: np.dtype, shape: tuple, where: str) -> ChunkCodec:
     names = [c["name"] for c in chain]
