@@ -108,3 +108,33 @@ def test_the_encoder_pool_splits_a_run_on_chunk_boundaries_and_keeps_the_order(m
     got = objectarray._encode_all(meta.codec, rows)
     assert got == meta.codec.encode_run(rows)
     assert len(got) == 7
+
+
+def test_rowdiff_frames_are_the_same_chunks_with_or_without_the_zstandard_package(monkeypatch):
+    from zreplay.store import imagecodec
+
+    rows = frames(5, (6, 9, 3), seed=3)
+    codec = RowDiff({"level": 3}, (1, 6, 9, 3))
+    got = [codec.encode_run(rows)]
+    if imagecodec.zstandard is not None:  # where installed: imagecodecs' encoder as well
+        monkeypatch.setattr(imagecodec, "zstandard", None)
+        got.append(codec.encode_run(rows))
+    for run in got:
+        assert np.array_equal(np.concatenate([codec.decode(b) for b in run]), rows)
+
+
+def test_a_thread_reuses_its_zstd_context_and_threads_do_not_share_one():
+    import threading
+
+    from zreplay.store import imagecodec
+
+    if imagecodec.zstandard is None:
+        pytest.skip("the zstandard package is not installed (imagecodecs encodes)")
+    mine = imagecodec.zstd_compressor(1)
+    assert imagecodec.zstd_compressor(1) is mine
+    assert imagecodec.zstd_compressor(2) is not mine
+    other = []
+    t = threading.Thread(target=lambda: other.append(imagecodec.zstd_compressor(1)))
+    t.start()
+    t.join()
+    assert other[0] is not mine

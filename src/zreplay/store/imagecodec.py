@@ -22,6 +22,7 @@ allocate more than the chunk.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +31,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import MissingCodecError
+
+try:  # optional: a faster rowdiff encoder (zstd_compressor); frames are the same format
+    import zstandard
+except ImportError:
+    zstandard = None
 
 # Codec name prefix in zarr.json; "zreplay.<format>".
 PREFIX = "zreplay."
@@ -289,10 +295,23 @@ class FrameCodec:
         return out
 
 
+_PER_THREAD = threading.local()  # zstd contexts: one per thread and level
+
+
 def zstd_compressor(level: int) -> Callable[[np.ndarray], bytes]:
     """A function from a C-contiguous uint8 array to one zstd frame of its bytes at
-    ``level``."""
-    return partial(_imagecodecs("rowdiff").zstd_encode, level=level)
+    ``level``, for this thread.  With the ``zstandard`` package, a context made once per
+    thread and reused (imagecodecs makes one per call: on 12 KB frames about a fifth of
+    the time, measured); imagecodecs' otherwise."""
+    if zstandard is None:
+        return partial(_imagecodecs("rowdiff").zstd_encode, level=level)
+    kept = getattr(_PER_THREAD, "zstd", None)
+    if kept is None:
+        kept = _PER_THREAD.zstd = {}
+    compress = kept.get(level)
+    if compress is None:
+        compress = kept[level] = zstandard.ZstdCompressor(level=level).compress
+    return compress
 
 
 class RowDiff:
