@@ -81,7 +81,12 @@ VARIANTS = {
     "zreplay zstd-1 images": {"layout_images": {"codec": "zstd", "level": 1}},
     "zreplay lz4 images": {"layout_images": {"codec": "lz4", "level": 1}},
     "zreplay qoi images": {"layout_images": {"codec": "qoi"}},
+    "zreplay rowdiff chunk_rows=8": {
+        "layout_images": {"codec": "rowdiff", "level": 1, "chunk_rows": 8, "shard_rows": 256}
+    },
     "zreplay durable=False": {"durable": False},
+    # rowdiff encoding with imagecodecs' zstd, as where zstandard is not installed
+    "zreplay without zstandard": {"hide_modules": ["zstandard"]},
 }
 
 
@@ -104,9 +109,11 @@ def child_ingest(job: dict) -> dict:
     else:
         if job.get("src"):  # another tree's zreplay (the "before" side)
             sys.path.insert(0, job["src"])
+        kw = dict(VARIANTS.get(side, {}))
+        for name in kw.pop("hide_modules", ()):
+            sys.modules[name] = None  # its import now fails, as where it is not installed
         import zreplay
 
-        kw = dict(VARIANTS.get(side, {}))
         lay = kw.pop("layout_images", None)
         if lay is not None:
             kw["layout"] = {k: lay for k in IMAGE_KEYS}
