@@ -174,9 +174,14 @@ def _numcodec(name: str, level: int, itemsize: int):
         fmt, knob, _, _, fixed = IMAGE_CODECS[name]
         config = {**fixed, **({knob: level} if knob else {})}
 
-        class Frames:  # a chunk codec per chunk shape, as the shard writer makes them
+        class Frames:  # a chunk codec per chunk shape, made once, as the shard writer has
+            codecs: dict = {}
+
             def encode(self, chunk):
-                return chunk_codec(fmt, config, chunk.shape).encode(chunk)
+                codec = self.codecs.get(chunk.shape)
+                if codec is None:
+                    codec = self.codecs[chunk.shape] = chunk_codec(fmt, config, chunk.shape)
+                return codec.encode(chunk)
 
         return Frames()
     return None
