@@ -101,13 +101,31 @@ def test_the_shard_writer_hands_each_write_its_whole_chunks_as_one_run():
     )
 
 
-def test_the_encoder_pool_splits_a_run_on_chunk_boundaries_and_keeps_the_order(monkeypatch):
-    monkeypatch.setattr(objectarray.os, "cpu_count", lambda: 3)
-    meta = _image_meta(chunk_rows=2, shard_rows=16)
-    rows = frames(14, (4, 4, 3))  # 7 chunks over 3 threads: runs of 3, 3 and 1 chunks
-    got = objectarray._encode_all(meta.codec, rows)
-    assert got == meta.codec.encode_run(rows)
-    assert len(got) == 7
+def test_runs_split_over_cores_on_chunk_boundaries_store_the_one_core_bytes(tmp_path, monkeypatch):
+    # 3-frame rowdiff chunks, 7 chunks and a partial one a commit: one core encodes each
+    # run whole, four cut it into runs of 2, 2, 2 and 1 chunks; the shard files agree.
+    import zreplay
+
+    rng = np.random.default_rng(5)
+    trajs = [{"obs": rng.integers(0, 256, (11, 2, 6, 5, 3), dtype=np.uint8)} for _ in range(3)]
+    layout = {"obs": {"codec": "rowdiff", "level": 1, "chunk_rows": 3, "shard_rows": 48}}
+    trees = {}
+    for cores in (1, 4):
+        monkeypatch.setattr(objectarray.os, "cpu_count", lambda cores=cores: cores)
+        path = tmp_path / f"cores{cores}"
+        buf = zreplay.TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=str(path), layout=layout
+        )
+        for t in trajs:
+            buf.add_trajectories([t])
+            buf.flush()
+        buf.close()
+        data = path / "segments" / "default" / "data" / "obs"
+        trees[cores] = {f.name: f.read_bytes() for f in sorted(data.iterdir()) if f.is_file()}
+        view = zreplay.open(path)
+        for i, t in enumerate(trajs):
+            np.testing.assert_array_equal(np.asarray(view.trajectory(i)["obs"]), t["obs"])
+    assert trees[1] and trees[1] == trees[4]
 
 
 def test_rowdiff_frames_are_the_same_chunks_with_or_without_the_zstandard_package(monkeypatch):
