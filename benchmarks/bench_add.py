@@ -81,7 +81,12 @@ VARIANTS = {
     "zreplay zstd-1 images": {"layout_images": {"codec": "zstd", "level": 1}},
     "zreplay lz4 images": {"layout_images": {"codec": "lz4", "level": 1}},
     "zreplay qoi images": {"layout_images": {"codec": "qoi"}},
+    "zreplay rowdiff chunk_rows=8": {
+        "layout_images": {"codec": "rowdiff", "level": 1, "chunk_rows": 8, "shard_rows": 256}
+    },
     "zreplay durable=False": {"durable": False},
+    # rowdiff encoding with imagecodecs' zstd, as where zstandard is not installed
+    "zreplay without zstandard": {"hide_modules": ["zstandard"]},
 }
 
 
@@ -104,9 +109,11 @@ def child_ingest(job: dict) -> dict:
     else:
         if job.get("src"):  # another tree's zreplay (the "before" side)
             sys.path.insert(0, job["src"])
+        kw = dict(VARIANTS.get(side, {}))
+        for name in kw.pop("hide_modules", ()):
+            sys.modules[name] = None  # its import now fails, as where it is not installed
         import zreplay
 
-        kw = dict(VARIANTS.get(side, {}))
         lay = kw.pop("layout_images", None)
         if lay is not None:
             kw["layout"] = {k: lay for k in IMAGE_KEYS}
@@ -167,9 +174,14 @@ def _numcodec(name: str, level: int, itemsize: int):
         fmt, knob, _, _, fixed = IMAGE_CODECS[name]
         config = {**fixed, **({knob: level} if knob else {})}
 
-        class Frames:  # a chunk codec per chunk shape, as the shard writer makes them
+        class Frames:  # a chunk codec per chunk shape, made once, as the shard writer has
+            codecs: dict = {}
+
             def encode(self, chunk):
-                return chunk_codec(fmt, config, chunk.shape).encode(chunk)
+                codec = self.codecs.get(chunk.shape)
+                if codec is None:
+                    codec = self.codecs[chunk.shape] = chunk_codec(fmt, config, chunk.shape)
+                return codec.encode(chunk)
 
         return Frames()
     return None

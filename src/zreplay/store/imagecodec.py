@@ -22,12 +22,20 @@ allocate more than the chunk.
 from __future__ import annotations
 
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..errors import MissingCodecError
+
+try:  # optional: a faster rowdiff encoder (zstd_compressor); frames are the same format
+    import zstandard
+except ImportError:
+    zstandard = None
 
 # Codec name prefix in zarr.json; "zreplay.<format>".
 PREFIX = "zreplay."
@@ -330,6 +338,25 @@ class FrameCodec:
 _ROW_SUM_BYTES = 8192
 
 
+_PER_THREAD = threading.local()  # zstd contexts: one per thread and level
+
+
+def zstd_compressor(level: int) -> Callable[[np.ndarray], bytes]:
+    """A function from a C-contiguous uint8 array to one zstd frame of its bytes at
+    ``level``, for this thread.  With the ``zstandard`` package, a context made once per
+    thread and reused (imagecodecs makes one per call: on 12 KB frames about a fifth of
+    the time, measured); imagecodecs' otherwise."""
+    if zstandard is None:
+        return partial(_imagecodecs("rowdiff").zstd_encode, level=level)
+    kept = getattr(_PER_THREAD, "zstd", None)
+    if kept is None:
+        kept = _PER_THREAD.zstd = {}
+    compress = kept.get(level)
+    if compress is None:
+        compress = kept[level] = zstandard.ZstdCompressor(level=level).compress
+    return compress
+
+
 class RowDiff:
     """Chunks ``[rows, *frame]`` of uint8 frames <-> bytes by zreplay's own lossless
     transform: green subtracted from red and blue, each pixel row less the row above,
@@ -372,19 +399,36 @@ class RowDiff:
 
     def encode(self, block: np.ndarray) -> bytes:
         """One chunk ``uint8 [rows, *frame]`` as bytes."""
-        block = _chunk_block(self.fmt, block, self.chunk_shape)
-        pix = block.reshape(self._rows)
+        return self.encode_run(_chunk_block(self.fmt, block, self.chunk_shape))[0]
+
+    def encode_run(self, rows: np.ndarray) -> list[bytes]:
+        """Consecutive chunks ``uint8 [k * chunk_rows, *frame]`` as the ``k`` chunks'
+        bytes: the residuals of all ``k`` in one numpy pass, then one zstd frame each
+        (a commit's frames are thousands of 1-row chunks: the transform took 17 us a
+        64x64x3 frame chunk by chunk, 6 us in one pass, measured)."""
+        cr = self.chunk_shape[0]
+        rows = np.asarray(rows)
+        if rows.dtype != np.uint8 or rows.shape[1:] != self.chunk_shape[1:] or len(rows) % cr:
+            raise ImageCodecError(
+                f"image codec 'rowdiff': a run of {rows.dtype} {rows.shape}, expected uint8 "
+                f"[k * {cr}, {', '.join(map(str, self.chunk_shape[1:]))}]"
+            )
+        k = len(rows) // cr
+        if not k:
+            return []
+        pix = rows.reshape(len(rows), *self._rows[1:])
         # numpy's subtract into a second buffer: several times faster here than
         # imagecodecs.delta_encode (measured), and in place it would copy for the overlap
-        res = np.empty(self._rows, np.uint8)
+        res = np.empty(pix.shape, np.uint8)
         res[:, 0] = pix[:, 0]
         np.subtract(pix[:, 1:], pix[:, :-1], out=res[:, 1:])
         if self._colour:  # linear mod 256, so after the row differences is the same
-            px = res.reshape(self._pixels)
+            px = res.reshape(-1, self._pixels[1])
             px[:, 0] -= px[:, 1]
             px[:, 2] -= px[:, 1]
-        body = self._ic.zstd_encode(res, level=self.config["level"])
-        return self.header + bytes(body)
+        res = res.reshape(k, -1)
+        compress = zstd_compressor(self.config["level"])
+        return [self.header + compress(r) for r in res]
 
     def decode(self, data) -> np.ndarray:
         """The chunk ``uint8 [rows, *frame]`` that ``data`` holds (ImageCodecError for

@@ -241,27 +241,26 @@ at_fork(_forget_decoders)
 _ENCODERS: ThreadPoolExecutor | None = None
 
 
-def _encode_all(codec, blocks: list) -> list[bytes]:
-    """The chunks ``blocks`` encoded, in order.  Image chunks (a frame codec: the GIL
-    released) in one batch per core on their own pool, so a commit's frames are encoded
-    on every core, not one key's on one thread; others here (zstd: microseconds a chunk)."""
+def _encode_all(codec, rows: np.ndarray) -> list[bytes]:
+    """The consecutive whole chunks ``rows`` (``[k * chunk_rows, *row_shape]``) encoded,
+    in order.  Image chunks (a frame codec: the GIL released) in one run per core on
+    their own pool, so a commit's frames are encoded on every core, not one key's on one
+    thread; others here (zstd: microseconds a chunk)."""
     global _ENCODERS
     cores = os.cpu_count() or 2
-    if len(blocks) < 2 or cores < 2 or not getattr(codec.compressor, "decodes_slowly", False):
-        return _encode_batch(codec, blocks)
+    cr = codec.shape[0]
+    k = len(rows) // cr
+    if k < 2 or cores < 2 or not getattr(codec.compressor, "decodes_slowly", False):
+        return codec.encode_run(rows)
     if _ENCODERS is None:
         _ENCODERS = ThreadPoolExecutor(cores, thread_name_prefix="zreplay-io-encode")
-    step = -(-len(blocks) // cores)
-    batches = [blocks[i : i + step] for i in range(0, len(blocks), step)]
+    step = -(-k // cores) * cr
+    runs = [rows[i : i + step] for i in range(0, len(rows), step)]
     try:
-        futs = [_ENCODERS.submit(_encode_batch, codec, b) for b in batches]
+        futs = [_ENCODERS.submit(codec.encode_run, r) for r in runs]
     except RuntimeError:  # interpreter shutdown (buffers committed at exit): encode here
-        return _encode_batch(codec, blocks)
+        return codec.encode_run(rows)
     return [body for f in futs for body in f.result()]
-
-
-def _encode_batch(codec, blocks: list) -> list[bytes]:
-    return [codec.encode(b) for b in blocks]
 
 
 def _size(block) -> int:

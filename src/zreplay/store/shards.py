@@ -71,6 +71,18 @@ class ChunkCodec:
         body = bytes(self.compressor.encode(raw)) if self.compressor is not None else raw.tobytes()
         return body + crc32c(body) if self.crc else body
 
+    def encode_run(self, rows: np.ndarray) -> list[bytes]:
+        """Consecutive chunks ``[k * shape[0], *shape[1:]]`` as the ``k`` chunks' bytes,
+        in order; a codec that encodes a run at once (:class:`~.imagecodec.RowDiff`)
+        takes it whole."""
+        raw = np.ascontiguousarray(rows, self.dtype)
+        whole = getattr(self.compressor, "encode_run", None)
+        if whole is None:
+            cr = self.shape[0]
+            return [self.encode(raw[i : i + cr]) for i in range(0, len(raw), cr)]
+        bodies = whole(raw)
+        return [b + crc32c(b) for b in bodies] if self.crc else bodies
+
     def decode(self, data) -> np.ndarray:
         try:
             body = _strip_crc(data) if self.crc else memoryview(data).cast("B")

@@ -35,12 +35,12 @@ class ShardWriter:
         self,
         meta: ArrayMeta,
         name: str,
-        encode_all: Callable[[list[np.ndarray]], list[bytes]] | None = None,
+        encode_all: Callable[[np.ndarray], list[bytes]] | None = None,
     ):
-        """``encode_all(blocks)``: the chunks ``blocks`` encoded, in order (default: one
-        after the other, here)."""
+        """``encode_all(rows)``: the consecutive whole chunks ``rows`` (``[k *
+        chunk_rows, *row_shape]``) encoded, in order (default: here, in this thread)."""
         self.meta, self.name = meta, name
-        self.encode_all = encode_all or (lambda blocks: [meta.codec.encode(b) for b in blocks])
+        self.encode_all = encode_all or meta.codec.encode_run
         self.shard = -1
         self.end = 0
         self.chunks: dict[int, bytes] = {}
@@ -132,8 +132,7 @@ class ShardWriter:
         data = np.concatenate([self.partial, values]) if len(self.partial) else values
         c = (base - s0) // cr
         n_full = len(data) // cr
-        full = [data[j * cr : (j + 1) * cr] for j in range(n_full)]
-        for j, body in enumerate(self.encode_all(full)):
+        for j, body in enumerate(self.encode_all(data[: n_full * cr])):
             self.chunks[c + j] = body
         rest = data[n_full * cr :]
         self.partial = rest.copy()
