@@ -156,3 +156,43 @@ def test_a_thread_reuses_its_zstd_context_and_threads_do_not_share_one():
     t.start()
     t.join()
     assert other[0] is not mine
+
+
+def _zstd_frames(body: bytes, size: int):
+    """Crafted rowdiff bodies: ``(name, zstd bytes, decodes?)``."""
+    import zstandard
+
+    plain = zstandard.ZstdCompressor(level=1)
+    sizeless = zstandard.ZstdCompressor(level=1, write_content_size=False)
+    return [
+        ("as written", plain.compress(body), True),
+        ("no declared size", sizeless.compress(body), True),
+        ("bytes after the frame", plain.compress(body) + b"\0\0", False),
+        ("two frames", plain.compress(body) + plain.compress(body), False),
+        ("declares more", plain.compress(body + b"\0" * 64), False),
+        ("declares less", plain.compress(body[: size // 2]), False),
+        ("cut short", plain.compress(body)[:-3], False),
+    ]
+
+
+@pytest.mark.parametrize("package", ["zstandard", "imagecodecs"])
+def test_rowdiff_chunks_decode_alike_through_either_zstd_and_refuse_the_same_frames(
+    monkeypatch, package
+):
+    from zreplay.store import imagecodec
+
+    if imagecodec.zstandard is None:
+        pytest.skip("the zstandard package is not installed")
+    rows = frames(1, (6, 9, 3), seed=4)
+    codec = RowDiff({"level": 1}, (1, 6, 9, 3))
+    good = codec.encode_run(rows)[0]
+    header, body = good[:16], imagecodec.zstandard.ZstdDecompressor().decompress(good[16:])
+    cases = _zstd_frames(body, len(body))
+    if package == "imagecodecs":
+        monkeypatch.setattr(imagecodec, "zstandard", None)
+    for name, frame, decodes in cases:
+        if decodes:
+            assert np.array_equal(codec.decode(header + frame), rows), name
+        else:
+            with pytest.raises(ImageCodecError, match="rowdiff"):
+                codec.decode(header + frame)
