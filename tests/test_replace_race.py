@@ -7,6 +7,7 @@ it.  A replacement killed with ``kill -9`` blocks no later writer.  A writer mad
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import check_rows, make_traj, processes
 from test_minari import write_minari
@@ -111,11 +113,13 @@ def test_a_writer_whose_segment_was_swapped_out_before_it_checked_is_refused(tmp
     locked, swapped = threading.Event(), threading.Event()
 
     class SlowWatch(writer_module.TreeWatch):
-        def check(self, lock=None):
+        def check(self, lock=None, break_lock=False):
+            if lock is None and not locked.is_set():
+                return  # its first look came before the import began: nothing then
             if lock is not None and not locked.is_set():
                 locked.set()
                 assert swapped.wait(60)
-            return super().check(lock)
+            return super().check(lock, break_lock)
 
     monkeypatch.setattr(writer_module, "TreeWatch", SlowWatch)
     errors: list[BaseException] = []
@@ -269,3 +273,94 @@ def test_a_writer_opening_while_another_starts_the_buffer_afresh_is_told_to_open
     assert view.num_trajectories == 1
     assert set(check_rows(view.sample(64)) // 10000) == {50}
     assert zreplay.verify(dst).ok
+
+
+def _small_buffer(path: Path) -> None:
+    rb = zreplay.ReplayBuffer(100, path=path, writer_id="w0")
+    rb.write_episode({"x": np.arange(4, dtype=np.float32)})
+    rb.close()
+
+
+def _segments(path: Path) -> list[str]:
+    return sorted(p.name for p in (path / "segments").iterdir() if p.is_dir())
+
+
+def _plant_root_lock(path: Path, **holder) -> Path:
+    lock = path / "zreplay" / "writer.lock"
+    info = {"host": "elsewhere", "pid": 1, "token": "planted", "time": time.time(), **holder}
+    lock.write_text(json.dumps(info))
+    return lock
+
+
+def test_a_root_lock_left_on_another_host_is_cleared_by_the_first_writer_that_waits_it_out(
+    tmp_path, monkeypatch
+):
+    # a replacement that died on another machine: only its lease can tell, so the first
+    # writer watches it run out; it removes the lock, and later writers do not wait again
+    path = tmp_path / "b"
+    _small_buffer(path)
+    lock = _plant_root_lock(path, boot="another-boot", pidns="x", lease_s=0.5)
+    zreplay.ReplayBuffer(100, path=path, writer_id="w1").close()
+    assert not lock.exists()
+    zreplay.ReplayBuffer(100, path=path, writer_id="w2").close()
+    assert _segments(path) == ["w0", "w1", "w2"]
+
+
+def test_a_root_lock_no_lease_can_judge_names_its_file_and_yields_to_break_lock(tmp_path):
+    # no boot id, another host: judged live for good (as a lock of a zreplay before
+    # leases), so the way out is said: break_lock=True, or remove the file
+    path = tmp_path / "b"
+    _small_buffer(path)
+    lock = _plant_root_lock(path)
+    with pytest.raises(WriterLockedError, match="break_lock=True or remove .*writer.lock"):
+        zreplay.ReplayBuffer(100, path=path, writer_id="w1")
+    assert _segments(path) == ["w0"]  # nothing made
+    src = tmp_path / "src"
+    _small_buffer(src)
+    with pytest.raises(WriterLockedError, match="If no such process runs, remove .*writer.lock"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src)).save_checkpoint(
+            str(path)
+        )
+    rb = zreplay.ReplayBuffer(100, path=path, writer_id="w1", break_lock=True)
+    rb.write_episode({"x": np.arange(4, dtype=np.float32)})
+    rb.close()
+    assert not lock.exists()
+    assert zreplay.open(path).num_rows == 8
+
+
+def test_a_directory_where_the_root_lock_belongs_is_damage_named_for_writers_and_replacements(
+    tmp_path,
+):
+    path = tmp_path / "b"
+    _small_buffer(path)
+    (path / "zreplay" / "writer.lock").mkdir()
+    with pytest.raises(zreplay.CorruptBufferError, match="writer.lock is a directory"):
+        zreplay.ReplayBuffer(100, path=path, writer_id="w1")
+    src = tmp_path / "src"
+    _small_buffer(src)
+    with pytest.raises(zreplay.CorruptBufferError, match="writer.lock is a directory"):
+        zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src)).save_checkpoint(
+            str(path)
+        )
+
+
+def test_a_writer_refused_by_a_live_replacement_makes_nothing(tmp_path):
+    from zreplay.store.location import locate
+    from zreplay.store.lock import WriterLock
+
+    path = tmp_path / "b"
+    _small_buffer(path)
+    root = WriterLock(locate(str(path)))  # as a replacement holds it, in this process
+    root.acquire()
+    try:
+        for make in (
+            lambda: zreplay.ReplayBuffer(100, path=path, writer_id="late"),
+            lambda: zreplay.TrajectoryReplayBuffer(
+                auto_save=True, auto_save_path=str(path), writer_id="late"
+            ),
+        ):
+            with pytest.raises(WriterLockedError, match=REPLACED):
+                make()
+            assert _segments(path) == ["w0"]
+    finally:
+        root.release()

@@ -137,6 +137,8 @@ class SegmentWriter:
             # The buffer's sealed segments, which it samples beside its own: damage to
             # one is refused before this writer makes or changes anything.
             sealed = open_sealed(self.root, writer_id, self.ram.column_budget)
+            # Before making anything: a writer refused now leaves nothing in either tree.
+            watch.check(break_lock=break_lock)
             self.root.create()
             made = watch.stamp is None  # (no buffer yet: its sealed segments read below)
             watch.restamp()
@@ -144,7 +146,7 @@ class SegmentWriter:
             self.seg_dir.mkdir(parents=True, exist_ok=True)
             self.root.create_meta_node(self.seg_dir)
         except Exception:
-            watch.check()
+            watch.check(break_lock=break_lock)
             raise
         # The segment's writer lock: the committer fences its writes with it.
         self.lock = WriterLock(self.seg_dir)
@@ -153,11 +155,11 @@ class SegmentWriter:
             try:
                 self.lock.acquire(break_lock=break_lock)
             except Exception:
-                watch.check()  # the replacement holds this segment's lock, or moved it
+                watch.check(break_lock=break_lock)  # the replacement holds this lock, or moved it
                 raise
             # From here on no replacement starts (it would find this lock held), so
             # what is read next is of one tree: the one checked now.
-            watch.check(self.lock)
+            watch.check(self.lock, break_lock)
             if watch.stamp is None:  # no file stamps here (object stores): compare reads
                 stale = not sealed or sealed_moved(sealed)
             else:

@@ -133,7 +133,8 @@ def _replacing_error(what: str, path: Location, info: dict) -> WriterLockedError
         f"{what}: {path} is being replaced by pid {info.get('pid')} on host "
         f"{info.get('host')!r} (an import, checkpoint save, upgrade, recode or "
         "overwrite=True over it); "
-        "wait until that is done, or pick another path"
+        "wait until that is done, or pick another path. If no such process runs, remove "
+        f"{WriterLock(path).path} (a lock it left)"
     )
 
 
@@ -217,12 +218,17 @@ class TreeWatch:
         if self.stamp is None:
             self.stamp = self._stamp()
 
-    def replaced(self, lock: WriterLock | None = None) -> str | None:
+    def replaced(self, lock: WriterLock | None = None, break_lock: bool = False) -> str | None:
         """Why the buffer is being (or was just) replaced under this writer, or None.
-        ``lock``: the writer's segment lock, if it took it."""
-        info = WriterLock(self.path).alive_holder()
+        ``lock``: the writer's segment lock, if it took it; ``break_lock``: the writer's
+        word that no replacement runs (a lock left by one is removed)."""
+        root = WriterLock(self.path)
+        info = root.clear_if_gone(break_lock)
         if info is not None:
-            return f"by pid {info.get('pid')} on host {info.get('host')!r}"
+            return (
+                f"by pid {info.get('pid')} on host {info.get('host')!r}; if no such "
+                f"replacement runs, open it with break_lock=True or remove {root.path}"
+            )
         if self.stamp is not None and self._stamp() != self.stamp:
             return "just now"
         if lock is not None and lock.held:
@@ -231,10 +237,10 @@ class TreeWatch:
                 return "just now"
         return None
 
-    def check(self, lock: WriterLock | None = None) -> None:
+    def check(self, lock: WriterLock | None = None, break_lock: bool = False) -> None:
         """WriterLockedError if the buffer is being (or was just) replaced (see
         :meth:`replaced`)."""
-        why = self.replaced(lock)
+        why = self.replaced(lock, break_lock)
         if why is not None:
             raise WriterLockedError(
                 f"{self.path} is being replaced ({why}: an import, checkpoint save, upgrade, "

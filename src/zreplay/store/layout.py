@@ -46,8 +46,9 @@ IMAGE_CODECS = {
     # 0.4 ms a frame to decode (benchmarks/README.md, "Camera frames")
     "jpeg-444": ("jpeg", "quality", 94, (1, 100), {"subsampling": "444", "optimize": True}),
 }
-# Lossy ones store one frame per chunk: rows appended to a partly filled chunk after a
-# reopen re-encode the chunk's earlier frames, which would lose quality a second time.
+# Lossy ones store one frame per chunk unless a layout names chunk_rows: rows appended
+# to a partly filled chunk after a reopen re-encode the chunk's earlier frames, which
+# loses quality a second time.
 LOSSY_IMAGE_CODECS = ("webp-lossy", "jpegxl-lossy", "avif", "jpeg", "jpeg-444")
 # The codec of uint8 image-like keys (see image_like) unless a layout says otherwise
 # (None: zstd over raw pixels).  rowdiff, by measurement (benchmarks/bench_frames.py,
@@ -139,12 +140,8 @@ class KeyLayout:
         if codec in IMAGE_CODECS and "level" not in override:
             fields["level"] = IMAGE_CODECS[codec][2]  # its own default, not zstd's
         if codec in LOSSY_IMAGE_CODECS:
-            if override.get("chunk_rows", 1) != 1:
-                raise SchemaError(
-                    f"codec {codec!r} is lossy and stores one frame per chunk (frames added "
-                    "to a partly filled chunk would re-encode its earlier frames, losing "
-                    "quality twice); leave chunk_rows out or set it to 1"
-                )
+            # (a layout that names chunk_rows gets it: a buffer made so before keeps
+            # opening with the layout it was made with)
             fields["chunk_rows"] = 1
         fields.update(override)
         out = KeyLayout(**{k: int(v) if k != "codec" else str(v) for k, v in fields.items()})

@@ -40,7 +40,7 @@ import uuid
 import weakref
 from collections.abc import Iterator
 
-from ..errors import WriterLockedError
+from ..errors import CorruptBufferError, WriterLockedError
 from ..forks import at_fork, on_fork
 from ..threads import InterruptSafeCondition, deferred_interrupts
 from .format import lock_path
@@ -125,8 +125,10 @@ class WriterLock:
     def holder(self, path: Location | None = None) -> dict | None:
         try:
             return json.loads((path or self.path).read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (no lock file can be there)
             return None
+        except IsADirectoryError:
+            raise _not_a_lock_file(path or self.path) from None
         except ValueError:
             # Unreadable (an older zreplay could leave it empty, or it was damaged in
             # place): no holder to name, but its holder may live and keep its flock.
@@ -189,6 +191,22 @@ class WriterLock:
             if verdict == STALE:
                 return None
         return self.live_holder()  # changing hands all along: whoever holds it now
+
+    def clear_if_gone(self, break_lock: bool = False) -> dict | None:
+        """The holder of this lock if it is alive (judged as :meth:`alive_holder`; with
+        ``break_lock`` no holder counts as alive), or None; a lock whose holder was found
+        gone is removed, as a takeover removes it, so that the next one to look does not
+        watch its lease again."""
+        info = self.holder()
+        if info is None:
+            return None
+        if not break_lock:
+            alive = self.alive_holder()
+            if alive is not None:
+                return alive
+        with self._contender_guard():
+            self._remove(info)  # (only if still that holder's: see _remove)
+        return None
 
     # -- taking it ------------------------------------------------------------------
 
@@ -327,8 +345,12 @@ class WriterLock:
         try:
             d = json.loads(self.beat_path.read_bytes())
             return str(d["token"]), int(d["seq"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError):
-            return None  # (JSON's Infinity is a float int() refuses with OverflowError)
+        except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
+            return None
+        except OverflowError:  # (JSON's Infinity is a float int() refuses)
+            return None
+        except IsADirectoryError:
+            raise _not_a_lock_file(self.beat_path) from None
 
     def _watch_lease(self, info: dict, first: tuple[str, int] | None) -> str:
         """Watch the holder of ``info`` (whose beat was ``first``) for its lease: ``LIVE``
@@ -490,6 +512,13 @@ def _as_pid(value) -> int:
         return int(value)
     except (TypeError, ValueError, OverflowError):  # JSON's Infinity, NaN
         return -1
+
+
+def _not_a_lock_file(path: Location) -> CorruptBufferError:
+    return CorruptBufferError(
+        f"{path} is a directory where zreplay keeps a lock file: the buffer was damaged "
+        "or crafted. Remove it (no zreplay process makes it), then open the buffer again"
+    )
 
 
 def _lease_of(info: dict) -> float:
