@@ -364,3 +364,34 @@ def test_a_writer_refused_by_a_live_replacement_makes_nothing(tmp_path):
             assert _segments(path) == ["w0"]
     finally:
         root.release()
+
+
+def test_break_lock_does_not_break_a_replacement_this_machine_sees_alive(tmp_path):
+    # break_lock=True is the writer's word that a lock's holder is gone; a replacement
+    # whose flock is held here is not, and breaking its mark would lose this writer's rows
+    import subprocess
+    import sys
+
+    path = tmp_path / "b"
+    _small_buffer(path)
+    held = tmp_path / "held"
+    code = (
+        "import sys, time, pathlib\n"
+        "from zreplay.store.location import locate\n"
+        "from zreplay.store.lock import WriterLock\n"
+        "lock = WriterLock(locate(sys.argv[1])); lock.acquire()\n"
+        "pathlib.Path(sys.argv[2]).touch(); time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(path), str(held)])
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists():
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.02)
+        with pytest.raises(WriterLockedError, match=REPLACED):
+            zreplay.ReplayBuffer(100, path=path, writer_id="late", break_lock=True)
+        assert _segments(path) == ["w0"] and (path / "zreplay" / "writer.lock").exists()
+    finally:
+        child.kill()
+        child.wait()
+    zreplay.ReplayBuffer(100, path=path, writer_id="late").close()  # its flock died with it

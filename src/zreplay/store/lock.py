@@ -194,13 +194,17 @@ class WriterLock:
 
     def clear_if_gone(self, break_lock: bool = False) -> dict | None:
         """The holder of this lock if it is alive (judged as :meth:`alive_holder`; with
-        ``break_lock`` no holder counts as alive), or None; a lock whose holder was found
+        ``break_lock`` only a holder this machine sees alive, its flock held or the
+        holder this process, counts as alive), or None; a lock whose holder was found
         gone is removed, as a takeover removes it, so that the next one to look does not
         watch its lease again."""
         info = self.holder()
         if info is None:
             return None
-        if not break_lock:
+        if break_lock:
+            if info.get("token") in _HELD_HERE or self.path.backend.probe(self.path):
+                return info
+        else:
             alive = self.alive_holder()
             if alive is not None:
                 return alive
