@@ -201,8 +201,9 @@ def shard_of(path) -> Path:
     return next((Path(path) / "segments/default/data/pixels").glob("c.*"))
 
 
-def test_verify_reports_damaged_frame_bytes(tmp_path):
-    write_episodes(tmp_path / "b", "jpegxl")
+@pytest.mark.parametrize("codec", ["jpegxl", "jpeg-444"])
+def test_verify_reports_damaged_frame_bytes(tmp_path, codec):
+    write_episodes(tmp_path / "b", codec)
     shard = shard_of(tmp_path / "b")
     raw = bytearray(shard.read_bytes())
     raw[40] ^= 0xFF  # inside the first frame

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import shard_files
+from test_image_codecs import frames
 
 import zreplay
 from zreplay import CorruptBufferError
@@ -30,20 +31,6 @@ SHAPES = [(17, 13), (17, 13, 1), (21, 19, 3), (19, 17, 4)]
 def takes(name: str, shape: tuple) -> bool:
     channels = 1 if len(shape) == 2 else shape[2]
     return channels in imagecodec.FORMATS[IMAGE_CODECS[name][0]].channels
-
-
-def frames(n: int, shape: tuple, seed: int = 0) -> np.ndarray:
-    """``n`` camera-like uint8 frames: a smooth scene panning, with sensor noise."""
-    rng = np.random.default_rng(seed)
-    h, w = shape[:2]
-    c = shape[2] if len(shape) == 3 else 1
-    y, x = np.mgrid[0:h, 0:w]
-    out = []
-    for i in range(n):
-        planes = [128 + 90 * np.sin((x + 2 * i) / 5.0 + k) * np.cos(y / 7.0) for k in range(c)]
-        img = np.stack(planes, -1) + rng.normal(0, 2, (h, w, c))
-        out.append(np.clip(img, 0, 255).round().astype(np.uint8).reshape(shape))
-    return np.stack(out)
 
 
 def chunk_codec_for(name: str, chunk_shape: tuple) -> ChunkCodec:
