@@ -395,3 +395,65 @@ def test_break_lock_does_not_break_a_replacement_this_machine_sees_alive(tmp_pat
         child.kill()
         child.wait()
     zreplay.ReplayBuffer(100, path=path, writer_id="late").close()  # its flock died with it
+
+
+_SLOW_TAKER = """
+import pathlib, sys, time
+import zreplay.store.liveness as liveness
+from zreplay.store.location import locate
+from zreplay.store.lock import WriterLock
+real = liveness.hold
+def slow(loc, *a, **k):  # the lock file made, its flock not yet taken
+    pathlib.Path(sys.argv[2]).touch()
+    time.sleep(2)
+    return real(loc, *a, **k)
+liveness.hold = slow
+lock = WriterLock(locate(sys.argv[1]))
+lock.acquire()
+liveness.hold = real
+pathlib.Path(sys.argv[3]).touch()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("break_lock", [False, True])
+def test_a_writer_looking_while_a_replacement_takes_its_lock_is_refused(tmp_path, break_lock):
+    # between making the lock file and taking its flock the file looks stale to a probe;
+    # a writer that judged it then removed a live replacement's lock and lost its rows
+    import subprocess
+    import sys
+
+    path = tmp_path / "b"
+    _small_buffer(path)
+    made, held = tmp_path / "made", tmp_path / "held"
+    child = subprocess.Popen([sys.executable, "-c", _SLOW_TAKER, str(path), str(made), str(held)])
+    try:
+        deadline = time.monotonic() + 60
+        while not made.exists():
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.01)
+        with pytest.raises(WriterLockedError, match=REPLACED):
+            zreplay.ReplayBuffer(100, path=path, writer_id="late", break_lock=break_lock)
+        assert held.exists() and (path / "zreplay" / "writer.lock").exists()
+        assert _segments(path) == ["w0"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("text", ['{"token": [1]}', "[1, 2, 3]", '"hello"', "42", "null", "{}"])
+def test_a_root_lock_of_odd_fields_is_judged_as_damaged(tmp_path, text):
+    # no holder's flock on it: gone, removed by the first writer (and by a replacement)
+    path = tmp_path / "b"
+    _small_buffer(path)
+    lock = path / "zreplay" / "writer.lock"
+    lock.write_text(text)
+    zreplay.ReplayBuffer(100, path=path, writer_id="w1").close()
+    assert not lock.exists()
+    lock.write_text(text)
+    src = tmp_path / "src"
+    _small_buffer(src)
+    zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src)).save_checkpoint(
+        str(path)
+    )
+    assert not lock.exists()

@@ -124,7 +124,10 @@ class WriterLock:
 
     def holder(self, path: Location | None = None) -> dict | None:
         try:
-            return json.loads((path or self.path).read_text())
+            info = json.loads((path or self.path).read_text())
+            if not isinstance(info, dict) or not isinstance(info.get("token"), str):
+                raise ValueError("not a lock's fields")  # (crafted: judged as damaged)
+            return info
         except (FileNotFoundError, NotADirectoryError):  # (no lock file can be there)
             return None
         except IsADirectoryError:
@@ -193,24 +196,58 @@ class WriterLock:
         return self.live_holder()  # changing hands all along: whoever holds it now
 
     def clear_if_gone(self, break_lock: bool = False) -> dict | None:
-        """The holder of this lock if it is alive (judged as :meth:`alive_holder`; with
-        ``break_lock`` only a holder this machine sees alive, its flock held or the
-        holder this process, counts as alive), or None; a lock whose holder was found
+        """The holder of this lock if it is alive, or None; a lock whose holder was found
         gone is removed, as a takeover removes it, so that the next one to look does not
-        watch its lease again."""
-        info = self.holder()
-        if info is None:
+        watch its lease again.  Judged as :meth:`acquire` judges, under the lock's guard
+        (which its taker holds from making the file to taking its flock), a lease
+        watched outside it; with ``break_lock`` only what this machine sees alive counts
+        (:meth:`seen_alive`), no lease is watched, and the legacy verdict on a lock
+        without a boot id (another host: live) is overruled."""
+        if self.holder() is None:  # (the common case: no guard file made)
             return None
-        if break_lock:
-            if info.get("token") in _HELD_HERE or self.path.backend.probe(self.path):
+        for _ in range(8):
+            with self._contender_guard():
+                info = self.holder()
+                if info is None:
+                    return None
+                verdict = self.judge(info)
+                if break_lock:
+                    verdict = LIVE if self.seen_alive(info) else STALE
+                if verdict == LIVE:
+                    return info
+                if verdict == STALE:
+                    self._remove(info)
+                    return None
+            watched = self._read_beat()
+            verdict = self._watch_lease(info, watched)
+            if verdict == LIVE:
                 return info
-        else:
-            alive = self.alive_holder()
-            if alive is not None:
-                return alive
-        with self._contender_guard():
-            self._remove(info)  # (only if still that holder's: see _remove)
-        return None
+            if verdict == UNKNOWN:
+                continue  # released or taken meanwhile: judge the lock as it is now
+            with self._contender_guard():
+                beat = self._read_beat()
+                if beat is None or beat[0] != info.get("token") or beat == watched:
+                    self._remove(info)  # (only if still that holder's: see _remove)
+            return None
+        return self.live_holder()  # changing hands all along: whoever holds it now
+
+    def seen_alive(self, info: dict) -> bool:
+        """Does this machine see the holder ``info`` of this lock alive: this process,
+        its ``flock`` held (where a store has flocks, they are the truth), or else a live
+        pid of this boot and PID namespace?"""
+        if info.get("token") in _HELD_HERE:
+            return True
+        held = self.path.backend.probe(self.path)
+        if held is not None:
+            return held
+        pid = _as_pid(info.get("pid", -1))
+        return (
+            BOOT_ID is not None
+            and info.get("boot") == BOOT_ID
+            and same_pid_space(info.get("boot"), info.get("pidns"))
+            and 0 < pid != os.getpid()
+            and pid_alive(pid)
+        )
 
     # -- taking it ------------------------------------------------------------------
 
@@ -316,8 +353,8 @@ class WriterLock:
         now = self.holder()
         if now is None or now.get("token") != info.get("token"):
             return False
+        beat = self._read_beat()  # (before anything is removed: it may be damage)
         self.path.unlink(missing_ok=True)
-        beat = self._read_beat()
         if beat is None or beat[0] == info.get("token"):
             self.beat_path.unlink(missing_ok=True)
         return True
