@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError
+from ..errors import BufferClosedError, EmptyBufferError, WriteFailedError, WriterLockedError
 from ..forks import Origin
 from ..numbers import as_int, check_json
 from ..schema import Schema, check_key_component
@@ -145,6 +145,8 @@ class SegmentWriter:
             self.seg_dir = self.root.segment_dir(writer_id)
             self.seg_dir.mkdir(parents=True, exist_ok=True)
             self.root.create_meta_node(self.seg_dir)
+        except WriterLockedError:
+            raise  # (the look above: judged once)
         except Exception:
             watch.check(break_lock=break_lock)
             raise

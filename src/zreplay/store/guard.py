@@ -197,8 +197,9 @@ def holding_writer_locks(path: Location, what: str) -> Iterator[None]:
 
 
 class TreeWatch:
-    """What a writer opening the buffer at ``path`` checks, once it holds its segment's
-    lock, to tell that a replacement of the whole buffer (:func:`new_tree`) came between:
+    """What a writer opening the buffer at ``path`` checks, before it makes anything and
+    again once it holds its segment's lock, to tell that a replacement of the whole
+    buffer (:func:`new_tree`) is under way or came between:
     the buffer's own writer lock held by a live process, the tree swapped out under it
     (locally: the root's ``zreplay/zarr.json`` is another file than when the writer
     began), or its segment lock no longer there (it was in the tree swapped out).  Made
