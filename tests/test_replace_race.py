@@ -285,6 +285,14 @@ def _segments(path: Path) -> list[str]:
     return sorted(p.name for p in (path / "segments").iterdir() if p.is_dir())
 
 
+def _wait_for_child(flag: Path, child) -> None:
+    """Until the child process (``subprocess.Popen``) made the file ``flag``."""
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert time.monotonic() < deadline and child.poll() is None, "the child never got there"
+        time.sleep(0.01)
+
+
 def _plant_root_lock(path: Path, **holder) -> Path:
     lock = path / "zreplay" / "writer.lock"
     info = {"host": "elsewhere", "pid": 1, "token": "planted", "time": time.time(), **holder}
@@ -384,10 +392,7 @@ def test_break_lock_does_not_break_a_replacement_this_machine_sees_alive(tmp_pat
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(path), str(held)])
     try:
-        deadline = time.monotonic() + 60
-        while not held.exists():
-            assert time.monotonic() < deadline and child.poll() is None
-            time.sleep(0.02)
+        _wait_for_child(held, child)
         with pytest.raises(WriterLockedError, match=REPLACED):
             zreplay.ReplayBuffer(100, path=path, writer_id="late", break_lock=True)
         assert _segments(path) == ["w0"] and (path / "zreplay" / "writer.lock").exists()
@@ -428,10 +433,7 @@ def test_a_writer_looking_while_a_replacement_takes_its_lock_is_refused(tmp_path
     made, held = tmp_path / "made", tmp_path / "held"
     child = subprocess.Popen([sys.executable, "-c", _SLOW_TAKER, str(path), str(made), str(held)])
     try:
-        deadline = time.monotonic() + 60
-        while not made.exists():
-            assert time.monotonic() < deadline and child.poll() is None
-            time.sleep(0.01)
+        _wait_for_child(made, child)
         with pytest.raises(WriterLockedError, match=REPLACED):
             zreplay.ReplayBuffer(100, path=path, writer_id="late", break_lock=break_lock)
         assert held.exists() and (path / "zreplay" / "writer.lock").exists()
