@@ -80,6 +80,8 @@ VARIANTS = {
     "zreplay staging_bytes=0": {"staging_bytes": 0},
     "zreplay zstd-1 images": {"layout_images": {"codec": "zstd", "level": 1}},
     "zreplay lz4 images": {"layout_images": {"codec": "lz4", "level": 1}},
+    # the write path's floor: frames stored as they are (the bytes target not met)
+    "zreplay uncompressed images": {"layout_images": {"codec": "none"}},
     "zreplay qoi images": {"layout_images": {"codec": "qoi"}},
     "zreplay rowdiff chunk_rows=8": {
         "layout_images": {"codec": "rowdiff", "level": 1, "chunk_rows": 8, "shard_rows": 256}

@@ -284,9 +284,11 @@ def _add_prioritized(buf, paths):
     buf.flush()
 
 
-def _stale_lock(foreign_namespace: bool):
+def _stale_lock(foreign_namespace: bool, whole: bool = False):
     """A buffer whose writer died holding its lock: a dead pid of this namespace, or (a
-    container's) a pid of another PID namespace whose flock is free."""
+    container's) a pid of another PID namespace whose flock is free.  ``whole``: the lock
+    is the buffer's own (``zreplay/writer.lock`` at its root), which a replacement (an
+    import, a checkpoint save) left when it died; the next writer removes it."""
 
     def setup(paths, so):
         _setup_buffer(paths, so)
@@ -294,7 +296,10 @@ def _stale_lock(foreign_namespace: bool):
 
         info = {"host": socket.gethostname(), "pid": 2**22 + 3, "token": "dead", "time": 0}
         info.update(boot=BOOT_ID, pidns="pid:[1]" if foreign_namespace else PID_NS, lease_s=30)
-        lock = locate(paths["buf"], so) / "segments" / "default" / "zreplay" / "writer.lock"
+        where = locate(paths["buf"], so)
+        if not whole:
+            where = where / "segments" / "default"
+        lock = where / "zreplay" / "writer.lock"
         lock.backend.publish(lock, json.dumps(info).encode(), durable=False)
 
     return setup
@@ -496,6 +501,9 @@ SCENARIOS = {
     "lock takeover, stale": (_stale_lock(False), _add, {}, "buf", False),
     "lock takeover, other namespace": (_stale_lock(True), _add, {}, "buf", False),
     "lock held, second writer": (_setup_buffer, _contend_then_add, {}, "buf", False),
+    "replacement's lock left, writer clears it": (
+        _stale_lock(False, whole=True), _add, {}, "buf", False,
+    ),
     "learner progress": (_setup_learner, _learn, {}, "progress", False),
     "torchrl dumps over one": (_setup_torchrl_dump, _torchrl_dump, {}, "torchrl dump", False),
     "torchrl loads": (_setup_torchrl_load, _torchrl_loads, {}, "torchrl", False),
@@ -514,7 +522,7 @@ TORCHRL = {
 SMALLER = {
     "priority save, spare copy damaged", "priority save, named copy damaged",
     "lock takeover, stale", "lock takeover, other namespace", "lock held, second writer",
-    "learner progress", *TORCHRL,
+    "replacement's lock left, writer clears it", "learner progress", *TORCHRL,
 }  # fmt: skip
 LOCAL_ONLY = {"load rlinf", "export rlinf", "dump hdf5", "append hdf5", *TORCHRL}  # files
 # An append extends an HDF5 file in place: rolled back when it raises, but HDF5 keeps no
@@ -523,7 +531,7 @@ ERROR_ONLY = {"append hdf5"}
 S3_SCENARIOS = [
     "add+flush", "evict+reclaim", "clear", "checkpoint over one", "load zreplay",
     "priority save", "priority save, spare copy damaged", "lock takeover, stale",
-    "learner progress",
+    "replacement's lock left, writer clears it", "learner progress",
 ]  # fmt: skip
 
 
@@ -628,15 +636,16 @@ def baseline(name: str, place: Place) -> tuple:
     return _BASELINES[key]
 
 
-def sweep(name: str, place: Place, mode: str, default_budget: int) -> dict:
-    """Run scenario ``name`` with a fault at each chosen call; returns counts."""
+def sweep(name: str, place: Place, mode: str, default_budget: int, points=None) -> dict:
+    """Run scenario ``name`` with a fault at each chosen call (``points``, or a sample
+    of the operation's calls); returns counts."""
     if name in LOCAL_ONLY and place.kind != "local":
         pytest.skip("RLinf directories and HDF5 files are local")
     if name in ERROR_ONLY and mode == "crash":
         pytest.skip("an HDF5 append is in place: HDF5 keeps no journal to survive a crash")
     _setup, _action, _kw, observed, prioritized = SCENARIOS[name]
     template, before, after, calls = baseline(name, place)
-    chosen = injection_points(calls, budget(default_budget), seed=zlib.crc32(name.encode()))
+    chosen = points or injection_points(calls, budget(default_budget), seed=zlib.crc32(name.encode()))
     outcomes = {"calls": calls, "points": len(chosen), "raised": 0, "before": 0, "after": 0}
     outcomes["fired"] = []  # where each error fired (a crash: in the child)
     for at in chosen:
@@ -711,6 +720,24 @@ def test_s3_operations_are_all_or_nothing(s3, name, mode, record_property):
     out = sweep(name, Place("s3", None, s3), mode, default_budget=small if name in SMALLER else 4)
     record_property("fault_sweep", out)
     print(f"\n{name} [{mode}] s3: {out}")
+    assert_injected(out, mode)
+
+
+@pytest.mark.parametrize("mode", ["error", "crash"])
+def test_a_writer_removing_a_replacements_left_lock_fails_whole_at_every_call(
+    tmp_path_factory, mode
+):
+    """A writer opening a buffer finds the root lock an import or checkpoint save left
+    when it died, and removes it (store/lock.py ``clear_if_gone``) before it makes
+    anything: a fault at each of the open's first store calls, the lock's removal
+    among them (the sweep above samples them), leaves the buffer as it was, and the
+    next writer opens it."""
+    name = "replacement's lock left, writer clears it"
+    place = Place("local", tmp_path_factory.getbasetemp() / "faults-left-lock", None)
+    out = sweep(name, place, mode, 0, points=list(range(1, 16)))
+    assert out["before"] == 15, out  # a writer that failed to open added nothing
+    if mode == "error":  # the removal itself was among the calls that failed
+        assert sum("LocalPath.unlink" in f for f in out["fired"] if f) >= 1, out
     assert_injected(out, mode)
 
 
