@@ -645,7 +645,9 @@ def sweep(name: str, place: Place, mode: str, default_budget: int, points=None) 
         pytest.skip("an HDF5 append is in place: HDF5 keeps no journal to survive a crash")
     _setup, _action, _kw, observed, prioritized = SCENARIOS[name]
     template, before, after, calls = baseline(name, place)
-    chosen = points or injection_points(calls, budget(default_budget), seed=zlib.crc32(name.encode()))
+    chosen = points or injection_points(
+        calls, budget(default_budget), seed=zlib.crc32(name.encode())
+    )
     outcomes = {"calls": calls, "points": len(chosen), "raised": 0, "before": 0, "after": 0}
     outcomes["fired"] = []  # where each error fired (a crash: in the child)
     for at in chosen:
