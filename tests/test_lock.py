@@ -239,6 +239,59 @@ def test_a_lock_object_dropped_without_release_leaves_no_flock_behind(tmp_path):
     assert probe(lk.path) is False
 
 
+def _probe_in_child(path) -> bool | None:
+    code = "import sys; from zreplay.store.liveness import probe; print(probe(sys.argv[1]))"
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    return {"True": True, "False": False, "None": None}[out.stdout.strip()]
+
+
+def test_a_lock_taken_while_another_process_probes_it_keeps_its_flock(tmp_path, monkeypatch):
+    """A prober (``live_holder`` after a refusal, a leftover scan) holds the flock of a
+    lock file for an instant; a taker whose flock falls in that instant waits it out
+    rather than holding its lock without one (which the next judge on this machine
+    would read as a dead holder's, and take over)."""
+    import fcntl
+
+    from zreplay.store import backend_local, liveness
+
+    def hold_mid_probe(self, path):
+        fd = os.open(path, os.O_RDONLY)  # the prober's own open file
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        threading.Timer(0.05, os.close, (fd,)).start()  # it lets go in 50 ms
+        return liveness.hold(path)
+
+    seg = tmp_path / "seg"
+    (seg / "zreplay").mkdir(parents=True)
+    lk = lockmod.WriterLock(seg)
+    monkeypatch.setattr(backend_local.LocalBackend, "hold", hold_mid_probe)
+    lk.acquire()
+    monkeypatch.undo()
+    try:
+        assert lk._flock is not None, "the lock was taken without its flock"
+        assert _probe_in_child(lk.path) is True
+        assert lk.judge(lk.holder()) == lockmod.LIVE
+    finally:
+        lk.release()
+    assert _probe_in_child(lk.path) is False
+
+
+def test_a_flock_held_for_good_is_given_up_on_after_a_moment(tmp_path):
+    import fcntl
+
+    from zreplay.store import liveness
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        t0 = time.monotonic()
+        assert liveness.hold(f) is None
+        assert liveness.HOLD_WAIT_S <= time.monotonic() - t0 < liveness.HOLD_WAIT_S + 2
+    finally:
+        os.close(fd)
+
+
 def test_a_lock_whose_first_lease_beat_failed_is_not_kept(bufpath, monkeypatch):
     """An I/O error writing the first beat (the lock file made, its flock held) fails the
     open and holds nothing: the next open in this process (or any other) takes it."""

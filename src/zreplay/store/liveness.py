@@ -26,6 +26,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -239,9 +240,17 @@ class Hold:
             close_tracked(fd)
 
 
+# How long :func:`hold` waits out a flock held by someone else: a :func:`probe` holds one
+# for a few microseconds, and a file or directory someone just made (a lock file, a
+# staged tree) has no other holder; gave up on, it is held without a flock.
+HOLD_WAIT_S = 0.5
+
+
 def hold(path) -> Hold | None:
     """Take an exclusive ``flock`` on ``path`` (file or directory) and keep it; None
-    where the filesystem has no ``flock`` or someone else holds it."""
+    where the filesystem has no ``flock`` or someone else holds it for longer than
+    :data:`HOLD_WAIT_S`.  A prober's flock is waited out: given up on at once, the file
+    would stay unheld, and the next prober would judge its owner dead."""
     # Ctrl-C held back until the flock is in a Hold (which releases it when dropped):
     # one landing in between would keep the file looking alive for good.
     with deferred_interrupts():
@@ -250,11 +259,27 @@ def hold(path) -> Hold | None:
         except OSError:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_soon(fd)
         except OSError:
             close_tracked(fd)
             return None
         return Hold(fd)
+
+
+def _flock_soon(fd: int) -> None:
+    """An exclusive flock on ``fd``, retried while someone else holds it, for at most
+    :data:`HOLD_WAIT_S`; the last OSError otherwise."""
+    deadline, pause = time.monotonic() + HOLD_WAIT_S, 0.0002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def probe(path) -> bool | None:
