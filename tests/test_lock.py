@@ -292,6 +292,36 @@ def test_a_flock_held_for_good_is_given_up_on_after_a_moment(tmp_path):
         os.close(fd)
 
 
+def test_an_exception_raised_while_hold_waits_goes_up_and_leaves_no_fd(tmp_path):
+    """A signal handler raising while :func:`hold` waits out another flock (a timeout
+    of the caller's): its exception reaches the caller (a TimeoutError is not taken for
+    "no flock here") and the fd hold opened is closed."""
+    import fcntl
+    import signal
+
+    from zreplay.store import liveness
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    other = os.open(f, os.O_RDONLY)
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def timed_out(signum, frame):
+        raise TimeoutError("the caller's timeout")
+
+    before = set(os.listdir("/proc/self/fd"))
+    old = signal.signal(signal.SIGALRM, timed_out)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(TimeoutError, match="the caller's timeout"):
+            liveness.hold(f)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        os.close(other)
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
 def test_a_lock_whose_first_lease_beat_failed_is_not_kept(bufpath, monkeypatch):
     """An I/O error writing the first beat (the lock file made, its flock held) fails the
     open and holds nothing: the next open in this process (or any other) takes it."""

@@ -241,8 +241,10 @@ class Hold:
 
 
 # How long :func:`hold` waits out a flock held by someone else: a :func:`probe` holds one
-# for a few microseconds, and a file or directory someone just made (a lock file, a
-# staged tree) has no other holder; gave up on, it is held without a flock.
+# for a few microseconds.  A file or directory just made (a lock file, a staged tree, a
+# partial dump) has no other holder; a tree being replaced (localswap's fallback without
+# RENAME_EXCHANGE) may have, for as long as another replacement removes what it swapped
+# out: waited for up to this long, then held without a flock, as before.
 HOLD_WAIT_S = 0.5
 
 
@@ -259,26 +261,29 @@ def hold(path) -> Hold | None:
         except OSError:
             return None
         try:
-            _flock_soon(fd)
-        except OSError:
+            took = _flock_soon(fd)
+        except BaseException:  # (a signal handler's exception during the wait)
+            close_tracked(fd)
+            raise
+        if not took:
             close_tracked(fd)
             return None
         return Hold(fd)
 
 
-def _flock_soon(fd: int) -> None:
-    """An exclusive flock on ``fd``, retried while someone else holds it, for at most
-    :data:`HOLD_WAIT_S`; the last OSError otherwise."""
+def _flock_soon(fd: int) -> bool:
+    """Take an exclusive flock on ``fd``, retried while someone else holds it, for at
+    most :data:`HOLD_WAIT_S`; False if it could not (held all along, or no flock here)."""
     deadline, pause = time.monotonic() + HOLD_WAIT_S, 0.0002
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True
         except OSError as e:
             busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
             if not busy or time.monotonic() >= deadline:
-                raise
-        time.sleep(pause)
+                return False
+        time.sleep(pause)  # (outside the except: what a handler raises here goes up)
         pause = min(pause * 2, 0.02)
 
 
