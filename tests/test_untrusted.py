@@ -439,6 +439,74 @@ def test_a_sparse_giant_record_is_refused_without_reading_it(outer, rel):
     assert not zreplay.verify(buf).ok
 
 
+_GIANT_RECORD_CHILD = """
+import sys
+if sys.argv[3] == "s3fs":
+    sys.modules["obstore"] = None  # as where obstore is not installed: the s3fs client
+import json
+import zreplay
+from zreplay.store import backend_s3
+backend_s3.MAX_READ_BYTES = 1 << 20
+try:
+    zreplay.open(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+except zreplay.CorruptBufferError as e:
+    print("REFUSED", e)
+"""
+
+
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+@pytest.mark.parametrize("rel", ["segments/default/zreplay/commit.json", "zarr.json"])
+def test_a_giant_record_in_an_object_store_is_refused_from_its_size(url, s3, client, rel):
+    """On S3 as on a disk, a record longer than any zreplay reads whole is refused, from
+    the size the GET's response declares (obstore) or a HEAD (s3fs), not by reading it:
+    a bucket may come from a stranger.  (The bound is lowered to 1 MiB in the child: a
+    record of 256 MiB would cost the test as much.)"""
+    from zreplay.store.location import locate
+
+    with closing(builders.writer(url, storage_options=s3)) as core:
+        builders.add(core, 0)
+    obj = locate(url, s3) / rel
+    obj.write_bytes(b"{" + b" " * (2 << 20) + b"}")
+    out = subprocess.run(
+        [sys.executable, "-c", _GIANT_RECORD_CHILD, url, json.dumps(s3), client],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "REFUSED" in out.stdout, out.stdout + out.stderr
+    assert f"{obj} is 2,097,154 bytes or more" in out.stdout
+    assert "more than any file zreplay reads whole" in out.stdout
+
+
+def test_a_giant_record_through_fsspec_is_refused_from_its_size(monkeypatch):
+    """The fsspec backends (``memory://``, GCS, Azure, ...) bound a whole read alike."""
+    import uuid
+
+    from zreplay.store import backend_fsspec
+    from zreplay.store.location import locate
+
+    monkeypatch.setattr(backend_fsspec, "MAX_READ_BYTES", 1 << 20)
+    top = locate(f"memory://untrusted-{uuid.uuid4().hex[:8]}")
+    big, small, empty = top / "big", top / "small", top / "empty"
+    big.write_bytes(b" " * ((1 << 20) + 1))
+    small.write_bytes(b"x" * (1 << 20))
+    empty.write_bytes(b"")
+    with pytest.raises(CorruptBufferError, match="1,048,577 bytes or more, more than any"):
+        big.read_bytes()
+    assert small.read_bytes() == b"x" * (1 << 20)
+    assert empty.read_bytes() == b""
+
+
+def test_an_empty_object_reads_as_empty(url, s3):
+    """A whole-object read of an empty object (a lock file an older zreplay left empty)
+    is empty bytes, as ``Path.read_bytes`` of an empty file is."""
+    from zreplay.store.location import locate
+
+    obj = locate(url, s3) / "empty"
+    obj.write_bytes(b"")
+    assert obj.read_bytes() == b""
+
+
 def test_the_memory_bound_is_the_containers(tmp_path, monkeypatch):
     """Crafted counts are refused when their index would not fit in the memory this
     process may have: a container's cgroup limit, not the host's RAM."""

@@ -24,6 +24,8 @@ from operator import attrgetter
 from pathlib import PurePosixPath
 from typing import Any
 
+from ..errors import CorruptBufferError
+
 
 class Backend(ABC):
     """Operations of one kind of store (see the module docstring)."""
@@ -223,6 +225,21 @@ class Backend(ABC):
     #: commits release adds waiting for room early; an object store, where every commit
     #: re-uploads the shards it touches and the index chunks, takes everything published.
     commit_tier_share: float = 0.25
+
+
+# The largest file or object read whole as one (JSON records and metadata: commit.json,
+# zarr.json, lock files, learners' progress; data is read by TensorStore or the shard
+# reader, not here): a buffer may come from a stranger, and a record gigabytes long would
+# be read into memory before anything could refuse it.
+MAX_READ_BYTES = 256 << 20
+
+
+def too_big_to_read(where, size: int, limit: int | None = None) -> CorruptBufferError:
+    return CorruptBufferError(
+        f"{where} is {size:,} bytes or more, more than any file zreplay reads whole (its "
+        f"records and metadata; at most {limit or MAX_READ_BYTES:,}): the buffer is damaged or "
+        "was crafted. Restore it from a checkpoint"
+    )
 
 
 def _normal(key: str) -> str:

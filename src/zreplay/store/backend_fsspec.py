@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .arrays import ZarrArray
-from .backend import ObjectBackend, ObjectLocation
+from .backend import MAX_READ_BYTES, ObjectBackend, ObjectLocation, too_big_to_read
 
 # Filesystems that cache directory listings unless told not to.
 _LISTING_CACHES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
@@ -52,7 +52,13 @@ class FsspecBackend(ObjectBackend):
     # -- one object -------------------------------------------------------------------
 
     def read_object(self, loc) -> bytes:
-        return self.fs.cat_file(loc.path)
+        size = int(self.fs.info(loc.path).get("size") or 0)
+        if size > MAX_READ_BYTES:
+            raise too_big_to_read(loc, size, MAX_READ_BYTES)
+        body = self.fs.cat_file(loc.path)
+        if len(body) > MAX_READ_BYTES:  # (grown since its size was read)
+            raise too_big_to_read(loc, len(body), MAX_READ_BYTES)
+        return body
 
     def write_object(self, loc, data: bytes) -> None:
         self.fs.pipe_file(loc.path, data)

@@ -37,7 +37,7 @@ from ..forks import forked
 from ..threads import Deferral, deferred_interrupts, import_whole
 from . import liveness, localswap
 from .arrays import ZarrArray
-from .backend import Backend
+from .backend import MAX_READ_BYTES, Backend, too_big_to_read
 from .format import is_temp_name
 from .layout import shard_number
 
@@ -101,11 +101,6 @@ def open_regular(path, follow: bool = True) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-# The largest file read whole through LocalPath (JSON records and metadata: commit.json,
-# zarr.json, lock files, learners' progress; data is read by TensorStore, not here).
-MAX_READ_BYTES = 256 << 20
-
-
 def read_regular(path) -> bytes:
     """The bytes of the regular file ``path``: a buffer may come from a stranger, and a
     FIFO or a device in place of a file would block a reader or never end.  A directory
@@ -120,11 +115,7 @@ def read_regular(path) -> bytes:
                 return b"".join(parts)
             parts.append(part)
             size = sum(map(len, parts))  # (a file that grows meanwhile)
-        raise CorruptBufferError(
-            f"{path} is {size:,} bytes or more, more than any file zreplay reads whole (its "
-            f"records and metadata; at most {MAX_READ_BYTES:,}): the buffer is damaged or "
-            "was crafted. Restore it from a checkpoint"
-        )
+        raise too_big_to_read(path, size, MAX_READ_BYTES)
     finally:
         os.close(fd)
 

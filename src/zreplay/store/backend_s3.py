@@ -28,7 +28,7 @@ from typing import Any
 
 from ..forks import at_fork, forked, on_fork
 from .arrays import ZarrArray
-from .backend import ObjectBackend, ObjectLocation
+from .backend import MAX_READ_BYTES, ObjectBackend, ObjectLocation, too_big_to_read
 from .objectarray import ShardCache
 from .objectio import ObjectClient, Request
 
@@ -100,9 +100,11 @@ class S3Backend(ObjectBackend):
                 self._client = kind(self.bucket, self._options)
             return self._client
 
-    def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
+    def get(
+        self, requests: Sequence[Request], missing_ok: bool = False, limit: int | None = None
+    ) -> list:
         """Objects or byte ranges, fetched concurrently (see ``ObjectClient.get``)."""
-        return self.client().get(requests, missing_ok)
+        return self.client().get(requests, missing_ok, limit)
 
     def put(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Whole objects, stored concurrently."""
@@ -130,7 +132,10 @@ class S3Backend(ObjectBackend):
     # -- one object -------------------------------------------------------------------
 
     def read_object(self, loc) -> bytes:
-        return bytes(self.get([(loc.key, None)])[0])
+        body = self.get([(loc.key, None)], limit=MAX_READ_BYTES)[0]
+        if len(body) > MAX_READ_BYTES:  # (grown since its size was read)
+            raise too_big_to_read(loc, len(body), MAX_READ_BYTES)
+        return bytes(body)
 
     def write_object(self, loc, data: bytes) -> None:
         self.put([(loc.key, bytes(data))])

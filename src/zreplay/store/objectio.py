@@ -31,8 +31,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import NoSuchBucketError
+from ..errors import CorruptBufferError, NoSuchBucketError
 from ..forks import at_fork
+from .backend import too_big_to_read
 
 # A request: (key, None) the whole object, (key, (start, end)) bytes [start, end),
 # (key, (start, None)) from start on, (key, (-n, None)) the last n bytes.
@@ -223,9 +224,13 @@ def _obstore_error(e: BaseException, key: str, bucket: str, provider=None) -> OS
 class ObjectClient:
     """The requests of one process to one bucket (see the module docstring)."""
 
-    def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
+    def get(
+        self, requests: Sequence[Request], missing_ok: bool = False, limit: int | None = None
+    ) -> list:
         """Bodies (buffers) of ``requests``, fetched concurrently, in order; a missing
-        object is FileNotFoundError, or None with ``missing_ok``."""
+        object is FileNotFoundError, or None with ``missing_ok``.  With ``limit``, a whole
+        object (no range) of more than ``limit`` bytes is CorruptBufferError, raised
+        before its body is read (a record of a buffer that may come from a stranger)."""
         raise NotImplementedError
 
     def put(self, items: Sequence[tuple[str, bytes]]) -> None:
@@ -273,16 +278,20 @@ class ObstoreClient(ObjectClient):
         """Run ``fn()`` (a coroutine function: obstore's calls need a running loop)."""
         try:
             return shared_loop().run(fn())
-        except LoopReentryError:
+        except (LoopReentryError, CorruptBufferError):
             raise
         except Exception as e:  # noqa: BLE001 - obstore raises its own exception types
             raise _obstore_error(e, key, self.bucket, self.provider) from None
 
-    async def _get(self, key: str, rng, missing_ok: bool) -> Any:
+    async def _get(self, key: str, rng, missing_ok: bool, limit: int | None = None) -> Any:
         ob, st = self.ob, self.store
         try:
             if rng is None:
-                return await (await ob.get_async(st, key)).bytes_async()
+                got = await ob.get_async(st, key)
+                size = int(got.meta["size"])  # known before the body is read
+                if limit is not None and size > limit:
+                    raise too_big_to_read(f"s3://{self.bucket}/{key}", size, limit)
+                return await got.bytes_async()
             start, end = rng
             if start < 0:
                 r = await ob.get_async(st, key, options={"range": {"suffix": -start}})
@@ -291,18 +300,22 @@ class ObstoreClient(ObjectClient):
                 r = await ob.get_async(st, key, options={"range": {"offset": start}})
                 return await r.bytes_async()
             return await ob.get_range_async(st, key, start=start, end=end)
+        except CorruptBufferError:
+            raise
         except Exception as e:  # noqa: BLE001 - mapped to OSError subclasses
             err = _obstore_error(e, key, self.bucket, self.provider)
             if missing_ok and isinstance(err, FileNotFoundError):
                 return None
             raise err from None
 
-    def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
+    def get(
+        self, requests: Sequence[Request], missing_ok: bool = False, limit: int | None = None
+    ) -> list:
         if not requests:
             return []
 
         async def go():
-            return await _bounded([self._get(k, r, missing_ok) for k, r in requests])
+            return await _bounded([self._get(k, r, missing_ok, limit) for k, r in requests])
 
         return self._run(go, requests[0][0])
 
@@ -390,6 +403,8 @@ class S3fsClient(ObjectClient):
 
         try:
             return sync(self.fs.loop, go)
+        except CorruptBufferError:
+            raise
         except Exception as e:  # noqa: BLE001 - botocore raises its own exception types
             if _no_such_bucket(f"{e} {e.__cause__}"):
                 raise NoSuchBucketError(self.bucket) from None
@@ -397,9 +412,13 @@ class S3fsClient(ObjectClient):
                 raise
             raise OSError(errno.EIO, f"{type(e).__name__}: {e}", key) from None
 
-    async def _get(self, key: str, rng, missing_ok: bool):
+    async def _get(self, key: str, rng, missing_ok: bool, limit: int | None = None):
         try:
             if rng is None:
+                if limit is not None:  # (this fallback client: a HEAD first)
+                    size = int((await self.fs._info(self._p(key), refresh=True))["size"])
+                    if size > limit:
+                        raise too_big_to_read(f"s3://{self.bucket}/{key}", size, limit)
                 return await self.fs._cat_file(self._p(key))
             start, end = rng
             return await self.fs._cat_file(self._p(key), start=start, end=end)
@@ -408,10 +427,12 @@ class S3fsClient(ObjectClient):
                 return None
             raise
 
-    def get(self, requests: Sequence[Request], missing_ok: bool = False) -> list:
+    def get(
+        self, requests: Sequence[Request], missing_ok: bool = False, limit: int | None = None
+    ) -> list:
         if not requests:
             return []
-        gets = [self._get(k, r, missing_ok) for k, r in requests]
+        gets = [self._get(k, r, missing_ok, limit) for k, r in requests]
         return self._run(_bounded(gets), requests[0][0])
 
     def put(self, items: Sequence[tuple[str, bytes]]) -> None:
