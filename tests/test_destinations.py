@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 
 import pytest
 from conftest import S3_BUCKET, check_rows, make_traj, traj_equal
@@ -337,9 +338,28 @@ def test_leftovers_of_live_processes_in_other_pid_namespaces_are_kept(tmp_path):
     live.mkdir()
     dead.mkdir()
     held = liveness.hold(live)
+    past = time.time() - 2 * liveness.MAKING_GRACE_S  # made long ago (see the next test)
+    for p in (live, dead):
+        os.utime(p, (past, past))
     try:
         assert localswap.remove_leftovers(dest) == [dead]
         assert live.exists() and not dead.exists()
     finally:
         held.release()
     assert localswap.remove_leftovers(dest) == [live]  # its maker let go (died)
+
+
+def test_a_staging_tree_just_made_in_another_pid_namespace_is_kept_before_its_flock(tmp_path):
+    """Its maker makes the tree, then takes its flock: a look in between (another PID
+    namespace's maker, so only the flock can tell) keeps a young tree, and removes it
+    once it is older than any such moment (its maker died there)."""
+    from zreplay.store import liveness
+
+    dest = tmp_path / "d"
+    host, ids, _ = liveness.process_tag().rsplit("-", 2)
+    young = tmp_path / f".d.partial-{host}-{ids[:8]}0123abcd-{2**22 + 9}-cccccccc"
+    young.mkdir()  # (its maker's flock not taken yet)
+    assert localswap.remove_leftovers(dest) == []
+    past = time.time() - 2 * liveness.MAKING_GRACE_S
+    os.utime(young, (past, past))
+    assert localswap.remove_leftovers(dest) == [young]

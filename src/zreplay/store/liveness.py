@@ -190,7 +190,22 @@ def tag_is_dead(tag: str, path=None) -> bool:
         return False
     if space == _hash8(PID_NS) and "x" not in space:  # its pid means what it says here
         return not pid_alive(pid)
-    return held is False  # another PID namespace (or host name) on this kernel: its flock
+    # Another PID namespace (or host name) on this kernel: its flock alone tells, once the
+    # file is older than the moment its maker takes between making it and holding it.
+    return held is False and not _just_made(path)
+
+
+# A file or tree this young, unheld, may be its maker's between its mkdir (or create) and
+# its flock: a free flock says nothing of its maker yet.  Generous: a leftover of a
+# process that died is only removed by a later look.
+MAKING_GRACE_S = 60.0
+
+
+def _just_made(path) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime < MAKING_GRACE_S
+    except OSError:
+        return False  # gone: nothing to keep
 
 
 def pid_alive(pid: int) -> bool:
