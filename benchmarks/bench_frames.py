@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -452,28 +453,28 @@ def image_codecs() -> list[Candidate]:
     # imagecodecs' HTJ2K decoder casts samples to uint8 without clipping, so the few that
     # ring past 0 or 255 wrap around (1,176 of 3.6 M pixels at step 0.004, measured): its
     # PSNR here is what a reader would get, not the codec's
-    for q in (0.004, 0.005):
-        out.append(
+    wavelets = (
+        (
+            "HTJ2K",
+            "step",
+            (0.004, 0.005),
+            partial(ic.htj2k_encode, reversible=False),
+            ic.htj2k_decode,
+        ),
+        ("JPEG XR", "quality", (0.6, 0.7, 0.8), ic.jpegxr_encode, ic.jpegxr_decode),
+    )
+    for family, knob, levels, encode, decode in wavelets:
+        out += [
             c(
-                f"HTJ2K step {q}",
+                f"{family} {knob} {q}",
                 False,
-                lambda f, q=q: ic.htj2k_encode(f, q, reversible=False),
-                ic.htj2k_decode,
-                family="HTJ2K",
+                lambda f, q=q, encode=encode: encode(f, level=q),
+                decode,
+                family=family,
                 setting=q,
             )
-        )
-    for q in (0.6, 0.7, 0.8):
-        out.append(
-            c(
-                f"JPEG XR quality {q}",
-                False,
-                lambda f, q=q: ic.jpegxr_encode(f, level=q),
-                ic.jpegxr_decode,
-                family="JPEG XR",
-                setting=q,
-            )
-        )
+            for q in levels
+        ]
     # OpenJPEG with a target PSNR per layer (imagecodecs' level)
     for db in (41, 42, 44):
         out.append(
