@@ -349,6 +349,24 @@ def test_leftovers_of_live_processes_in_other_pid_namespaces_are_kept(tmp_path):
     assert localswap.remove_leftovers(dest) == [live]  # its maker let go (died)
 
 
+def test_a_tree_a_dead_replace_of_another_pid_namespace_moved_aside_is_put_back_at_once(
+    tmp_path,
+):
+    """Where a replace has no rename exchange it moves the old tree aside, held (its
+    flock moves with it), then moves the new one in; dying between the two leaves no
+    tree at the path. The old one is put back at once, young as it is: only a staging
+    tree has a moment between its making and its flock to wait out."""
+    from zreplay.store import liveness
+
+    dest = tmp_path / "d"
+    host, ids, _ = liveness.process_tag().rsplit("-", 2)
+    old = tmp_path / f".d.old-{host}-{ids[:8]}0123abcd-{2**22 + 9}-dddddddd"
+    old.mkdir()
+    (old / "f").write_text("the buffer")
+    assert localswap.restore(dest)
+    assert (dest / "f").read_text() == "the buffer" and not old.exists()
+
+
 def test_a_staging_tree_just_made_in_another_pid_namespace_is_kept_before_its_flock(tmp_path):
     """Its maker makes the tree, then takes its flock: a look in between (another PID
     namespace's maker, so only the flock can tell) keeps a young tree, and removes it

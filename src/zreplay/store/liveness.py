@@ -166,12 +166,14 @@ def _hash8(value: str | None) -> str:
     return hashlib.sha1(value.encode()).hexdigest()[:8]
 
 
-def tag_is_dead(tag: str, path=None) -> bool:
+def tag_is_dead(tag: str, path=None, made_then_held: bool = False) -> bool:
     """Whether the process a :func:`process_tag` names is gone, judged only on evidence
     that holds here: in this PID namespace its pid (and the ``flock`` it keeps on
     ``path``, if held); in another, only that ``flock`` being free (where the filesystem
-    tells).  False when unsure (its file is left alone).  Tags of zreplay before PID
-    namespaces were told (``<host>-<pid>``) are judged by pid, on this host, as then."""
+    tells), and, if ``path`` is ``made_then_held`` (made first, its flock taken after),
+    only once it is older than :data:`MAKING_GRACE_S`.  False when unsure (its file is
+    left alone).  Tags of zreplay before PID namespaces were told (``<host>-<pid>``) are
+    judged by pid, on this host, as then."""
     parts = tag.rsplit("-", 2)
     if len(parts) == 3 and parts[2].isdigit() and len(parts[1]) == 16:
         host, kernel, space, pid = parts[0], parts[1][:8], parts[1][8:], int(parts[2])
@@ -190,14 +192,15 @@ def tag_is_dead(tag: str, path=None) -> bool:
         return False
     if space == _hash8(PID_NS) and "x" not in space:  # its pid means what it says here
         return not pid_alive(pid)
-    # Another PID namespace (or host name) on this kernel: its flock alone tells, once the
-    # file is older than the moment its maker takes between making it and holding it.
-    return held is False and not _just_made(path)
+    # Another PID namespace (or host name) on this kernel: its flock alone tells (a path
+    # made before its flock was taken: once older than the moment between the two).
+    return held is False and not (made_then_held and _just_made(path))
 
 
 # A file or tree this young, unheld, may be its maker's between its mkdir (or create) and
 # its flock: a free flock says nothing of its maker yet.  Generous: a leftover of a
-# process that died is only removed by a later look.
+# process that died is only removed by a later look.  (A tree renamed aside, localswap's
+# ``old``, was held before it moved: no such moment, and no grace.)
 MAKING_GRACE_S = 60.0
 
 

@@ -51,7 +51,9 @@ def _leftover_kind(dest: Path, entry: str) -> str | None:
         tag, _, hexpart = entry[len(prefix) :].rpartition("-")
         if not tag or not hexpart:
             return None  # not ours to judge
-        return kind if tag_is_dead(tag, dest.parent / entry) else None
+        # a staging tree is made, then held; an old tree was held before it moved aside
+        dead = tag_is_dead(tag, dest.parent / entry, made_then_held=kind == PARTIAL)
+        return kind if dead else None
     return None
 
 
