@@ -47,6 +47,7 @@ def points() -> list[tuple[object, list[str]]]:
         (
             backend_local.LocalBackend,
             ["publish", "create_exclusive", "remove_tree", "move_tree", "remove_file"]
+            + ["read_data"]
             + ["remove_dead_temps", "check_files"]
             + ["import_file", "import_tree", "remove_temps"],
         ),

@@ -37,6 +37,41 @@ def _writer(url: str, options: dict, writer_id: str, tids: list[int], q) -> None
     q.put((writer_id, ids))
 
 
+def test_shards_larger_than_any_record_copy_between_a_disk_and_s3(url, s3, tmp_path, monkeypatch):
+    """Records are read whole only up to a bound (a buffer may come from a stranger);
+    data files copied whole between stores (a checkpoint saved from a disk to S3, loaded
+    from S3 to a disk) are not records: a layout may make shards of any size.  The bound
+    is lowered to 16 KiB here, under these shards' size."""
+    from zreplay.store import backend_local, backend_s3
+
+    layout = {"curr_obs/main_images": {"codec": "none", "chunk_rows": 128, "shard_rows": 256}}
+    trajs = [make_traj(t, T=32, B=8) for t in range(2)]
+    local = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(tmp_path / "a"), layout=layout
+    )
+    local.add_trajectories(trajs)
+    local.flush()
+    sizes = [p.stat().st_size for p in (tmp_path / "a").rglob("*") if p.is_file()]
+    assert max(sizes) > 16 << 10  # a shard of 256 rows of 8x8x3 frames
+    local.save_checkpoint(str(tmp_path / "ck"))
+    local.close()
+    monkeypatch.setattr(backend_local, "MAX_READ_BYTES", 16 << 10)
+    monkeypatch.setattr(backend_s3, "MAX_READ_BYTES", 16 << 10)
+    remote = zreplay.TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=s3, layout=layout
+    )
+    remote.load_checkpoint(str(tmp_path / "ck"))  # disk -> S3
+    ckpt = url.rsplit("/", 1)[0] + "/ckpt"
+    remote.save_checkpoint(ckpt)
+    remote.close()
+    back = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "b"))
+    back.load_checkpoint(ckpt, storage_options=s3)  # S3 -> disk
+    assert len(back) == 2
+    traj_equal(back.trajectory(1), trajs[1])
+    back.close()
+    assert zreplay.verify(str(tmp_path / "b")).ok
+
+
 def test_create_append_reopen_sample_checkpoint(url, s3, tmp_path):
     trajs = [make_traj(t) for t in range(3)]
     buf = zreplay.TrajectoryReplayBuffer(

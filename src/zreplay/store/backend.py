@@ -71,6 +71,12 @@ class Backend(ABC):
         """Every file under ``loc`` as ``(relative path with '/', location)``."""
 
     @abstractmethod
+    def read_data(self, loc) -> bytes:
+        """The bytes of the data file ``loc`` (a shard), copied whole between stores by
+        :meth:`import_file`: not bounded as records are (a layout may make shards of any
+        size); ``FileNotFoundError`` if it is gone."""
+
+    @abstractmethod
     def import_file(self, src, dst) -> bool:
         """Make ``dst`` (in this backend) hold the bytes of ``src`` (any backend): a hard
         link or server-side copy where possible; returns True if it was linked (shares
@@ -369,7 +375,9 @@ class ObjectBackend(Backend):
 
     @abstractmethod
     def read_object(self, loc: ObjectLocation) -> bytes:
-        """The bytes of the object ``loc``; ``FileNotFoundError`` if there is none."""
+        """The bytes of the object ``loc`` (a record: at most ``MAX_READ_BYTES``, else
+        CorruptBufferError before its body is read); ``FileNotFoundError`` if there is
+        none."""
 
     @abstractmethod
     def write_object(self, loc: ObjectLocation, data: bytes) -> None:
@@ -413,7 +421,7 @@ class ObjectBackend(Backend):
         if src.backend is self:
             self.copy_object(src, dst)
         else:
-            dst.write_bytes(src.read_bytes())
+            dst.write_bytes(src.backend.read_data(src))
         return False
 
     def remove_temps(self, loc, committed_shards: Mapping[str, int] | None = None) -> list:

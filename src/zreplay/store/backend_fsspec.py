@@ -60,6 +60,9 @@ class FsspecBackend(ObjectBackend):
             raise too_big_to_read(loc, len(body), MAX_READ_BYTES)
         return body
 
+    def read_data(self, loc) -> bytes:
+        return self.fs.cat_file(loc.path)
+
     def write_object(self, loc, data: bytes) -> None:
         self.fs.pipe_file(loc.path, data)
 

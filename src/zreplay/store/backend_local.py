@@ -101,15 +101,17 @@ def open_regular(path, follow: bool = True) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def read_regular(path) -> bytes:
-    """The bytes of the regular file ``path``: a buffer may come from a stranger, and a
-    FIFO or a device in place of a file would block a reader or never end.  A directory
-    is IsADirectoryError (as ``open`` says); anything else not a regular file is
-    CorruptBufferError (see :func:`open_regular`)."""
+def read_regular(path, data: bool = False) -> bytes:
+    """The bytes of the regular file ``path``: a record, at most ``MAX_READ_BYTES`` of
+    them, or with ``data`` a data file copied whole.  A buffer may come from a stranger,
+    and a FIFO or a device in place of a file would block a reader or never end.  A
+    directory is IsADirectoryError (as ``open`` says); anything else not a regular file
+    is CorruptBufferError (see :func:`open_regular`)."""
     fd, st = open_regular(path)
+    bound = float("inf") if data else MAX_READ_BYTES
     try:
         parts, size = [], st.st_size
-        while size <= MAX_READ_BYTES:  # e.g. a sparse file: KBs on disk, GBs in memory
+        while size <= bound:  # e.g. a sparse file: KBs on disk, GBs in memory
             part = os.read(fd, max(st.st_size, 1 << 16))
             if not part:
                 return b"".join(parts)
@@ -297,10 +299,13 @@ class LocalBackend(Backend):
                 p = LocalPath(dirpath) / name
                 yield p.relative_to(loc).as_posix(), p
 
+    def read_data(self, loc) -> bytes:
+        return read_regular(loc, data=True)
+
     def import_file(self, src, dst, link: bool = True) -> bool:
         if src.backend is not self:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(src.read_bytes())
+            dst.write_bytes(src.backend.read_data(src))
             return False
         if link:
             try:

@@ -137,6 +137,9 @@ class S3Backend(ObjectBackend):
             raise too_big_to_read(loc, len(body), MAX_READ_BYTES)
         return bytes(body)
 
+    def read_data(self, loc) -> bytes:
+        return bytes(self.get([(loc.key, None)])[0])
+
     def write_object(self, loc, data: bytes) -> None:
         self.put([(loc.key, bytes(data))])
 
