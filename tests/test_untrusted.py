@@ -455,7 +455,10 @@ except zreplay.CorruptBufferError as e:
 
 
 @pytest.mark.parametrize("client", ["obstore", "s3fs"])
-@pytest.mark.parametrize("rel", ["segments/default/zreplay/commit.json", "zarr.json"])
+@pytest.mark.parametrize(
+    "rel",
+    ["segments/default/zreplay/commit.json", "zarr.json", "segments/default/data/obs/zarr.json"],
+)
 def test_a_giant_record_in_an_object_store_is_refused_from_its_size(url, s3, client, rel):
     """On S3 as on a disk, a record longer than any zreplay reads whole is refused, from
     the size the GET's response declares (obstore) or a HEAD (s3fs), not by reading it:
