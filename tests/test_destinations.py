@@ -367,6 +367,22 @@ def test_a_tree_a_dead_replace_of_another_pid_namespace_moved_aside_is_put_back_
     assert (dest / "f").read_text() == "the buffer" and not old.exists()
 
 
+def test_a_sibling_destinations_staging_tree_is_not_taken_for_an_old_tree(tmp_path):
+    """``.d.old-x.partial-<tag>-<hex>`` is the staging tree of a destination named
+    ``d.old-x``, beside ``d``: never put in place of ``d``, however it is judged."""
+    from zreplay.store import liveness
+
+    dest = tmp_path / "d"
+    host, ids, _ = liveness.process_tag().rsplit("-", 2)
+    tag = f"{host}-{ids[:8]}0123abcd-{2**22 + 9}"  # this kernel, another PID namespace
+    sibling = tmp_path / f".d.old-x.partial-{tag}-eeeeeeee"
+    sibling.mkdir()
+    (sibling / "f").write_text("the sibling's new tree")
+    assert not localswap.restore(dest)
+    assert not dest.exists() and sibling.exists()
+    assert localswap.remove_leftovers(dest) == [] and sibling.exists()
+
+
 def test_a_staging_tree_just_made_in_another_pid_namespace_is_kept_before_its_flock(tmp_path):
     """Its maker makes the tree, then takes its flock: a look in between (another PID
     namespace's maker, so only the flock can tell) keeps a young tree, and removes it

@@ -72,6 +72,38 @@ def test_shards_larger_than_any_record_copy_between_a_disk_and_s3(url, s3, tmp_p
     assert zreplay.verify(str(tmp_path / "b")).ok
 
 
+@pytest.mark.parametrize("planted", ["a link to a file outside", "a sparse giant file"])
+def test_a_copy_to_s3_refuses_what_a_crafted_buffer_plants(url, s3, tmp_path, monkeypatch, planted):
+    """Loading a local buffer into one on S3 copies its files: a symbolic link is never
+    followed (its target would be uploaded) and no file larger than a copy may hold
+    (here lowered to 64 KiB; sparse: KBs on disk) is read; the S3 buffer keeps what it
+    had."""
+    from zreplay.store import backend_local
+
+    src = tmp_path / "src"
+    with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(src)) as b:
+        b.add_trajectories([make_traj(1)])
+    where = src / "segments" / "default" / "zreplay" / "notes"
+    secret = tmp_path / "secret"
+    secret.write_text("credentials")
+    if planted == "a link to a file outside":
+        where.symlink_to(secret)
+    else:
+        with open(where, "wb") as f:
+            f.truncate(1 << 20)
+        monkeypatch.setattr(backend_local, "max_copy_bytes", lambda: 64 << 10)
+    remote = zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, storage_options=s3)
+    remote.add_trajectories([make_traj(0)])
+    with pytest.raises(zreplay.CorruptBufferError):
+        remote.load_checkpoint(str(src))
+    assert len(remote) == 1
+    remote.close()
+    from zreplay.store.location import locate
+
+    root = locate(url, s3)
+    assert not any(loc.read_bytes() == b"credentials" for _, loc in root.backend.walk_files(root))
+
+
 def test_create_append_reopen_sample_checkpoint(url, s3, tmp_path):
     trajs = [make_traj(t) for t in range(3)]
     buf = zreplay.TrajectoryReplayBuffer(

@@ -73,8 +73,9 @@ class Backend(ABC):
     @abstractmethod
     def read_data(self, loc) -> bytes:
         """The bytes of the data file ``loc`` (a shard), copied whole between stores by
-        :meth:`import_file`: not bounded as records are (a layout may make shards of any
-        size); ``FileNotFoundError`` if it is gone."""
+        :meth:`import_file`: bounded by :func:`max_copy_bytes`, not as records are (a
+        layout may make shards larger than any record), never through a symbolic link;
+        ``FileNotFoundError`` if it is gone."""
 
     @abstractmethod
     def import_file(self, src, dst) -> bool:
@@ -240,11 +241,39 @@ class Backend(ABC):
 MAX_READ_BYTES = 256 << 20
 
 
-def too_big_to_read(where, size: int, limit: int | None = None) -> CorruptBufferError:
-    return CorruptBufferError(
+def max_copy_bytes() -> int:
+    """The largest data file copied whole between a disk and an object store (one read,
+    then one write): half the memory this process may have.  A shard any layout makes is
+    far below; a file planted larger (sparse: KBs on disk) is refused before it is read."""
+    from .segment import physical_memory  # (segment imports the backends)
+
+    return physical_memory() // 2
+
+
+def too_big_to_copy(where, size: int, limit: int) -> TooBigToRead:
+    return TooBigToRead(
+        f"{where} is {size:,} bytes or more, more than the {limit:,} (half the memory this "
+        "process may have) a copy between a disk and an object store holds at once: the "
+        "buffer is damaged or was crafted. Restore it from a checkpoint",
+        size,
+    )
+
+
+class TooBigToRead(CorruptBufferError):
+    """A record (or, copied between stores, a data file) larger than zreplay reads whole;
+    ``size``: the bytes it holds, or at least."""
+
+    def __init__(self, message: str, size: int):
+        super().__init__(message)
+        self.size = size
+
+
+def too_big_to_read(where, size: int, limit: int | None = None) -> TooBigToRead:
+    return TooBigToRead(
         f"{where} is {size:,} bytes or more, more than any file zreplay reads whole (its "
         f"records and metadata; at most {limit or MAX_READ_BYTES:,}): the buffer is damaged or "
-        "was crafted. Restore it from a checkpoint"
+        "was crafted. Restore it from a checkpoint",
+        size,
     )
 
 

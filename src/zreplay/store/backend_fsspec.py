@@ -16,7 +16,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .arrays import ZarrArray
-from .backend import MAX_READ_BYTES, ObjectBackend, ObjectLocation, too_big_to_read
+from .backend import (
+    MAX_READ_BYTES,
+    ObjectBackend,
+    ObjectLocation,
+    max_copy_bytes,
+    too_big_to_copy,
+    too_big_to_read,
+)
 
 # Filesystems that cache directory listings unless told not to.
 _LISTING_CACHES = ("s3", "s3a", "gs", "gcs", "az", "abfs")
@@ -61,7 +68,14 @@ class FsspecBackend(ObjectBackend):
         return body
 
     def read_data(self, loc) -> bytes:
-        return self.fs.cat_file(loc.path)
+        limit = max_copy_bytes()
+        size = int(self.fs.info(loc.path).get("size") or 0)
+        if size > limit:
+            raise too_big_to_copy(loc, size, limit)
+        body = self.fs.cat_file(loc.path)
+        if len(body) > limit:  # (grown since its size was read)
+            raise too_big_to_copy(loc, len(body), limit)
+        return body
 
     def write_object(self, loc, data: bytes) -> None:
         self.fs.pipe_file(loc.path, data)

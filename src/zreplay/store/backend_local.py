@@ -37,7 +37,7 @@ from ..forks import forked
 from ..threads import Deferral, deferred_interrupts, import_whole
 from . import liveness, localswap
 from .arrays import ZarrArray
-from .backend import MAX_READ_BYTES, Backend, too_big_to_read
+from .backend import MAX_READ_BYTES, Backend, max_copy_bytes, too_big_to_copy, too_big_to_read
 from .format import is_temp_name
 from .layout import shard_number
 
@@ -103,12 +103,14 @@ def open_regular(path, follow: bool = True) -> tuple[int, os.stat_result]:
 
 def read_regular(path, data: bool = False) -> bytes:
     """The bytes of the regular file ``path``: a record, at most ``MAX_READ_BYTES`` of
-    them, or with ``data`` a data file copied whole.  A buffer may come from a stranger,
+    them, or with ``data`` a data file copied whole to another store (at most
+    :func:`~zreplay.store.backend.max_copy_bytes`, never through a symbolic link: what it
+    points to would be copied out of the buffer).  A buffer may come from a stranger,
     and a FIFO or a device in place of a file would block a reader or never end.  A
     directory is IsADirectoryError (as ``open`` says); anything else not a regular file
     is CorruptBufferError (see :func:`open_regular`)."""
-    fd, st = open_regular(path)
-    bound = float("inf") if data else MAX_READ_BYTES
+    fd, st = open_regular(path, follow=not data)
+    bound = max_copy_bytes() if data else MAX_READ_BYTES
     try:
         parts, size = [], st.st_size
         while size <= bound:  # e.g. a sparse file: KBs on disk, GBs in memory
@@ -117,6 +119,8 @@ def read_regular(path, data: bool = False) -> bytes:
                 return b"".join(parts)
             parts.append(part)
             size = sum(map(len, parts))  # (a file that grows meanwhile)
+        if data:
+            raise too_big_to_copy(path, size, bound)
         raise too_big_to_read(path, size, MAX_READ_BYTES)
     finally:
         os.close(fd)

@@ -28,7 +28,15 @@ from typing import Any
 
 from ..forks import at_fork, forked, on_fork
 from .arrays import ZarrArray
-from .backend import MAX_READ_BYTES, ObjectBackend, ObjectLocation, too_big_to_read
+from .backend import (
+    MAX_READ_BYTES,
+    ObjectBackend,
+    ObjectLocation,
+    TooBigToRead,
+    max_copy_bytes,
+    too_big_to_copy,
+    too_big_to_read,
+)
 from .objectarray import ShardCache
 from .objectio import ObjectClient, Request
 
@@ -138,7 +146,14 @@ class S3Backend(ObjectBackend):
         return bytes(body)
 
     def read_data(self, loc) -> bytes:
-        return bytes(self.get([(loc.key, None)])[0])
+        limit = max_copy_bytes()
+        try:
+            body = self.get([(loc.key, None)], limit=limit)[0]
+        except TooBigToRead as e:  # (the client names it a record)
+            raise too_big_to_copy(loc, e.size, limit) from None
+        if len(body) > limit:  # (grown since its size was read)
+            raise too_big_to_copy(loc, len(body), limit)
+        return bytes(body)
 
     def write_object(self, loc, data: bytes) -> None:
         self.put([(loc.key, bytes(data))])

@@ -49,8 +49,10 @@ def _leftover_kind(dest: Path, entry: str) -> str | None:
         if not entry.startswith(prefix):
             continue
         tag, _, hexpart = entry[len(prefix) :].rpartition("-")
-        if not tag or not hexpart:
-            return None  # not ours to judge
+        if not tag or not hexpart or tag.count("-") > 2:
+            # not ours to judge: a process tag has at most two dashes (its host's are
+            # made "_"), so ".d.old-x.partial-<tag>-<hex>" is a staging tree of "d.old-x"
+            return None
         # a staging tree is made, then held; an old tree was held before it moved aside
         dead = tag_is_dead(tag, dest.parent / entry, made_then_held=kind == PARTIAL)
         return kind if dead else None
