@@ -481,6 +481,32 @@ def test_a_giant_record_in_an_object_store_is_refused_from_its_size(url, s3, cli
     assert "more than any file zreplay reads whole" in out.stdout
 
 
+@pytest.mark.parametrize("how", ["save_checkpoint", "load_checkpoint"])
+def test_a_checkpoint_never_takes_in_what_a_planted_link_names(tmp_path, how):
+    """A link planted among a buffer's files (not an array's: those are checked at open)
+    is neither hard-linked nor copied into a checkpoint: either would take in the file
+    outside it names."""
+    buf = tmp_path / "buf"
+    with closing(builders.writer(buf)) as core:
+        builders.add(core, 0)
+    secret = tmp_path / "secret"
+    secret.write_text("credentials")
+    (buf / "segments" / "default" / "zreplay" / "notes").symlink_to(secret)
+    if how == "save_checkpoint":
+        dest = tmp_path / "ckpt"
+        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(buf)) as b:
+            with pytest.raises(CorruptBufferError, match="is a symbolic link"):
+                b.save_checkpoint(str(dest))
+    else:
+        dest = tmp_path / "other"
+        with zreplay.TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(dest)) as b:
+            with pytest.raises(CorruptBufferError, match="is a symbolic link"):
+                b.load_checkpoint(str(buf))
+    found = [p for p in tmp_path.rglob("*") if p.is_file() and p != secret]
+    assert not any(p.read_bytes() == b"credentials" for p in found if not p.is_symlink())
+    assert secret.stat().st_nlink == 1  # no hard link to it anywhere
+
+
 def test_a_giant_record_through_fsspec_is_refused_from_its_size(monkeypatch):
     """The fsspec backends (``memory://``, GCS, Azure, ...) bound a whole read alike."""
     import uuid

@@ -311,6 +311,8 @@ class LocalBackend(Backend):
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(src.backend.read_data(src))
             return False
+        if os.path.islink(src):  # (linked or copied, what it names would come along)
+            raise _a_link(src)
         if link:
             try:
                 os.link(src, dst)
@@ -574,7 +576,11 @@ def _link_dir(s_dir: str, d_dir: str, skip, counts: list) -> int:
     for e in entries:
         if e.is_dir(follow_symlinks=False):
             n += _link_dir(e.path, d_dir + "/" + e.name, skip, counts)
-        elif not skip(e.name):
+        elif skip(e.name):
+            continue
+        elif e.is_symlink():  # a hard link or a copy would take in what it names
+            raise _a_link(e.path)
+        else:
             n += _link_file(e.path, d_dir + "/" + e.name, counts)
     if not n:
         try:
