@@ -315,13 +315,13 @@ class LocalBackend(Backend):
             raise _a_link(src)
         if link:
             try:
-                os.link(src, dst)
+                os.link(src, dst, follow_symlinks=False)
                 return True
             except FileNotFoundError:
                 raise
             except OSError:
                 pass  # another filesystem: copy
-        shutil.copy2(src, dst)
+        shutil.copy2(src, dst, follow_symlinks=False)
         return False
 
     def import_tree(self, src, dst, skip) -> tuple[int, int]:
@@ -596,10 +596,10 @@ def _link_file(src: str, dst: str, counts: list) -> int:
     try:
         if counts[2]:
             try:
-                os.link(src, dst)
+                os.link(src, dst, follow_symlinks=False)  # (a link swapped in: copied as one)
             except FileExistsError:
                 os.unlink(dst)
-                os.link(src, dst)
+                os.link(src, dst, follow_symlinks=False)
             counts[0] += 1
             return 1
     except FileNotFoundError:
@@ -607,7 +607,7 @@ def _link_file(src: str, dst: str, counts: list) -> int:
     except OSError:
         counts[2] = False  # another filesystem: copy from now on
     try:
-        shutil.copy2(src, dst)
+        shutil.copy2(src, dst, follow_symlinks=False)
     except FileNotFoundError:
         return 0
     counts[1] += 1
