@@ -59,22 +59,20 @@ class FsspecBackend(ObjectBackend):
     # -- one object -------------------------------------------------------------------
 
     def read_object(self, loc) -> bytes:
-        size = int(self.fs.info(loc.path).get("size") or 0)
-        if size > MAX_READ_BYTES:
-            raise too_big_to_read(loc, size, MAX_READ_BYTES)
-        body = self.fs.cat_file(loc.path)
-        if len(body) > MAX_READ_BYTES:  # (grown since its size was read)
-            raise too_big_to_read(loc, len(body), MAX_READ_BYTES)
-        return body
+        return self._whole(loc, MAX_READ_BYTES, too_big_to_read)
 
     def read_data(self, loc) -> bytes:
-        limit = max_copy_bytes()
+        return self._whole(loc, max_copy_bytes(), too_big_to_copy)
+
+    def _whole(self, loc, limit: int, too_big) -> bytes:
+        """The object ``loc`` read whole, refused (``too_big``) over ``limit`` bytes from
+        the size its store reports (a store reporting none is read, then judged)."""
         size = int(self.fs.info(loc.path).get("size") or 0)
         if size > limit:
-            raise too_big_to_copy(loc, size, limit)
+            raise too_big(loc, size, limit)
         body = self.fs.cat_file(loc.path)
         if len(body) > limit:  # (grown since its size was read)
-            raise too_big_to_copy(loc, len(body), limit)
+            raise too_big(loc, len(body), limit)
         return body
 
     def write_object(self, loc, data: bytes) -> None:
