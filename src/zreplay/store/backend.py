@@ -241,6 +241,15 @@ class Backend(ABC):
 MAX_READ_BYTES = 256 << 20
 
 
+class TooBigToRead(CorruptBufferError):
+    """A record (or, copied between stores, a data file) larger than zreplay reads whole;
+    ``size``: the bytes it holds, or at least."""
+
+    def __init__(self, message: str, size: int):
+        super().__init__(message)
+        self.size = size
+
+
 def max_copy_bytes() -> int:
     """The largest data file copied whole between a disk and an object store (one read,
     then one write): half the memory this process may have.  A shard any layout makes is
@@ -257,15 +266,6 @@ def too_big_to_copy(where, size: int, limit: int) -> TooBigToRead:
         "buffer is damaged or was crafted. Restore it from a checkpoint",
         size,
     )
-
-
-class TooBigToRead(CorruptBufferError):
-    """A record (or, copied between stores, a data file) larger than zreplay reads whole;
-    ``size``: the bytes it holds, or at least."""
-
-    def __init__(self, message: str, size: int):
-        super().__init__(message)
-        self.size = size
 
 
 def too_big_to_read(where, size: int, limit: int | None = None) -> TooBigToRead:
