@@ -539,15 +539,15 @@ def test_an_empty_object_reads_as_empty(url, s3):
 def test_the_memory_bound_is_the_containers(tmp_path, monkeypatch):
     """Crafted counts are refused when their index would not fit in the memory this
     process may have: a container's cgroup limit, not the host's RAM."""
-    from zreplay.store import segment
+    from zreplay.store import memory
 
-    ram = segment.physical_memory()
+    ram = memory.physical_memory()
     limit = tmp_path / "memory.max"
     limit.write_text(f"{ram // 4}\n")
-    monkeypatch.setattr(segment, "_CGROUP_LIMITS", (str(tmp_path / "none"), str(limit)))
-    assert segment.physical_memory() == ram // 4
+    monkeypatch.setattr(memory, "_CGROUP_LIMITS", (str(tmp_path / "none"), str(limit)))
+    assert memory.physical_memory() == ram // 4
     limit.write_text("max\n")
-    assert segment.physical_memory() == ram
+    assert memory.physical_memory() == ram
 
 
 @pytest.mark.parametrize("columns", [5, [{"a": 1}], "pixels"])

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import CapacityError, EmptyTrajectoryError, SchemaError
 from ..schema import Schema
 from ..store.format import WEIGHTS_ID_BYTES
-from ..store.segment import physical_memory
+from ..store.memory import physical_memory
 
 PHYSICAL_MEMORY = physical_memory()
 

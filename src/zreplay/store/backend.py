@@ -25,6 +25,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import CorruptBufferError
+from .memory import physical_memory
 
 
 class Backend(ABC):
@@ -254,8 +255,6 @@ def max_copy_bytes() -> int:
     """The largest data file copied whole between a disk and an object store (one read,
     then one write): half the memory this process may have.  A shard any layout makes is
     far below; a file planted larger (sparse: KBs on disk) is refused before it is read."""
-    from .segment import physical_memory  # (segment imports the backends)
-
     return physical_memory() // 2
 
 

@@ -15,7 +15,6 @@ commit's counts are garbage.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 
@@ -40,6 +39,7 @@ from .format import (
 )
 from .layout import KeyLayout, chunk_key_separator, shard_key, shard_number
 from .location import Location, locate
+from .memory import physical_memory
 
 # A shard file's name in its array's directory, either separator (not a temporary).
 _SHARD_FILE = re.compile(r"c(?:[./][0-9]+)+")
@@ -516,26 +516,3 @@ def index_problem(cols: dict, commit: Commit) -> str | None:
 
 def _row_bytes(columns) -> int:
     return sum(np.dtype(d).itemsize * int(np.prod(r, dtype=np.int64)) for d, r in columns)
-
-
-# cgroup v2 and v1 memory limits of this process's container ("max" or huge: none).
-_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def physical_memory() -> int:
-    """Bytes of memory this process may have: the machine's RAM, or its container's
-    (cgroup) limit if lower (a bound on what any read or add may allocate: a buffer's
-    crafted counts must fail clearly, not by the kernel's OOM killer)."""
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram = 1 << 40
-    for path in _CGROUP_LIMITS:
-        try:
-            with open(path) as f:
-                text = f.read(64).strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            ram = min(ram, int(text))
-    return ram
