@@ -264,6 +264,9 @@ class Hold:
 # RENAME_EXCHANGE) may have, for as long as another replacement removes what it swapped
 # out: waited for up to this long, then held without a flock, as before.
 HOLD_WAIT_S = 0.5
+# What a non-blocking flock fails with where someone else holds it (any other errno: this
+# filesystem cannot tell).
+_HELD_ELSEWHERE = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
 
 def hold(path) -> Hold | None:
@@ -298,8 +301,7 @@ def _flock_soon(fd: int) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError as e:
-            busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-            if not busy or time.monotonic() >= deadline:
+            if e.errno not in _HELD_ELSEWHERE or time.monotonic() >= deadline:
                 return False
         time.sleep(pause)  # (outside the except: what a handler raises here goes up)
         pause = min(pause * 2, 0.02)
@@ -323,6 +325,6 @@ def _probe(path) -> bool | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            return True if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+            return True if e.errno in _HELD_ELSEWHERE else None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False

@@ -177,24 +177,6 @@ class WriterLock:
             return info
         return None
 
-    def alive_holder(self) -> dict | None:
-        """The holder of this lock if it is alive, or None: judged as :meth:`acquire`
-        judges it, so where only the lease can tell (another machine, an object store),
-        after watching the lease (up to ``lease_s`` seconds: a live holder is found out
-        within one renewal, a dead one's lock is ignored once its lease ran out)."""
-        for _ in range(8):
-            info = self.holder()
-            if info is None:
-                return None
-            verdict = self.judge(info)
-            if verdict == UNKNOWN:
-                verdict = self._watch_lease(info, self._read_beat())
-            if verdict == LIVE:
-                return info
-            if verdict == STALE:
-                return None
-        return self.live_holder()  # changing hands all along: whoever holds it now
-
     def clear_if_gone(self, break_lock: bool = False) -> dict | None:
         """The holder of this lock if it is alive, or None; a lock whose holder was found
         gone is removed, as a takeover removes it, so that the next one to look does not
@@ -225,8 +207,7 @@ class WriterLock:
             if verdict == UNKNOWN:
                 continue  # released or taken meanwhile: judge the lock as it is now
             with self._contender_guard():
-                beat = self._read_beat()
-                if beat is None or beat[0] != info.get("token") or beat == watched:
+                if self._unrenewed(info, watched):
                     self._remove(info)  # (only if still that holder's: see _remove)
             return None
         return self.live_holder()  # changing hands all along: whoever holds it now
@@ -289,9 +270,9 @@ class WriterLock:
             if verdict == UNKNOWN:
                 continue  # released or taken meanwhile: judge the lock as it is now
             with self._contender_guard():
-                now, beat = self.holder(), self._read_beat()
-                unchanged = beat is None or beat[0] != info.get("token") or beat == watched
-                if now is not None and now.get("token") == info.get("token") and unchanged:
+                now = self.holder()
+                same = now is not None and now.get("token") == info.get("token")
+                if same and self._unrenewed(info, watched):
                     log.warning(
                         "zreplay: taking over %s: its holder (pid %s on host %r) did not "
                         "renew its lease for %.0f s",
@@ -392,6 +373,12 @@ class WriterLock:
             return None
         except IsADirectoryError:
             raise _not_a_lock_file(self.beat_path) from None
+
+    def _unrenewed(self, info: dict, watched: tuple[str, int] | None) -> bool:
+        """Has the holder of ``info`` not renewed its lease since its beat was
+        ``watched`` (its beat the same, gone, or another holder's)?"""
+        beat = self._read_beat()
+        return beat is None or beat[0] != info.get("token") or beat == watched
 
     def _watch_lease(self, info: dict, first: tuple[str, int] | None) -> str:
         """Watch the holder of ``info`` (whose beat was ``first``) for its lease: ``LIVE``
