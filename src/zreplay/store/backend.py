@@ -267,10 +267,10 @@ def too_big_to_copy(where, size: int, limit: int) -> TooBigToRead:
     )
 
 
-def too_big_to_read(where, size: int, limit: int | None = None) -> TooBigToRead:
+def too_big_to_read(where, size: int, limit: int) -> TooBigToRead:
     return TooBigToRead(
         f"{where} is {size:,} bytes or more, more than any file zreplay reads whole (its "
-        f"records and metadata; at most {limit or MAX_READ_BYTES:,}): the buffer is damaged or "
+        f"records and metadata; at most {limit:,}): the buffer is damaged or "
         "was crafted. Restore it from a checkpoint",
         size,
     )

@@ -140,19 +140,20 @@ class S3Backend(ObjectBackend):
     # -- one object -------------------------------------------------------------------
 
     def read_object(self, loc) -> bytes:
-        body = self.get([(loc.key, None)], limit=MAX_READ_BYTES)[0]
-        if len(body) > MAX_READ_BYTES:  # (grown since its size was read)
-            raise too_big_to_read(loc, len(body), MAX_READ_BYTES)
-        return bytes(body)
+        return self._whole(loc, MAX_READ_BYTES, too_big_to_read)
 
     def read_data(self, loc) -> bytes:
-        limit = max_copy_bytes()
+        return self._whole(loc, max_copy_bytes(), too_big_to_copy)
+
+    def _whole(self, loc, limit: int, too_big) -> bytes:
+        """The object ``loc`` read whole, refused (``too_big``) over ``limit`` bytes from
+        the size its GET declares, before its body is read."""
         try:
             body = self.get([(loc.key, None)], limit=limit)[0]
-        except TooBigToRead as e:  # (the client names it a record)
-            raise too_big_to_copy(loc, e.size, limit) from None
+        except TooBigToRead as e:  # (the client's, by key: named here by location)
+            raise too_big(loc, e.size, limit) from None
         if len(body) > limit:  # (grown since its size was read)
-            raise too_big_to_copy(loc, len(body), limit)
+            raise too_big(loc, len(body), limit)
         return bytes(body)
 
     def write_object(self, loc, data: bytes) -> None:
